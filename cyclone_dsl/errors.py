@@ -1,0 +1,188 @@
+"""The typed errors Cyclone raises.
+
+Every error a caller can act on has its own class; all derive from
+:class:`CycloneError`::
+
+    CycloneError
+    ├── InvalidGraph            a workflow definition breaks a rule (lists every problem)
+    ├── InvalidArgument         a bad option or value at an API boundary (also a ValueError)
+    │   ├── InvalidPayload      a value that is not strict JSON (names the JSON path)
+    │   └── PayloadTooLarge     a payload over the configured byte limit
+    ├── UnknownWorkflow         a workflow or kind this process has not registered
+    ├── RegistryConflict        two different objects registered under one name
+    ├── RunNotFound             no run with that id
+    ├── NodeNotFound            no node with that id in the run
+    ├── AlreadyTerminal         the run has already completed, failed or been cancelled
+    ├── InvalidTransition       the operation does not apply to the run's current state
+    ├── MailboxFull             a signal over the wait's mailbox capacity
+    ├── SignalNotDeliverable    a signal whose wait has already completed, or an unknown name
+    ├── NoOutput                the workflow defines no result node
+    ├── RunFailed               a run ended failed or cancelled while a result was awaited
+    ├── DuplicateSubmit         a submit key already in use (where the API raises instead of returning)
+    ├── StaleLease              internal: a worker's lease was taken over (fenced)
+    ├── SchemaVersionMismatch   the database is migrated past what this build knows, or not migrated
+    ├── MigrationError          a migration file set or a migration failed
+    │   └── MigrationLockTimeout  the migration lock is held by another session
+    ├── EmbeddedServerError     the embedded PostgreSQL could not be started
+    └── ScheduleError           a bad cron spec, location or schedule id
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class CycloneError(Exception):
+    """Base class of every error Cyclone raises on purpose."""
+
+
+class InvalidGraph(CycloneError):
+    """A workflow definition breaks one or more rules.
+
+    ``problems`` holds one message per problem; ``node_ids`` the ids of the
+    nodes involved, in the order the problems were found.
+    """
+
+    def __init__(self, workflow: str, problems: Sequence[tuple[str | None, str]]) -> None:
+        self.workflow = workflow
+        self.problems: tuple[str, ...] = tuple(msg for _, msg in problems)
+        self.node_ids: tuple[str, ...] = tuple(
+            dict.fromkeys(node for node, _ in problems if node is not None)
+        )
+        lines = "\n".join(
+            f"  - {msg}" if node is None else f"  - [{node}] {msg}" for node, msg in problems
+        )
+        super().__init__(f"workflow {workflow!r} is invalid:\n{lines}")
+
+
+class InvalidArgument(CycloneError, ValueError):
+    """A bad option or value at an API boundary; nothing was written."""
+
+
+class InvalidPayload(InvalidArgument):
+    """A value that cannot be stored as strict JSON.
+
+    ``path`` is the JSON path of the offending value (``$.items[3].name``).
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"invalid payload at {path}: {reason}")
+
+
+class PayloadTooLarge(InvalidArgument):
+    """A payload larger than the configured byte limit."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        self.what = what
+        self.size = size
+        self.limit = limit
+        super().__init__(f"{what} is {size} bytes, over the limit of {limit} bytes")
+
+
+class UnknownWorkflow(CycloneError, LookupError):
+    """A workflow or handler kind that this process has not registered."""
+
+
+class RegistryConflict(CycloneError):
+    """Two different objects were registered under the same name."""
+
+
+class RunNotFound(CycloneError, LookupError):
+    """No run exists with the given id."""
+
+    def __init__(self, run_id: int) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id} does not exist")
+
+
+class NodeNotFound(CycloneError, LookupError):
+    """The run has no node with the given id."""
+
+    def __init__(self, run_id: int, node: str) -> None:
+        self.run_id = run_id
+        self.node = node
+        super().__init__(f"run {run_id} has no node {node!r}")
+
+
+class AlreadyTerminal(CycloneError):
+    """The run has already completed, failed or been cancelled."""
+
+    def __init__(self, run_id: int, state: str) -> None:
+        self.run_id = run_id
+        self.state = state
+        super().__init__(f"run {run_id} is already {state}")
+
+
+class InvalidTransition(CycloneError):
+    """The operation does not apply to the current state of the run or node."""
+
+
+class MailboxFull(CycloneError):
+    """The signal would exceed the mailbox capacity of its wait."""
+
+    def __init__(self, run_id: int, name: str, capacity: int) -> None:
+        self.run_id = run_id
+        self.name = name
+        self.capacity = capacity
+        super().__init__(
+            f"run {run_id}: the mailbox of signal {name!r} is full (capacity {capacity})"
+        )
+
+
+class SignalNotDeliverable(CycloneError):
+    """The signal cannot be delivered: its wait already completed, or no wait declares it."""
+
+
+class NoOutput(CycloneError):
+    """The workflow defines no result node, so the run has no result."""
+
+
+class RunFailed(CycloneError):
+    """A run ended ``failed`` or ``cancelled`` while its result was awaited."""
+
+    def __init__(
+        self,
+        run_id: int,
+        state: str,
+        node: str | None,
+        error: str | None,
+        error_kind: str | None,
+    ) -> None:
+        self.run_id = run_id
+        self.state = state
+        self.node = node
+        self.error = error
+        self.error_kind = error_kind
+        where = f" at node {node!r}" if node else ""
+        detail = f": {error}" if error else ""
+        super().__init__(f"run {run_id} {state}{where}{detail}")
+
+
+class DuplicateSubmit(CycloneError):
+    """A submit key is already used by another run."""
+
+
+class StaleLease(CycloneError):
+    """Internal: the worker's lease was taken over; its write was fenced out."""
+
+
+class SchemaVersionMismatch(CycloneError):
+    """The database schema version does not match what this build expects."""
+
+
+class MigrationError(CycloneError):
+    """The migration files are inconsistent, or a migration failed."""
+
+
+class MigrationLockTimeout(MigrationError):
+    """Another session holds the migration lock for longer than the timeout."""
+
+
+class EmbeddedServerError(CycloneError):
+    """The embedded PostgreSQL server could not be started or stopped."""
+
+
+class ScheduleError(InvalidArgument):
+    """A bad cron spec, time zone or schedule id."""

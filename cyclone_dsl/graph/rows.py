@@ -1,0 +1,96 @@
+"""The compiled form of a run: plain rows the engine inserts in one round trip per table.
+
+This module is the contract between the graph layer (which produces
+:class:`CompiledRun`) and the engine (which inserts it). It holds data only.
+
+Conventions the engine relies on:
+
+* ``StepRow.kind`` is the registered handler name for a handler node (a step,
+  an action, a fan-out node and its item tasks), :data:`KIND_SIGNAL` for
+  ``wait_signal`` / ``wait_n`` / ``wait_any``, :data:`KIND_TIMER` for
+  ``wait_timer`` and :data:`KIND_CHILD` for ``child``.
+* ``StepRow.state`` is ``available`` for a handler node that has no
+  dependencies and is not a fan-out node; every other node starts
+  ``pending``. The engine activates the remaining roots (waits, timers,
+  children, fan-outs with no dependencies) in the submit transaction.
+* Input binding, exactly one of:
+  - nothing: ``input`` is ``None``, ``input_from`` is ``None`` and there are
+    no :class:`InputRow` for the node (the handler takes no argument);
+  - static: ``input`` holds the JSON text of the value (a literal or the run
+    input, known at compile time);
+  - single upstream: ``input_from`` names the upstream node;
+  - tuple (2..4 arguments): one :class:`InputRow` per upstream argument with
+    ``assembly_mode='tuple'`` and ``slot`` = the argument position (0..3 ->
+    keys ``a``..``d``); static arguments of the same call are stored in
+    ``input`` as a JSON object under their letters. At claim time the engine
+    assembles ``{**input, a: out_a, ...}``;
+  - array (a list argument): one :class:`InputRow` per list element with
+    ``assembly_mode='array'`` and ``slot`` = the element position; every
+    element must be an upstream reference.
+* ``DepRow.dep_type`` is ``data`` for an edge that carries input and
+  ``control`` for an ``after=`` edge. Every edge, data or control, has a
+  ``DepRow``: a node is ready when all of its ``DepRow`` upstreams completed.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import attrs
+
+KIND_SIGNAL = "@signal"
+KIND_TIMER = "@timer"
+KIND_CHILD = "@child"
+SPECIAL_KINDS = frozenset({KIND_SIGNAL, KIND_TIMER, KIND_CHILD})
+
+TUPLE_KEYS = ("a", "b", "c", "d")
+
+
+@attrs.frozen
+class StepRow:
+    node: str
+    kind: str
+    state: str
+    input: str | None = None  # JSON text
+    input_from: str | None = None
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int = 5
+    timeout: timedelta | None = None
+    signal_name: str | None = None
+    signal_names: tuple[str, ...] | None = None
+    wait_for: timedelta | None = None
+    wait_count: int | None = None
+    on_dep_failure: str | None = None  # None means fail_run
+    fan_out_parallel: int | None = None
+    fan_out_max_bytes: int | None = None
+    child_workflow: str | None = None
+    child_needs_result: bool | None = None
+    retention: timedelta | None = None
+
+
+@attrs.frozen
+class DepRow:
+    node: str
+    dep_node: str
+    dep_type: str  # "data" or "control"
+
+
+@attrs.frozen
+class InputRow:
+    node: str
+    slot: int
+    dep_node: str
+    assembly_mode: str  # "tuple" or "array"
+
+
+@attrs.frozen
+class CompiledRun:
+    workflow: str
+    def_version: str
+    input: str | None  # JSON text of the run input
+    result_node: str | None
+    has_fan_out: bool
+    steps: tuple[StepRow, ...]
+    deps: tuple[DepRow, ...]
+    inputs: tuple[InputRow, ...]

@@ -1,0 +1,100 @@
+"""The strict JSON codec: the one place Python values become jsonb parameters.
+
+Postgres ``jsonb`` rejects ``\\u0000`` and Python's :mod:`json` writes ``NaN``
+and ``Infinity`` by default; both would wedge a run if they reached a write.
+:func:`encode` refuses them (and every non-JSON type, non-string key, lone
+surrogate and over-deep nesting) with :class:`~cyclone_dsl.errors.InvalidPayload`
+naming the JSON path, and refuses an encoding over the byte limit with
+:class:`~cyclone_dsl.errors.PayloadTooLarge`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TypeAlias
+
+from cyclone_dsl.errors import InvalidPayload, PayloadTooLarge
+
+JSONValue: TypeAlias = (
+    "None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]"
+)
+
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+"""Default byte limit of one encoded payload (input, output or signal)."""
+
+MAX_DEPTH = 256
+"""Deepest nesting of lists and objects accepted in a payload."""
+
+_MAX_INT = 2**63
+
+
+def check(value: object, *, path: str = "$", depth: int = 0) -> None:
+    """Raise :class:`InvalidPayload` unless ``value`` is strict JSON."""
+    # Iterative walk: a 100,000-deep list must not blow the Python stack.
+    stack: list[tuple[object, str, int]] = [(value, path, depth)]
+    while stack:
+        item, where, level = stack.pop()
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            if not -_MAX_INT <= item < _MAX_INT:
+                raise InvalidPayload(where, "integer out of the 64-bit range")
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise InvalidPayload(where, f"{item!r} is not valid JSON")
+            continue
+        if isinstance(item, str):
+            _check_text(item, where)
+            continue
+        if level >= MAX_DEPTH:
+            raise InvalidPayload(where, f"nested deeper than {MAX_DEPTH} levels")
+        if isinstance(item, list | tuple):
+            stack.extend((v, f"{where}[{i}]", level + 1) for i, v in enumerate(item))
+            continue
+        if isinstance(item, dict):
+            for key, v in item.items():
+                if not isinstance(key, str):
+                    raise InvalidPayload(where, f"object key {key!r} is not a string")
+                _check_text(key, f"{where}.{key}")
+                stack.append((v, f"{where}.{key}", level + 1))
+            continue
+        raise InvalidPayload(where, f"a {type(item).__name__} is not JSON")
+
+
+def _check_text(text: str, where: str) -> None:
+    if "\x00" in text:
+        raise InvalidPayload(where, "contains a NUL character (\\u0000), which jsonb rejects")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPayload(where, "contains a lone surrogate") from None
+
+
+def encode(value: object, *, what: str = "payload", max_bytes: int | None = None) -> str:
+    """Check ``value`` and return its compact JSON text."""
+    check(value)
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    limit = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
+    if limit and len(text) > limit // 4:  # cheap pre-check before counting UTF-8 bytes
+        size = len(text.encode("utf-8"))
+        if size > limit:
+            raise PayloadTooLarge(what, size, limit)
+    return text
+
+
+def decode(text: str | bytes | None) -> JSONValue:
+    """Decode JSON text read back from the database."""
+    if text is None:
+        return None
+    result: JSONValue = json.loads(text)
+    return result
+
+
+def sanitize_text(text: str, *, limit: int = 4000) -> str:
+    """Make free text (an error message) safe for a ``text`` column and bounded."""
+    cleaned = text.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
+    if len(cleaned) > limit:
+        cleaned = cleaned[: limit - 15] + "… [truncated]"
+    return cleaned

@@ -1,0 +1,1 @@
+"""Test support for Cyclone users: schema fixtures and hypothesis strategies."""

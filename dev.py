@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Set up and run Cyclone from a fresh clone: ``python3 dev.py demo`` or ``python3 dev.py test``.
+
+Creates ``.venv`` beside this file on first use, installs the package with
+the extras the command needs, then runs it. Needs only Python 3.11+ and
+access to the package index. Later runs reuse the virtualenv and reinstall
+only when ``pyproject.toml`` changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
+EXTRAS = "dev,embedded"
+
+
+def ensure_venv() -> None:
+    if sys.version_info < (3, 11):
+        sys.exit(f"Cyclone needs Python 3.11 or newer; this is {sys.version.split()[0]}")
+    if not PYTHON.exists():
+        print("==> creating .venv", flush=True)
+        venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+    stamp = VENV / ".cyclone-install"
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + EXTRAS.encode()).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest:
+        return
+    print("==> installing cyclone-dsl and its dependencies into .venv", flush=True)
+    pip = [str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "-e", f"{ROOT}[{EXTRAS}]"], check=True)
+    stamp.write_text(digest)
+
+
+def run(argv: list[str]) -> int:
+    return subprocess.run(argv, cwd=ROOT, check=False).returncode
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if not args or args[0] not in {"demo", "test", "lint", "bench", "docs", "shell"}:
+        print(__doc__)
+        print("commands: demo | test [pytest args] | lint | bench [args] | docs | shell CMD...")
+        return 2
+    ensure_venv()
+    command, rest = args[0], args[1:]
+    if command == "demo":
+        return run([str(BIN / "cyclone"), "demo", *rest])
+    if command == "test":
+        code = run([str(PYTHON), "-m", "pytest", *rest])
+        if code == 5:
+            print("pytest collected no tests: that is a failure", file=sys.stderr)
+            return 1
+        return code
+    if command == "lint":
+        return run([str(PYTHON), "-m", "ruff", "check", "."]) or run(
+            [str(PYTHON), "-m", "mypy"]
+        )
+    if command == "bench":
+        return run([str(PYTHON), "-m", "bench", *rest])
+    if command == "docs":
+        subprocess.run([str(PYTHON), "-m", "pip", "install", "-q", "-e", f"{ROOT}[docs]"], check=True)
+        return run([str(PYTHON), "-m", "mkdocs", "build", "--strict"])
+    return run([str(BIN / rest[0]), *rest[1:]])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
