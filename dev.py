@@ -61,13 +61,13 @@ def main() -> int:
             return 1
         return code
     if command == "lint":
-        return run([str(PYTHON), "-m", "ruff", "check", "."]) or run(
-            [str(PYTHON), "-m", "mypy"]
-        )
+        return run([str(PYTHON), "-m", "ruff", "check", "."]) or run([str(PYTHON), "-m", "mypy"])
     if command == "bench":
         return run([str(PYTHON), "-m", "bench", *rest])
     if command == "docs":
-        subprocess.run([str(PYTHON), "-m", "pip", "install", "-q", "-e", f"{ROOT}[docs]"], check=True)
+        subprocess.run(
+            [str(PYTHON), "-m", "pip", "install", "-q", "-e", f"{ROOT}[docs]"], check=True
+        )
         return run([str(PYTHON), "-m", "mkdocs", "build", "--strict"])
     return run([str(BIN / rest[0]), *rest[1:]])
 

@@ -1,5 +1,85 @@
 """Cyclone: durable workflows for Python whose only infrastructure is PostgreSQL."""
 
 from cyclone_dsl._version import __version__
+from cyclone_dsl.client.aio import AsyncClient, AsyncRunHandle
+from cyclone_dsl.client.handle import RunHandle
+from cyclone_dsl.client.model import Run, Step
+from cyclone_dsl.client.sync import Client
+from cyclone_dsl.db.embedded import EmbeddedServer, embedded_database
+from cyclone_dsl.dsl.compose import child, define_result, for_each
+from cyclone_dsl.dsl.registry import Registry
+from cyclone_dsl.dsl.schedule import schedule
+from cyclone_dsl.dsl.step import StepDef, action, step
+from cyclone_dsl.dsl.waits import wait_any, wait_n, wait_signal, wait_timer
+from cyclone_dsl.dsl.workflow import WorkflowDef, workflow
+from cyclone_dsl.engine.signals import Delivery
+from cyclone_dsl.errors import (
+    AlreadyTerminal,
+    CycloneError,
+    DuplicateSubmit,
+    InvalidArgument,
+    InvalidGraph,
+    InvalidPayload,
+    InvalidTransition,
+    MailboxFull,
+    NoOutput,
+    PayloadTooLarge,
+    Permanent,
+    RunFailed,
+    RunNotFound,
+    SignalNotDeliverable,
+    UnknownWorkflow,
+)
+from cyclone_dsl.migrate import LATEST_SCHEMA_VERSION, SCHEMA_VERSION_TABLE, migrate
+from cyclone_dsl.states import RunState, StepState
+from cyclone_dsl.worker.context import StepContext
+from cyclone_dsl.worker.worker import Worker
 
-__all__ = ["__version__"]
+__all__ = [
+    "LATEST_SCHEMA_VERSION",
+    "SCHEMA_VERSION_TABLE",
+    "AlreadyTerminal",
+    "AsyncClient",
+    "AsyncRunHandle",
+    "Client",
+    "CycloneError",
+    "Delivery",
+    "DuplicateSubmit",
+    "EmbeddedServer",
+    "InvalidArgument",
+    "InvalidGraph",
+    "InvalidPayload",
+    "InvalidTransition",
+    "MailboxFull",
+    "NoOutput",
+    "PayloadTooLarge",
+    "Permanent",
+    "Registry",
+    "Run",
+    "RunFailed",
+    "RunHandle",
+    "RunNotFound",
+    "RunState",
+    "SignalNotDeliverable",
+    "Step",
+    "StepContext",
+    "StepDef",
+    "StepState",
+    "UnknownWorkflow",
+    "Worker",
+    "WorkflowDef",
+    "__version__",
+    "action",
+    "child",
+    "define_result",
+    "embedded_database",
+    "for_each",
+    "migrate",
+    "schedule",
+    "step",
+    "wait_any",
+    "wait_n",
+    "wait_signal",
+    "wait_timer",
+    "workflow",
+]

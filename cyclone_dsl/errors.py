@@ -4,7 +4,7 @@ Every error a caller can act on has its own class; all derive from
 :class:`CycloneError`::
 
     CycloneError
-    ├── InvalidGraph            a workflow definition breaks a rule (lists every problem)
+    ├── InvalidGraph            a workflow definition breaks a rule (lists all problems)
     ├── InvalidArgument         a bad option or value at an API boundary (also a ValueError)
     │   ├── InvalidPayload      a value that is not strict JSON (names the JSON path)
     │   └── PayloadTooLarge     a payload over the configured byte limit
@@ -18,13 +18,14 @@ Every error a caller can act on has its own class; all derive from
     ├── SignalNotDeliverable    a signal whose wait has already completed, or an unknown name
     ├── NoOutput                the workflow defines no result node
     ├── RunFailed               a run ended failed or cancelled while a result was awaited
-    ├── DuplicateSubmit         a submit key already in use (where the API raises instead of returning)
+    ├── DuplicateSubmit         a submit key already used (where the API raises)
     ├── StaleLease              internal: a worker's lease was taken over (fenced)
     ├── SchemaVersionMismatch   the database is migrated past what this build knows, or not migrated
     ├── MigrationError          a migration file set or a migration failed
     │   └── MigrationLockTimeout  the migration lock is held by another session
     ├── EmbeddedServerError     the embedded PostgreSQL could not be started
-    └── ScheduleError           a bad cron spec, location or schedule id
+    ├── ScheduleError           a bad cron spec, location or schedule id
+    └── Permanent               raised by a handler: fail now, skip the remaining attempts
 """
 
 from __future__ import annotations
@@ -186,3 +187,7 @@ class EmbeddedServerError(CycloneError):
 
 class ScheduleError(InvalidArgument):
     """A bad cron spec, time zone or schedule id."""
+
+
+class Permanent(CycloneError):
+    """Raise from a handler to fail its step at once, without the remaining attempts."""

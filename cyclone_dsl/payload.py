@@ -16,9 +16,7 @@ from typing import TypeAlias
 
 from cyclone_dsl.errors import InvalidPayload, PayloadTooLarge
 
-JSONValue: TypeAlias = (
-    "None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]"
-)
+JSONValue: TypeAlias = "None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]"
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 """Default byte limit of one encoded payload (input, output or signal)."""

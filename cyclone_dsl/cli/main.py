@@ -1,7 +1,131 @@
-"""The ``cyclone`` command line."""
+"""The ``cyclone`` command line.
+
+Exit codes: 0 success, 1 an operation failed (a run failed, a timeout),
+2 bad usage or input (unknown run, malformed JSON, unknown workflow).
+"""
 
 from __future__ import annotations
 
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from cyclone_dsl.db.embedded import ENV_URL, embedded_database
+from cyclone_dsl.errors import CycloneError
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+@contextmanager
+def database(dsn: str | None) -> Iterator[str]:
+    """The DSN from --dsn, else $CYCLONE_DATABASE_URL, else the embedded server."""
+    if dsn:
+        yield dsn
+        return
+    with embedded_database() as url:
+        yield url
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> None:
+    click.echo(f"cyclone: {message}", err=True)
+    sys.exit(code)
+
+
+def emit(data: Any, as_json: bool, text: str) -> None:
+    click.echo(json.dumps(data, default=str, indent=2) if as_json else text)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--dsn", envvar=ENV_URL, help="PostgreSQL URL (default: the embedded server).")
+@click.option("-v", "--verbose", is_flag=True, help="Log what the engine does.")
+@click.pass_context
+def cli(ctx: click.Context, dsn: str | None, verbose: bool) -> None:
+    """Cyclone: durable workflows on PostgreSQL."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    ctx.obj = {"dsn": dsn}
+
+
+@cli.command()
+@click.option("--status", is_flag=True, help="Show the applied and latest versions only.")
+@click.option("--target", type=int, default=None, help="Migrate up or down to this version.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def migrate(ctx: click.Context, status: bool, target: int | None, as_json: bool) -> None:
+    """Apply the schema migrations (or step down with --target)."""
+    from cyclone_dsl.migrate import LATEST_SCHEMA_VERSION, migrate, schema_version
+
+    with database(ctx.obj["dsn"]) as dsn:
+        before = schema_version(dsn)
+        if status:
+            emit(
+                {"version": before, "latest": LATEST_SCHEMA_VERSION},
+                as_json,
+                f"schema version {before} (this build: {LATEST_SCHEMA_VERSION})",
+            )
+            return
+        after = migrate(dsn, version=target)
+        emit(
+            {"before": before, "version": after},
+            as_json,
+            f"schema version {before} -> {after}" if before != after else f"schema at {after}",
+        )
+
+
+@cli.command()
+@click.argument("modules", nargs=-1, required=True)
+@click.option("--queues", default="default", help="Comma-separated queues to serve.")
+@click.option("--concurrency", default=10, show_default=True, help="Handlers at once.")
+@click.option("--grace", default=30.0, show_default=True, help="Seconds to finish on SIGTERM.")
+@click.pass_context
+def worker(
+    ctx: click.Context, modules: tuple[str, ...], queues: str, concurrency: int, grace: float
+) -> None:
+    """Run a worker for the handlers of MODULES (dotted names) until SIGTERM/SIGINT."""
+    from cyclone_dsl.worker.worker import Worker
+
+    loaded = [_import(name) for name in modules]
+    with database(ctx.obj["dsn"]) as dsn:
+        Worker(
+            dsn,
+            loaded,
+            queues=[q.strip() for q in queues.split(",") if q.strip()],
+            concurrency=concurrency,
+            grace=grace,
+        ).run()
+
+
+@cli.command()
+@click.option("--steps", "show_steps", is_flag=True, help="Print every step as it finishes.")
+@click.pass_context
+def demo(ctx: click.Context, show_steps: bool) -> None:
+    """Run the flagship example end to end on the embedded PostgreSQL."""
+    from cyclone_dsl.cli.demo import run_demo
+
+    with database(ctx.obj["dsn"]) as dsn:
+        code = run_demo(dsn)
+    sys.exit(code)
+
+
+def _import(name: str) -> object:
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        fail(f"cannot import {name!r}: {exc}")
+        raise  # unreachable: fail() exits
+
 
 def main() -> None:
-    raise SystemExit("cyclone: not implemented yet")
+    try:
+        cli(standalone_mode=True)
+    except CycloneError as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

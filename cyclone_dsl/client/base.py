@@ -1,0 +1,108 @@
+"""Client logic without I/O: resolving definitions, compiling, validating arguments."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from cyclone_dsl.dsl.registry import Registry
+from cyclone_dsl.dsl.step import StepDef, make_options
+from cyclone_dsl.dsl.workflow import WorkflowDef
+from cyclone_dsl.errors import InvalidArgument, UnknownWorkflow
+from cyclone_dsl.graph.compile import compile_run
+from cyclone_dsl.graph.rows import CompiledRun, StepRow
+from cyclone_dsl.graph.validate import check_options
+from cyclone_dsl.payload import JSONValue, encode
+from cyclone_dsl.states import StepState
+
+MAX_KEY_BYTES = 1024
+
+
+def resolve_workflow(registry: Registry, workflow: object) -> WorkflowDef:
+    if isinstance(workflow, WorkflowDef):
+        return workflow
+    if isinstance(workflow, str):
+        return registry.workflow(workflow)
+    raise UnknownWorkflow(f"{workflow!r} is not a @workflow (or the name of a registered one)")
+
+
+def resolve_step(registry: Registry, step: object) -> StepDef[Any, Any]:
+    if isinstance(step, StepDef):
+        return step
+    if isinstance(step, str):
+        return registry.kind(step)
+    raise UnknownWorkflow(f"{step!r} is not a @step or @action (or a registered kind name)")
+
+
+def compile_workflow(registry: Registry, workflow: object, run_input: JSONValue) -> CompiledRun:
+    return compile_run(resolve_workflow(registry, workflow).graph, run_input)
+
+
+def compile_standalone(
+    registry: Registry,
+    step: object,
+    run_input: JSONValue,
+    *,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+    timeout: timedelta | float | None,
+    retention: timedelta | float | None,
+) -> CompiledRun:
+    """A standalone run: one available step whose kind is also the run's workflow name."""
+    definition = resolve_step(registry, step)
+    try:
+        options = make_options(
+            definition.options,
+            {
+                "queue": queue,
+                "priority": priority,
+                "max_attempts": max_attempts,
+                "timeout": timeout,
+                "retention": retention,
+            },
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(str(exc)) from None
+    problems = check_options(options)
+    if problems:
+        raise InvalidArgument("; ".join(problems))
+    text = encode(run_input, what="the input")
+    row = StepRow(
+        node=definition.name,
+        kind=definition.name,
+        state=StepState.AVAILABLE.value,
+        input=text,
+        queue=options.queue,
+        priority=options.priority,
+        max_attempts=options.max_attempts,
+        timeout=options.timeout,
+        retention=options.retention,
+    )
+    return CompiledRun(
+        workflow=definition.name,
+        def_version="standalone",
+        input=text,
+        result_node=definition.name if definition.keep_output else None,
+        has_fan_out=False,
+        steps=(row,),
+        deps=(),
+        inputs=(),
+    )
+
+
+def check_deadline(deadline: timedelta | None) -> timedelta | None:
+    if deadline is None:
+        return None
+    if not isinstance(deadline, timedelta) or deadline <= timedelta(0):
+        raise InvalidArgument(f"deadline must be a positive timedelta, not {deadline!r}")
+    return deadline
+
+
+def check_key(what: str, key: object) -> None:
+    if not isinstance(key, str) or not key:
+        raise InvalidArgument(f"{what} must be a non-empty string")
+    if "\x00" in key:
+        raise InvalidArgument(f"{what} must not contain NUL characters")
+    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        raise InvalidArgument(f"{what} is longer than {MAX_KEY_BYTES} bytes")

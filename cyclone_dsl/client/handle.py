@@ -1,0 +1,85 @@
+"""RunHandle: wait for a run (LISTEN-driven) and read its result."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from cyclone_dsl.db.connect import connect
+from cyclone_dsl.db.listen import listen
+from cyclone_dsl.db.tx import Tx
+from cyclone_dsl.engine.notify import RUN_DONE_CHANNEL
+from cyclone_dsl.errors import NoOutput, RunFailed, RunNotFound
+from cyclone_dsl.payload import JSONValue
+from cyclone_dsl.sql import Q
+from cyclone_dsl.states import RunState
+
+if TYPE_CHECKING:
+    from cyclone_dsl.client.sync import Client
+    from cyclone_dsl.client.model import Run
+
+#: Even without a notification (a lost LISTEN connection), state is re-read this often.
+RECHECK_SECONDS = 1.0
+
+
+@attrs.frozen
+class RunHandle:
+    """A reference to a submitted run. ``created`` is False when an existing run was returned."""
+
+    id: int
+    client: Client = attrs.field(repr=False, eq=False)
+    created: bool = True
+
+    def get(self) -> Run:
+        return self.client.get_run(self.id)
+
+    def wait(self, timeout: float | None = None) -> Run:
+        """Block until the run is terminal and return it; ``TimeoutError`` after ``timeout`` s."""
+        wait_terminal(self.client.dsn, self.id, timeout)
+        return self.client.get_run(self.id)
+
+    def result(self, timeout: float | None = None) -> JSONValue:
+        """Wait, then return the result node's output.
+
+        Raises :class:`RunFailed` for a failed or cancelled run and
+        :class:`NoOutput` when the workflow defines no result.
+        """
+        wait_terminal(self.client.dsn, self.id, timeout)
+        return self.client.outcome(self.id)
+
+
+def wait_terminal(dsn: str, run_id: int, timeout: float | None) -> str:
+    """Wait for a run to be terminal using LISTEN, re-reading its state as a fallback."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with connect(dsn, name="cyclone-wait") as conn:
+        listen(conn, RUN_DONE_CHANNEL)
+        tx = Tx(conn)
+        while True:
+            row = tx.one(Q.get_run_state, run_id=run_id)
+            if row is None:
+                raise RunNotFound(run_id)
+            if RunState(row["state"]).is_terminal:
+                return str(row["state"])
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"run {run_id} is still {row['state']} after {timeout}s")
+            wait_for = RECHECK_SECONDS if remaining is None else min(RECHECK_SECONDS, remaining)
+            for note in conn.notifies(timeout=wait_for):
+                if note.payload == str(run_id):
+                    break
+
+
+def outcome_from_row(row: dict[str, Any] | None, run_id: int) -> JSONValue:
+    if row is None:
+        raise RunNotFound(run_id)
+    state = RunState(row["state"])
+    if state in (RunState.FAILED, RunState.CANCELLED):
+        raise RunFailed(
+            run_id, state.value, row["failed_node"], row["failed_error"], row["failed_error_kind"]
+        )
+    if row["result_node"] is None:
+        raise NoOutput(f"run {run_id}: its workflow defines no result")
+    result: JSONValue = row["result"]
+    return result

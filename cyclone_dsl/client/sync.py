@@ -1,0 +1,263 @@
+"""Client: submit runs and standalone work, read them, and steer them (sync, pooled)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, TypeVar
+
+import psycopg
+
+from cyclone_dsl.client import base
+from cyclone_dsl.client.handle import RunHandle, outcome_from_row
+from cyclone_dsl.client.model import Run, Step
+from cyclone_dsl.db.connect import make_pool
+from cyclone_dsl.db.embedded import ENV_URL
+from cyclone_dsl.db.tx import Tx, in_transaction
+from cyclone_dsl.dsl.registry import Registry, default_registry
+from cyclone_dsl.engine import control, signals, waits
+from cyclone_dsl.engine.signals import Delivery
+from cyclone_dsl.engine.hooks import engine_hooks
+from cyclone_dsl.engine.submit import insert_run, insert_run_once, insert_standalone
+from cyclone_dsl.errors import InvalidArgument, RunNotFound
+from cyclone_dsl.payload import JSONValue, encode
+from cyclone_dsl.sql import Q
+from cyclone_dsl.states import RunState
+
+T = TypeVar("T")
+
+
+class Client:
+    """The entry point of a producer: ``Client(dsn)``, or ``Client()`` with ``$CYCLONE_DATABASE_URL``.
+
+    Holds a small connection pool; close it with :meth:`close` or a ``with``
+    block. Workflows are given as the decorated objects, or by name when they
+    are registered in ``registry`` (the process-wide default registry unless
+    one is passed).
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        registry: Registry | None = None,
+        pool_size: int = 4,
+        shift: timedelta = timedelta(0),
+    ) -> None:
+        resolved = dsn or os.environ.get(ENV_URL)
+        if not resolved:
+            raise InvalidArgument(
+                f"Client needs a DSN: pass one, or set {ENV_URL} (see cyclone_dsl.embedded_database)"
+            )
+        self.dsn = resolved
+        self.registry = registry if registry is not None else default_registry()
+        self.shift = shift
+        self.hooks = engine_hooks(self.registry)
+        self._pool = make_pool(resolved, name="cyclone-client", max_size=pool_size)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _tx(self, work: Callable[[Tx], T]) -> T:
+        return in_transaction(self._pool, work, shift=self.shift)
+
+    # -- submitting ----------------------------------------------------------------
+
+    def submit(
+        self, workflow: object, input: JSONValue = None, *, deadline: timedelta | None = None
+    ) -> RunHandle:
+        """Start a run of ``workflow`` with ``input``; the whole graph is written at once."""
+        compiled = base.compile_workflow(self.registry, workflow, input)
+        deadline = base.check_deadline(deadline)
+        run_id = self._tx(
+            lambda tx: insert_run(tx, compiled, deadline=deadline, hooks=self.hooks)
+        )
+        return RunHandle(run_id, self)
+
+    def submit_tx(
+        self,
+        conn: psycopg.Connection[Any],
+        workflow: object,
+        input: JSONValue = None,
+        *,
+        deadline: timedelta | None = None,
+    ) -> RunHandle:
+        """Submit inside the caller's open transaction: the run exists iff the caller commits."""
+        compiled = base.compile_workflow(self.registry, workflow, input)
+        deadline = base.check_deadline(deadline)
+        run_id = insert_run(
+            Tx(conn, self.shift), compiled, deadline=deadline, hooks=self.hooks
+        )
+        return RunHandle(run_id, self)
+
+    def submit_once(
+        self,
+        workflow: object,
+        input: JSONValue = None,
+        *,
+        key: str,
+        deadline: timedelta | None = None,
+    ) -> RunHandle:
+        """Start a run unless one of this workflow already holds ``key`` (in any state).
+
+        Returns the existing run's handle in that case, with ``created=False``.
+        Race-free: concurrent callers with one key get one run.
+        """
+        base.check_key("key", key)
+        compiled = base.compile_workflow(self.registry, workflow, input)
+        deadline = base.check_deadline(deadline)
+        submitted = self._tx(
+            lambda tx: insert_run_once(
+                tx, compiled, submit_key=key, deadline=deadline, hooks=self.hooks
+            )
+        )
+        return RunHandle(submitted.run_id, self, submitted.created)
+
+    def enqueue(
+        self,
+        step: object,
+        input: JSONValue = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        scheduled_at: datetime | None = None,
+        max_attempts: int | None = None,
+        timeout: timedelta | float | None = None,
+        unique_key: str | None = None,
+        sequence_key: str | None = None,
+        retention: timedelta | float | None = None,
+    ) -> RunHandle:
+        """Enqueue standalone work: one run of one step (its ``workflow`` is the kind).
+
+        With ``unique_key``, at most one active step per (kind, key) exists: a
+        duplicate returns the holder's handle with ``created=False``. With
+        ``sequence_key``, steps of one key run one at a time, FIFO.
+        """
+        compiled = base.compile_standalone(
+            self.registry,
+            step,
+            input,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            retention=retention,
+        )
+        if unique_key is not None:
+            base.check_key("unique_key", unique_key)
+        if sequence_key is not None:
+            base.check_key("sequence_key", sequence_key)
+        if scheduled_at is not None and scheduled_at.tzinfo is None:
+            raise InvalidArgument("scheduled_at must be timezone-aware")
+        submitted = self._tx(
+            lambda tx: insert_standalone(
+                tx,
+                compiled,
+                unique_key=unique_key,
+                sequence_key=sequence_key,
+                scheduled_at=scheduled_at,
+            )
+        )
+        return RunHandle(submitted.run_id, self, submitted.created)
+
+    def handle(self, run_id: int) -> RunHandle:
+        """A handle to an existing run (no database access)."""
+        return RunHandle(run_id, self, created=False)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def get_run(self, run_id: int) -> Run:
+        """The run with every step, or :class:`RunNotFound`."""
+
+        def read(tx: Tx) -> Run:
+            row = tx.one(Q.get_run, run_id=run_id)
+            if row is None:
+                raise RunNotFound(run_id)
+            steps = tuple(Step.from_row(s) for s in tx.rows(Q.get_run_steps, run_id=run_id))
+            return Run.from_row(row, steps)
+
+        return self._tx(read)
+
+    def list_runs(
+        self,
+        *,
+        state: RunState | str | None = None,
+        workflow: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[Run]:
+        """Runs newest first (without steps); page with ``before_id`` = the last id seen."""
+        if not 1 <= limit <= 10_000:
+            raise InvalidArgument("limit must be between 1 and 10000")
+        state_value = RunState(state).value if state is not None else None
+        rows = self._tx(
+            lambda tx: tx.rows(
+                Q.list_runs, state=state_value, workflow=workflow, limit=limit, before_id=before_id
+            )
+        )
+        return [Run.from_row(r) for r in rows]
+
+    def progress(self, run_id: int) -> tuple[int, int]:
+        """(terminal steps, all steps) of a run."""
+        row = self._tx(lambda tx: tx.one(Q.run_progress, run_id=run_id))
+        return (row["done"], row["total"]) if row else (0, 0)
+
+    def dependencies(self, run_id: int) -> dict[str, list[str]]:
+        """Each node of a run with the nodes it depends on."""
+        edges = self._tx(lambda tx: tx.rows(Q.get_run_deps, run_id=run_id))
+        graph: dict[str, list[str]] = {}
+        for edge in edges:
+            graph.setdefault(edge["node"], []).append(edge["dep_node"])
+        return graph
+
+    def outcome(self, run_id: int) -> JSONValue:
+        """The result of a terminal run (see :meth:`RunHandle.result`)."""
+        row = self._tx(lambda tx: tx.one(Q.run_outcome, run_id=run_id))
+        if row is not None and not RunState(row["state"]).is_terminal:
+            raise InvalidArgument(f"run {run_id} is still {row['state']}")
+        return outcome_from_row(row, run_id)
+
+    # -- steering ----------------------------------------------------------------------
+
+    def cancel(self, run_id: int) -> None:
+        """Cancel a run and its descendant runs; :class:`AlreadyTerminal` if it has ended."""
+        self._tx(lambda tx: control.cancel(tx, run_id, self.hooks))
+
+    def retry(self, run_id: int, node: str) -> None:
+        """Operator retry of a discarded or cancelled node (fresh attempts, reclaims reset)."""
+        self._tx(lambda tx: control.retry(tx, run_id, node, self.hooks))
+
+    def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:
+        """Deliver a signal to the run's wait for ``name``.
+
+        Returns :attr:`Delivery.CONSUMED` when the waiting node took it,
+        :attr:`Delivery.BUFFERED` when its wait is not active yet, and
+        :attr:`Delivery.NOT_STORED` when the wait already completed. Raises
+        :class:`MailboxFull` past the wait's capacity (1, or N for ``wait_n``),
+        :class:`SignalNotDeliverable` for a name no wait declares and
+        :class:`AlreadyTerminal` for a run that has ended.
+        """
+        base.check_key("signal name", name)
+        text = encode(payload, what="the signal payload")
+        return self._tx(lambda tx: signals.deliver(tx, run_id, name, text, self.hooks))
+
+    def pause(self, run_id: int) -> None:
+        """Pause a running run: ready and pending steps wait; running steps finish."""
+        self._tx(lambda tx: waits.pause(tx, run_id))
+
+    def resume(self, run_id: int) -> None:
+        """Resume a paused run; its deadline and timed waits move by the pause length."""
+        self._tx(lambda tx: waits.resume(tx, run_id, self.hooks))

@@ -1,0 +1,1 @@
+"""Connections, pools and the embedded server: no business logic here."""

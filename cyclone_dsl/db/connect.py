@@ -1,0 +1,53 @@
+"""Connection pools with Cyclone's session settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+#: Worker and client sessions never sit idle inside a transaction for long.
+SESSION_OPTIONS = "-c idle_in_transaction_session_timeout=60000"
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    conn.autocommit = True
+
+
+def make_pool(
+    conninfo: str,
+    *,
+    name: str,
+    min_size: int = 1,
+    max_size: int = 4,
+    open_now: bool = True,
+) -> ConnectionPool[Any]:
+    """A pool of autocommit connections (transactions are explicit) named ``name``."""
+    pool: ConnectionPool[Any] = ConnectionPool(
+        conninfo,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs={"application_name": name, "options": _merge_options(conninfo)},
+        configure=_configure,
+        open=False,
+        name=name,
+        reconnect_timeout=3600,
+    )
+    if open_now:
+        pool.open(wait=True, timeout=30)
+    return pool
+
+
+def _merge_options(conninfo: str) -> str:
+    existing = psycopg.conninfo.conninfo_to_dict(conninfo).get("options") or ""
+    return f"{existing} {SESSION_OPTIONS}".strip()
+
+
+def connect(conninfo: str, *, name: str, autocommit: bool = True) -> psycopg.Connection[Any]:
+    return psycopg.connect(
+        conninfo,
+        autocommit=autocommit,
+        application_name=name,
+        options=_merge_options(conninfo),
+    )

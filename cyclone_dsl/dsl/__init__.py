@@ -1,0 +1,1 @@
+"""The decorator DSL: pure Python, no I/O; it records graphs while a builder runs."""

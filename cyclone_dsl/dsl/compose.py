@@ -1,0 +1,79 @@
+"""Composition nodes: ``for_each``, ``child`` and ``define_result``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cyclone_dsl.dsl.builder import NodeRef, require_builder
+from cyclone_dsl.dsl.step import StepDef
+from cyclone_dsl.dsl.workflow import WorkflowDef
+from cyclone_dsl.errors import InvalidGraph
+from cyclone_dsl.graph.model import ChildSpec, FanOutSpec
+from cyclone_dsl.graph.rows import KIND_CHILD
+
+
+def for_each(
+    handler: StepDef[Any, Any] | object,
+    *,
+    over: Any,
+    max_parallel: int = 0,
+    max_bytes: int = 0,
+    max_items: int | None = None,
+    after: Any = None,
+    **options: Any,
+) -> Any:
+    """Run ``handler`` once per element of the list ``over`` produces.
+
+    The items run as ordinary steps ``<node>[<i>]``, at most ``max_parallel``
+    at a time (0: no limit). For a step, the node's output is the list of the
+    items' outputs in input order (failing with ``output_limit`` past
+    ``max_bytes``, 0: no limit); an action keeps no output.
+    """
+    builder = require_builder("for_each")
+    if not isinstance(handler, StepDef):
+        builder.problems.append((None, f"for_each needs a @step or @action, not {handler!r}"))
+        return None
+    ref = handler.with_options(after=after, **options)(over)
+    assert isinstance(ref, NodeRef)
+    ref.node.fan_out = FanOutSpec(
+        max_parallel=max_parallel,
+        max_bytes=max_bytes if handler.keep_output else None,
+        max_items=max_items,
+    )
+    if ref.node.binding.value not in ("single", "static"):
+        builder.problems.append((None, f"for_each over= takes one reference, not {over!r}"))
+    return ref
+
+
+def child(workflow: WorkflowDef | object, input: Any = None, *, after: Any = None) -> Any:  # noqa: A002
+    """Start a run of ``workflow`` with ``input``; the node completes when that run does.
+
+    If ``workflow`` defines a result, the node's output is that result.
+    """
+    builder = require_builder("child")
+    if not isinstance(workflow, WorkflowDef):
+        builder.problems.append((None, f"child() needs a @workflow, not {workflow!r}"))
+        return None
+    try:
+        needs_result = workflow.has_result
+    except InvalidGraph as exc:
+        builder.problems.append((None, f"child workflow {workflow.name!r}: {exc.problems[0]}"))
+        needs_result = False
+    builder.children[workflow.name] = workflow
+    args = () if input is None else (input,)
+    return builder.add(
+        workflow.name,
+        KIND_CHILD,
+        args,
+        after=after,
+        child=ChildSpec(workflow.name, needs_result),
+    )
+
+
+def define_result(ref: Any) -> None:
+    """Mark ``ref``'s output as the run's result (the same as returning it from the builder)."""
+    builder = require_builder("define_result")
+    if not isinstance(ref, NodeRef) or ref.builder is not builder:
+        builder.problems.append((None, f"define_result() needs a node of this workflow: {ref!r}"))
+        return
+    builder.result = ref

@@ -1,0 +1,231 @@
+"""``@step`` and ``@action``: handlers that run on workers and nodes inside workflows."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+import attrs
+
+from cyclone_dsl.dsl.builder import OPTION_NAMES, NodeRef, active_builder, duration
+from cyclone_dsl.dsl.schedule import ScheduleSpec, pending_schedules
+from cyclone_dsl.errors import InvalidArgument
+from cyclone_dsl.graph.model import NodeOptions
+from cyclone_dsl.graph.validate import check_options
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def make_options(base: NodeOptions, overrides: dict[str, Any]) -> NodeOptions:
+    """``base`` with the given options replaced (``None`` keeps the base value)."""
+    unknown = set(overrides) - OPTION_NAMES
+    if unknown:
+        raise InvalidArgument(
+            f"unknown option(s) {sorted(unknown)}; the options are {sorted(OPTION_NAMES)}"
+        )
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    for name in ("timeout", "retention"):
+        if name in changes:
+            changes[name] = duration(changes[name], name)
+    return attrs.evolve(base, **changes)
+
+
+@attrs.define(eq=False, repr=False)
+class StepDef(Generic[P, R]):
+    """A registered handler kind. Call it in a builder to add a node; elsewhere it runs."""
+
+    fn: Callable[P, R]
+    name: str
+    keep_output: bool
+    options: NodeOptions
+    max_reclaims: int | None = None
+    schedules: list[ScheduleSpec] = attrs.field(factory=list)
+    _bound: dict[str, Any] = attrs.field(factory=dict, alias="bound")
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    @property
+    def takes_ctx(self) -> bool:
+        return "ctx" in inspect.signature(self.fn).parameters
+
+    @property
+    def arity(self) -> int:
+        """Positional parameters, not counting ``ctx``."""
+        return sum(
+            1
+            for p in inspect.signature(self.fn).parameters.values()
+            if p.name != "ctx" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        )
+
+    def __repr__(self) -> str:
+        return f"<{'step' if self.keep_output else 'action'} {self.name}>"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        builder = active_builder()
+        if builder is None:
+            return self.fn(*args, **kwargs)
+        options = {**self._bound, **kwargs}
+        after = options.pop("after", None)
+        node_id = options.pop("node_id", None)
+        try:
+            node_options = make_options(self.options, options)
+        except InvalidArgument as exc:
+            builder.problems.append((None, f"call of {self.name!r}: {exc}"))
+            node_options = self.options
+        builder.steps[self.name] = self
+        ref = builder.add(
+            self.name,
+            self.name,
+            args,
+            after=after,
+            options=attrs.asdict(node_options, recurse=False),
+            keep_output=self.keep_output,
+        )
+        if node_id is not None:
+            ref.named(node_id)
+        return ref  # type: ignore[return-value]  # a NodeRef stands for R inside a builder
+
+    def with_options(self, **options: Any) -> StepDef[P, R]:
+        """The same handler with per-node options (and ``after=`` / ``node_id=``) bound."""
+        return attrs.evolve(self, bound={**self._bound, **options})
+
+    def named(self, node_id: str) -> StepDef[P, R]:
+        """The same handler whose next node gets the id ``node_id``."""
+        return self.with_options(node_id=node_id)
+
+
+def _define(
+    fn: Callable[P, R],
+    *,
+    keep_output: bool,
+    name: str | None,
+    max_reclaims: int | None,
+    options: dict[str, Any],
+) -> StepDef[P, R]:
+    if not callable(fn):
+        raise InvalidArgument(f"@step decorates a function, not {fn!r}")
+    built = make_options(NodeOptions(), options)
+    problems = check_options(built)
+    if max_reclaims is not None and (
+        not isinstance(max_reclaims, int) or isinstance(max_reclaims, bool) or max_reclaims < 0
+    ):
+        problems.append(f"max_reclaims must be an integer >= 0, not {max_reclaims!r}")
+    kind = name or fn.__name__
+    if not isinstance(kind, str) or not kind or kind.startswith("@"):
+        problems.append(f"a handler name must be a non-empty string not starting with '@': {kind!r}")
+    if problems:
+        raise InvalidArgument(f"@step {kind!r}: " + "; ".join(problems))
+    definition = StepDef(
+        fn, kind, keep_output, built, max_reclaims, schedules=pending_schedules(fn)
+    )
+    from cyclone_dsl.dsl.registry import default_registry
+
+    default_registry().register(definition)
+    return definition
+
+
+def _decorator(
+    keep_output: bool,
+    fn: Callable[P, R] | None,
+    name: str | None,
+    max_reclaims: int | None,
+    options: dict[str, Any],
+) -> StepDef[P, R] | Callable[[Callable[P, R]], StepDef[P, R]]:
+    if fn is not None:
+        return _define(
+            fn, keep_output=keep_output, name=name, max_reclaims=max_reclaims, options=options
+        )
+
+    def wrap(inner: Callable[P, R]) -> StepDef[P, R]:
+        return _define(
+            inner, keep_output=keep_output, name=name, max_reclaims=max_reclaims, options=options
+        )
+
+    return wrap
+
+
+@overload
+def step(fn: Callable[P, R], /) -> StepDef[P, R]: ...
+@overload
+def step(
+    *,
+    name: str | None = None,
+    max_attempts: int | None = None,
+    timeout: timedelta | float | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    retention: timedelta | float | None = None,
+    on_dep_failure: str | None = None,
+    max_reclaims: int | None = None,
+) -> Callable[[Callable[P, R]], StepDef[P, R]]: ...
+def step(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    max_attempts: int | None = None,
+    timeout: timedelta | float | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    retention: timedelta | float | None = None,
+    on_dep_failure: str | None = None,
+    max_reclaims: int | None = None,
+) -> StepDef[P, R] | Callable[[Callable[P, R]], StepDef[P, R]]:
+    """Declare a step: a handler whose output is kept and can feed other nodes."""
+    options = {
+        "max_attempts": max_attempts,
+        "timeout": timeout,
+        "queue": queue,
+        "priority": priority,
+        "retention": retention,
+        "on_dep_failure": on_dep_failure,
+    }
+    return _decorator(True, fn, name, max_reclaims, options)
+
+
+@overload
+def action(fn: Callable[P, R], /) -> StepDef[P, R]: ...
+@overload
+def action(
+    *,
+    name: str | None = None,
+    max_attempts: int | None = None,
+    timeout: timedelta | float | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    retention: timedelta | float | None = None,
+    on_dep_failure: str | None = None,
+    max_reclaims: int | None = None,
+) -> Callable[[Callable[P, R]], StepDef[P, R]]: ...
+def action(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    max_attempts: int | None = None,
+    timeout: timedelta | float | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    retention: timedelta | float | None = None,
+    on_dep_failure: str | None = None,
+    max_reclaims: int | None = None,
+) -> StepDef[P, R] | Callable[[Callable[P, R]], StepDef[P, R]]:
+    """Declare an action: like a step, but its output is not kept (stored as NULL)."""
+    options = {
+        "max_attempts": max_attempts,
+        "timeout": timeout,
+        "queue": queue,
+        "priority": priority,
+        "retention": retention,
+        "on_dep_failure": on_dep_failure,
+    }
+    return _decorator(False, fn, name, max_reclaims, options)
+
+
+def is_ref(value: object) -> bool:
+    return isinstance(value, NodeRef)

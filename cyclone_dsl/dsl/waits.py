@@ -1,0 +1,52 @@
+"""Wait nodes: ``wait_signal``, ``wait_n``, ``wait_any`` and ``wait_timer``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from cyclone_dsl.dsl.builder import duration, require_builder
+from cyclone_dsl.graph.model import WaitSpec
+from cyclone_dsl.graph.rows import KIND_SIGNAL, KIND_TIMER
+
+
+def _timeout(value: timedelta | float | None) -> Any:
+    return None if value is None else duration(value, "timeout")
+
+
+def wait_signal(name: str, *, timeout: timedelta | float | None = None, after: Any = None) -> Any:
+    """Wait for one signal ``name``; the node's output is its payload.
+
+    With ``timeout``, the wait fails (error kind ``signal_timeout``) when no
+    signal arrives in time, and ``on_dep_failure`` of its dependents applies.
+    """
+    builder = require_builder("wait_signal")
+    spec = WaitSpec(signal_name=name, duration=_timeout(timeout))
+    return builder.add(str(name), KIND_SIGNAL, (), after=after, wait=spec)
+
+
+def wait_n(
+    name: str, n: int, *, timeout: timedelta | float | None = None, after: Any = None
+) -> Any:
+    """Wait for ``n`` signals ``name``; the output is the list of payloads in arrival order."""
+    builder = require_builder("wait_n")
+    spec = WaitSpec(signal_name=name, count=n, duration=_timeout(timeout))
+    return builder.add(str(name), KIND_SIGNAL, (), after=after, wait=spec)
+
+
+def wait_any(
+    names: Sequence[str], *, timeout: timedelta | float | None = None, after: Any = None
+) -> Any:
+    """Wait for the first of several signals; the output is ``{"name": ..., "payload": ...}``."""
+    builder = require_builder("wait_any")
+    spec = WaitSpec(signal_names=tuple(names), duration=_timeout(timeout))
+    default_id = "any_" + "_".join(str(n) for n in names)
+    return builder.add(default_id, KIND_SIGNAL, (), after=after, wait=spec)
+
+
+def wait_timer(length: timedelta | float, *, after: Any = None) -> Any:
+    """Wait ``length`` (from activation); completed by the timer scanner, not by a worker."""
+    builder = require_builder("wait_timer")
+    spec = WaitSpec(duration=duration(length, "duration"), timer=True)  # type: ignore[arg-type]
+    return builder.add("timer", KIND_TIMER, (), after=after, wait=spec)

@@ -1,0 +1,121 @@
+"""``@workflow``: a builder function that, run once, describes the graph of every run."""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from collections.abc import Callable
+from typing import Any, overload
+
+import attrs
+
+from cyclone_dsl.dsl.builder import RunInputRef, building
+from cyclone_dsl.dsl.schedule import ScheduleSpec, pending_schedules
+from cyclone_dsl.errors import InvalidArgument, InvalidGraph
+from cyclone_dsl.graph.fingerprint import fingerprint
+from cyclone_dsl.graph.model import Graph
+from cyclone_dsl.graph.validate import problems_of
+
+_building_now: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "cyclone_building_workflows", default=()
+)
+
+
+@attrs.define(eq=False, repr=False)
+class WorkflowDef:
+    """A workflow. ``.graph`` is built (and validated) once, on first use."""
+
+    fn: Callable[..., Any]
+    name: str
+    schedules: list[ScheduleSpec] = attrs.field(factory=list)
+    _graph: Graph | None = None
+    _steps: dict[str, Any] = attrs.field(factory=dict)
+    _children: dict[str, WorkflowDef] = attrs.field(factory=dict)
+
+    def __repr__(self) -> str:
+        return f"<workflow {self.name}>"
+
+    @property
+    def graph(self) -> Graph:
+        if self._graph is None:
+            self._graph = self._build()
+        return self._graph
+
+    @property
+    def def_version(self) -> str:
+        return fingerprint(self.graph)
+
+    @property
+    def has_result(self) -> bool:
+        return self.graph.result is not None
+
+    def step_defs(self) -> dict[str, Any]:
+        """The step and action definitions this workflow's nodes run (by kind)."""
+        _ = self.graph
+        return dict(self._steps)
+
+    def child_defs(self) -> dict[str, WorkflowDef]:
+        _ = self.graph
+        return dict(self._children)
+
+    def _build(self) -> Graph:
+        chain = _building_now.get()
+        if self.name in chain:
+            cycle = " -> ".join((*chain[chain.index(self.name) :], self.name))
+            raise InvalidGraph(
+                self.name, [(None, f"child() recurses into its own workflow: {cycle}")]
+            )
+        token = _building_now.set((*chain, self.name))
+        try:
+            with building(self.name) as builder:
+                params = [
+                    p
+                    for p in inspect.signature(self.fn).parameters.values()
+                    if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                ]
+                returned = self.fn(RunInputRef(builder)) if params else self.fn()
+                graph = builder.finish(returned)
+                self._steps = dict(builder.steps)
+                self._children = dict(builder.children)
+        finally:
+            _building_now.reset(token)
+        problems = [*builder.problems, *problems_of(graph)]
+        if problems:
+            raise InvalidGraph(self.name, problems)
+        return graph
+
+
+def _define(fn: Callable[..., Any], name: str | None) -> WorkflowDef:
+    if not callable(fn):
+        raise InvalidArgument(f"@workflow decorates a function, not {fn!r}")
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    if len(params) > 1:
+        raise InvalidArgument(
+            f"a workflow builder takes one parameter (the run input) or none; "
+            f"{fn.__name__} takes {len(params)}"
+        )
+    workflow_name = name or fn.__name__
+    if not isinstance(workflow_name, str) or not workflow_name:
+        raise InvalidArgument(f"a workflow name must be a non-empty string: {workflow_name!r}")
+    definition = WorkflowDef(fn, workflow_name, schedules=pending_schedules(fn))
+    from cyclone_dsl.dsl.registry import default_registry
+
+    default_registry().register(definition)
+    return definition
+
+
+@overload
+def workflow(fn: Callable[..., Any], /) -> WorkflowDef: ...
+@overload
+def workflow(*, name: str | None = None) -> Callable[[Callable[..., Any]], WorkflowDef]: ...
+def workflow(
+    fn: Callable[..., Any] | None = None, /, *, name: str | None = None
+) -> WorkflowDef | Callable[[Callable[..., Any]], WorkflowDef]:
+    """Declare a workflow; its function runs once, in a builder, to describe the graph."""
+    if fn is not None:
+        return _define(fn, name)
+    return lambda inner: _define(inner, name)

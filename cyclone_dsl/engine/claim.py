@@ -1,0 +1,103 @@
+"""Claims, heartbeats and lease release: the lease side of the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+import attrs
+
+from cyclone_dsl.db.tx import Tx
+from cyclone_dsl.engine import notify
+from cyclone_dsl.payload import JSONValue
+from cyclone_dsl.sql import Q
+
+
+@attrs.frozen
+class Claimed:
+    """A step leased to a worker, with its assembled handler input."""
+
+    id: int
+    run_id: int
+    node: str
+    kind: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    generation: int
+    timeout_s: float | None
+    lease_s: float
+    item_of: str | None
+    item_index: int | None
+    input: JSONValue
+    no_input: bool
+
+
+def claim(
+    tx: Tx,
+    *,
+    owner: str,
+    queues: Sequence[str],
+    kinds: Sequence[str],
+    limit: int,
+    lease: timedelta,
+) -> list[Claimed]:
+    """Lease up to ``limit`` available steps (priority DESC, scheduled_at, id order)."""
+    if limit <= 0 or not kinds or not queues:
+        return []
+    rows = tx.rows(
+        Q.claim_steps,
+        owner=owner,
+        queues=list(queues),
+        kinds=list(kinds),
+        limit=limit,
+        lease=lease,
+    )
+    if not rows:
+        return []
+    inputs = {
+        r["id"]: r for r in tx.rows(Q.assemble_inputs, ids=[r["id"] for r in rows])
+    }
+    return [
+        Claimed(
+            id=r["id"],
+            run_id=r["run_id"],
+            node=r["node"],
+            kind=r["kind"],
+            queue=r["queue"],
+            attempt=r["attempt"],
+            max_attempts=r["max_attempts"],
+            generation=r["lease_generation"],
+            timeout_s=r["timeout_s"],
+            lease_s=r["lease_s"],
+            item_of=r["item_of"],
+            item_index=r["item_index"],
+            input=inputs[r["id"]]["input"],
+            no_input=inputs[r["id"]]["no_input"],
+        )
+        for r in rows
+    ]
+
+
+def heartbeat(tx: Tx, leases: Sequence[tuple[int, int]], lease: timedelta) -> set[int]:
+    """Extend the given (step id, generation) leases; return the ids still held."""
+    if not leases:
+        return set()
+    rows = tx.rows(
+        Q.heartbeat_steps,
+        ids=[i for i, _ in leases],
+        generations=[g for _, g in leases],
+        lease=lease,
+    )
+    return {r["id"] for r in rows}
+
+
+def release(tx: Tx, leases: Sequence[tuple[int, int]]) -> set[int]:
+    """Give leases back (graceful shutdown): available at once, the attempt not consumed."""
+    if not leases:
+        return set()
+    rows = tx.rows(
+        Q.release_steps, ids=[i for i, _ in leases], generations=[g for _, g in leases]
+    )
+    notify.wake_queues(tx, (r["queue"] for r in rows))
+    return {r["id"] for r in rows}

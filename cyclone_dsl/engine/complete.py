@@ -1,0 +1,68 @@
+"""Completion and failure of leased steps, in batches, fenced by lease generation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from cyclone_dsl.db.tx import Tx
+from cyclone_dsl.engine import notify
+from cyclone_dsl.engine.transitions import DEFAULT_HOOKS, Hooks, after_completions, after_discards
+from cyclone_dsl.sql import Q
+from cyclone_dsl.states import StepState
+
+
+@attrs.frozen
+class Success:
+    step_id: int
+    generation: int
+    output: str | None  # JSON text, None for an action or a None result
+
+
+@attrs.frozen
+class Failure:
+    step_id: int
+    generation: int
+    error: str
+    error_kind: str
+    panic_stack: str | None = None
+    retry: bool = True
+    delay_s: float = 0.0
+
+
+def complete(tx: Tx, results: Sequence[Success], hooks: Hooks = DEFAULT_HOOKS) -> set[int]:
+    """Record successes; return the ids applied (the others were fenced out)."""
+    if not results:
+        return set()
+    tx.rows(Q.lock_runs_of_steps, ids=[r.step_id for r in results])
+    done = tx.rows(
+        Q.complete_steps,
+        ids=[r.step_id for r in results],
+        generations=[r.generation for r in results],
+        outputs=[r.output for r in results],
+    )
+    after_completions(tx, done, hooks)
+    return {r["id"] for r in done}
+
+
+def fail(tx: Tx, failures: Sequence[Failure], hooks: Hooks = DEFAULT_HOOKS) -> set[int]:
+    """Record failed executions: retry or discard; return the ids applied."""
+    if not failures:
+        return set()
+    tx.rows(Q.lock_runs_of_steps, ids=[f.step_id for f in failures])
+    rows = tx.rows(
+        Q.fail_steps,
+        ids=[f.step_id for f in failures],
+        generations=[f.generation for f in failures],
+        retry=[f.retry for f in failures],
+        delays=[f.delay_s for f in failures],
+        errors=[f.error for f in failures],
+        error_kinds=[f.error_kind for f in failures],
+        stacks=[f.panic_stack for f in failures],
+    )
+    notify.wake_queues(tx, (r["queue"] for r in rows if r["state"] == StepState.AVAILABLE))
+    discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
+    if discarded:
+        after_discards(tx, discarded, hooks)
+    return {r["id"] for r in rows}

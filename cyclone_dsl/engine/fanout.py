@@ -1,0 +1,90 @@
+"""for_each: expansion into item tasks, the max_parallel gate, collection, item failure."""
+
+from __future__ import annotations
+
+from cyclone_dsl.db.tx import Row, Tx
+from cyclone_dsl.engine import notify
+from cyclone_dsl.engine.transitions import Hooks, after_completions, after_discards
+from cyclone_dsl.sql import Q
+from cyclone_dsl.states import ErrorKind, StepState
+
+
+def expand_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
+    """Activation hook: an activated fan-out node (still ``pending``) creates its items."""
+    ids = [
+        r["id"]
+        for r in activated
+        if r["fan_out_parallel"] is not None and r["state"] == StepState.PENDING
+    ]
+    if not ids:
+        return
+    sources = tx.rows(Q.fan_out_sources, ids=ids)
+    items = tx.rows(Q.expand_fan_outs, ids=ids)
+    notify.wake_queues(tx, (i["queue"] for i in items if i["state"] == StepState.AVAILABLE))
+    for source in sources:
+        if source["list_type"] != "array":
+            failed = tx.rows(
+                Q.discard_node,
+                id=source["id"],
+                error=(
+                    f"for_each over {source['node']!r} needs a JSON list, "
+                    f"got {source['list_type'] or 'nothing'}"
+                ),
+                error_kind=ErrorKind.INVALID_INPUT.value,
+            )
+            after_discards(tx, failed, hooks)
+        elif source["length"] == 0:
+            empty = None if source["fan_out_max_bytes"] is None else "[]"
+            done = tx.rows(Q.complete_node, id=source["id"], output=empty)
+            after_completions(tx, done, hooks)
+
+
+def items_finished(tx: Tx, items: list[Row], hooks: Hooks) -> None:
+    """After item tasks completed: start the next ones, complete finished fan-outs."""
+    for run_id, node in sorted({(r["run_id"], r["item_of"]) for r in items}):
+        _advance(tx, run_id, node, hooks)
+
+
+def _advance(tx: Tx, run_id: int, node: str, hooks: Hooks) -> None:
+    queues = tx.rows(Q.activate_next_items, run_id=run_id, node=node)
+    notify.wake_queues(tx, (q["queue"] for q in queues))
+    done = tx.rows(Q.finish_fan_out, run_id=run_id, node=node)
+    if not done:
+        return
+    row = done[0]
+    limit = row["fan_out_max_bytes"]
+    if limit and row["output_bytes"] is not None and row["output_bytes"] > limit:
+        failed = tx.rows(
+            Q.discard_node_completed,
+            id=row["id"],
+            error=(
+                f"the collected output of {node!r} is {row['output_bytes']} bytes, "
+                f"over its max_bytes of {limit}"
+            ),
+            error_kind=ErrorKind.OUTPUT_LIMIT.value,
+        )
+        after_discards(tx, failed, hooks)
+        return
+    after_completions(tx, done, hooks)
+
+
+def items_discarded(tx: Tx, items: list[Row], hooks: Hooks) -> None:
+    """An item that failed for good fails its fan-out node (then on_dep_failure applies)."""
+    for run_id, node in sorted({(r["run_id"], r["item_of"]) for r in items}):
+        first = next(r for r in items if r["run_id"] == run_id and r["item_of"] == node)
+        error = f"item {first['node']!r} failed: {first.get('error') or 'no detail'}"
+        tx.rows(Q.cancel_items, run_id=run_id, node=node, error=f"cancelled: {error}")
+        fan_out = tx.one(Q.fan_out_node, run_id=run_id, node=node)
+        if fan_out is None:
+            continue
+        failed = tx.rows(
+            Q.discard_node, id=fan_out["id"], error=error, error_kind=ErrorKind.DEP_FAILED.value
+        )
+        if failed:
+            after_discards(tx, failed, hooks)
+
+
+def gate_on_resume(tx: Tx, run_id: int, hooks: Hooks) -> None:
+    """Resume hook: items set back to pending start again, up to max_parallel."""
+    for row in tx.rows(Q.fan_out_nodes_of_run, run_id=run_id):
+        _advance(tx, run_id, row["node"], hooks)

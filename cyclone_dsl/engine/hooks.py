@@ -1,0 +1,30 @@
+"""Assembles the engine's hooks: mailbox, fan-out and child-run behaviour, and child compiling."""
+
+from __future__ import annotations
+
+from cyclone_dsl.dsl.registry import Registry
+from cyclone_dsl.engine import children, fanout, signals
+from cyclone_dsl.engine.transitions import Hooks
+from cyclone_dsl.graph.compile import compile_run
+from cyclone_dsl.graph.rows import CompiledRun
+from cyclone_dsl.payload import JSONValue
+
+
+def engine_hooks(registry: Registry) -> Hooks:
+    """The hooks every client, worker and scanner of this process runs transitions with."""
+
+    def compile_child(workflow: str, run_input: JSONValue) -> CompiledRun:
+        return compile_run(registry.workflow(workflow).graph, run_input)
+
+    return Hooks(
+        compile_child=compile_child,
+        on_activated=[
+            signals.consume_buffered_on_activation,
+            fanout.expand_on_activation,
+            children.start_on_activation,
+        ],
+        on_items_completed=[fanout.items_finished],
+        on_items_discarded=[fanout.items_discarded],
+        on_resumed=[fanout.gate_on_resume],
+        on_runs_ended=[children.settle_parents],
+    )

@@ -1,0 +1,74 @@
+"""Scanner passes: expired leases and step timeouts (batched, paginated, guarded)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+
+from cyclone_dsl.db.tx import Row, Tx
+from cyclone_dsl.engine import complete, notify
+from cyclone_dsl.engine.backoff import backoff_seconds
+from cyclone_dsl.engine.transitions import DEFAULT_HOOKS, Hooks, after_discards
+from cyclone_dsl.sql import Q
+from cyclone_dsl.states import ErrorKind, StepState
+
+SCAN_LOCK_NAMESPACE = 0x0C7C5CA
+
+
+def is_leader(tx: Tx, scanner: str) -> bool:
+    row = tx.one(Q.try_scan_leader, namespace=SCAN_LOCK_NAMESPACE, scanner=scanner)
+    return bool(row and row["leader"])
+
+
+def expired_page(tx: Tx, *, after_id: int, limit: int) -> list[Row]:
+    return tx.rows(Q.expired_leases, after_id=after_id, limit=limit)
+
+
+def reclaim(
+    tx: Tx,
+    page: list[Row],
+    *,
+    max_reclaims: Mapping[str, int],
+    default_max_reclaims: int,
+    hooks: Hooks = DEFAULT_HOOKS,
+) -> list[Row]:
+    """Reclaim one page of expired leases (locks runs first); return the steps changed."""
+    if not page:
+        return []
+    tx.rows(Q.lock_runs, run_ids=sorted({r["run_id"] for r in page}))
+    kinds = sorted(max_reclaims)
+    rows = tx.rows(
+        Q.reclaim_steps,
+        ids=[r["id"] for r in page],
+        generations=[r["lease_generation"] for r in page],
+        kinds=kinds,
+        limits=[max_reclaims[k] for k in kinds],
+        default_max_reclaims=default_max_reclaims,
+    )
+    notify.wake_queues(tx, (r["queue"] for r in rows if r["state"] == StepState.AVAILABLE))
+    discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
+    if discarded:
+        after_discards(tx, discarded, hooks)
+    return rows
+
+
+def timed_out_page(tx: Tx, *, after_id: int, limit: int, grace: timedelta) -> list[Row]:
+    return tx.rows(Q.timed_out_steps, after_id=after_id, limit=limit, grace=grace)
+
+
+def fail_timed_out(tx: Tx, page: list[Row], hooks: Hooks = DEFAULT_HOOKS) -> set[int]:
+    """Fail steps that outlived their timeout (the worker running them is stuck or gone)."""
+    return complete.fail(
+        tx,
+        [
+            complete.Failure(
+                step_id=r["id"],
+                generation=r["lease_generation"],
+                error="the step ran past its timeout and its worker did not stop it",
+                error_kind=ErrorKind.TIMEOUT,
+                delay_s=backoff_seconds(r["attempt"] + 1),
+            )
+            for r in page
+        ],
+        hooks,
+    )

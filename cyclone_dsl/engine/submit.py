@@ -1,0 +1,152 @@
+"""Run creation: a whole graph in one statement, submit keys, standalone work with unique keys."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+import attrs
+import psycopg
+
+from cyclone_dsl.db.tx import Tx
+from cyclone_dsl.engine import notify
+from cyclone_dsl.engine.transitions import DEFAULT_HOOKS, Hooks, activate
+from cyclone_dsl.graph.rows import CompiledRun, StepRow
+from cyclone_dsl.sql import Q
+from cyclone_dsl.states import StepState
+
+
+@attrs.frozen
+class Submitted:
+    run_id: int
+    created: bool  # False when an existing run was returned (submit key, unique key)
+
+
+def _seconds(value: timedelta | None) -> float | None:
+    return None if value is None else value.total_seconds()
+
+
+def _steps_document(
+    steps: Iterable[StepRow], unique_key: str | None, sequence_key: str | None
+) -> str:
+    # The step inputs are JSON text already; splice them in rather than decode and re-encode.
+    parts = []
+    for step in steps:
+        fields = {
+            "node": step.node,
+            "kind": step.kind,
+            "state": step.state,
+            "input_from": step.input_from,
+            "queue": step.queue,
+            "priority": step.priority,
+            "max_attempts": step.max_attempts,
+            "timeout_s": _seconds(step.timeout),
+            "signal_name": step.signal_name,
+            "signal_names": list(step.signal_names) if step.signal_names is not None else None,
+            "wait_for_s": _seconds(step.wait_for),
+            "wait_count": step.wait_count,
+            "on_dep_failure": step.on_dep_failure,
+            "fan_out_parallel": step.fan_out_parallel,
+            "fan_out_max_bytes": step.fan_out_max_bytes,
+            "child_workflow": step.child_workflow,
+            "child_needs_result": step.child_needs_result,
+            "retention_s": _seconds(step.retention),
+            "unique_key": unique_key,
+            "sequence_key": sequence_key,
+        }
+        text = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+        parts.append(f'{text[:-1]},"input":{step.input or "null"}}}')
+    return f"[{','.join(parts)}]"
+
+
+def insert_run(
+    tx: Tx,
+    compiled: CompiledRun,
+    *,
+    deadline: timedelta | None = None,
+    submit_key: str | None = None,
+    parent: tuple[int, str] | None = None,
+    scheduled_at: datetime | None = None,
+    unique_key: str | None = None,
+    sequence_key: str | None = None,
+    hooks: Hooks = DEFAULT_HOOKS,
+) -> int:
+    """Insert the run and its graph, activate special roots, wake workers; return the run id."""
+    row = tx.one(
+        Q.insert_run_graph,
+        workflow=compiled.workflow,
+        def_version=compiled.def_version,
+        input=compiled.input,
+        deadline=deadline,
+        result_node=compiled.result_node,
+        submit_key=submit_key,
+        has_fan_out=compiled.has_fan_out,
+        parent_run_id=parent[0] if parent else None,
+        parent_node_id=parent[1] if parent else None,
+        scheduled_at=scheduled_at,
+        steps=_steps_document(compiled.steps, unique_key, sequence_key),
+        deps=json.dumps([attrs.asdict(d) for d in compiled.deps]),
+        inputs=json.dumps([attrs.asdict(i) for i in compiled.inputs]),
+    )
+    assert row is not None
+    run_id: int = row["run_id"]
+    with_deps = {d.node for d in compiled.deps}
+    special_roots = [
+        (run_id, s.node)
+        for s in compiled.steps
+        if s.state == StepState.PENDING and s.node not in with_deps
+    ]
+    activate(tx, special_roots, hooks)
+    notify.wake_queues(tx, (s.queue for s in compiled.steps if s.state == StepState.AVAILABLE))
+    return run_id
+
+
+def insert_run_once(
+    tx: Tx, compiled: CompiledRun, *, submit_key: str, deadline: timedelta | None, hooks: Hooks
+) -> Submitted:
+    """Insert unless a run of this workflow holds ``submit_key`` (in any state)."""
+    while True:
+        existing = tx.one(
+            Q.find_run_by_submit_key, workflow=compiled.workflow, submit_key=submit_key
+        )
+        if existing is not None:
+            return Submitted(existing["run_id"], created=False)
+        try:
+            with tx.conn.transaction():  # a savepoint: a lost race must not abort the caller's tx
+                run_id = insert_run(
+                    tx, compiled, deadline=deadline, submit_key=submit_key, hooks=hooks
+                )
+        except psycopg.errors.UniqueViolation:
+            continue  # another caller committed the key meanwhile: read it back
+        return Submitted(run_id, created=True)
+
+
+def insert_standalone(
+    tx: Tx,
+    compiled: CompiledRun,
+    *,
+    unique_key: str | None,
+    sequence_key: str | None,
+    scheduled_at: datetime | None,
+) -> Submitted:
+    """Enqueue standalone work; with a unique key, return the active holder instead."""
+    kind = compiled.steps[0].kind
+    while True:
+        if unique_key is not None:
+            existing = tx.one(Q.find_active_unique, kind=kind, unique_key=unique_key)
+            if existing is not None:
+                return Submitted(existing["run_id"], created=False)
+        try:
+            with tx.conn.transaction():
+                run_id = insert_run(
+                    tx,
+                    compiled,
+                    scheduled_at=scheduled_at,
+                    unique_key=unique_key,
+                    sequence_key=sequence_key,
+                )
+        except psycopg.errors.UniqueViolation:
+            # The holder committed, or rolled back and freed the key: look again.
+            continue
+        return Submitted(run_id, created=True)

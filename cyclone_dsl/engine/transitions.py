@@ -1,0 +1,167 @@
+"""Step and run transitions shared by every caller: activation, completion, failure, run ends.
+
+The caller holds an open transaction and, for the runs involved, their row
+locks (taken first, in id order). Functions here only ever move a step out of
+the state they found it in, guarded in SQL.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+import attrs
+
+from cyclone_dsl.db.tx import Row, Tx
+from cyclone_dsl.engine import notify
+from cyclone_dsl.graph.rows import CompiledRun
+from cyclone_dsl.payload import JSONValue
+from cyclone_dsl.sql import Q
+from cyclone_dsl.states import ErrorKind, OnDepFailure, RunState, StepState
+
+#: Compiles a child run: (workflow name, input) -> rows. Supplied by the client or worker.
+ChildCompiler = Callable[[str, JSONValue], CompiledRun]
+
+
+RowsHook = Callable[[Tx, list[Row], "Hooks"], None]
+
+
+@attrs.define
+class Hooks:
+    """Extension points of activation that need more than SQL (child runs, fan-out)."""
+
+    compile_child: ChildCompiler | None = None
+    on_activated: list[RowsHook] = attrs.field(factory=list)
+    on_items_completed: list[RowsHook] = attrs.field(factory=list)
+    on_items_discarded: list[RowsHook] = attrs.field(factory=list)
+    on_resumed: list[Callable[[Tx, int, Hooks], None]] = attrs.field(factory=list)
+    #: Called with the runs that just ended (rows with id, parent_run_id, parent_node_id).
+    on_runs_ended: list[Callable[[Tx, list[Row], RunState, Hooks], None]] = attrs.field(
+        factory=list
+    )
+
+
+
+DEFAULT_HOOKS = Hooks()
+
+
+def activate(tx: Tx, run_nodes: Iterable[tuple[int, str]], hooks: Hooks = DEFAULT_HOOKS) -> None:
+    """Activate every listed pending node whose dependencies have all completed."""
+    pairs = sorted(set(run_nodes))
+    if not pairs:
+        return
+    rows = tx.rows(
+        Q.activate_ready, run_ids=[run for run, _ in pairs], nodes=[node for _, node in pairs]
+    )
+    if not rows:
+        return
+    notify.wake_queues(tx, (r["queue"] for r in rows if r["state"] == StepState.AVAILABLE))
+    for hook in hooks.on_activated:
+        hook(tx, rows, hooks)
+
+
+def activate_pending_roots(tx: Tx, run_ids: Sequence[int], hooks: Hooks = DEFAULT_HOOKS) -> None:
+    """Activate the pending nodes of these runs that are ready (after submit or resume)."""
+    rows = tx.rows(Q.pending_roots, run_ids=list(run_ids))
+    activate(tx, ((r["run_id"], r["node"]) for r in rows), hooks)
+
+
+def after_completions(tx: Tx, completed: Sequence[Row], hooks: Hooks = DEFAULT_HOOKS) -> None:
+    """Follow-ups of completed steps (rows with run_id, node, item_of, has_downstream)."""
+    items = [r for r in completed if r.get("item_of") is not None]
+    if items:
+        for hook in hooks.on_items_completed:
+            hook(tx, items, hooks)
+    with_downstream = [r for r in completed if r.get("has_downstream")]
+    if with_downstream:
+        downstream = tx.rows(
+            Q.downstream_nodes,
+            run_ids=[r["run_id"] for r in with_downstream],
+            nodes=[r["node"] for r in with_downstream],
+        )
+        activate(tx, ((d["run_id"], d["node"]) for d in downstream), hooks)
+    finish_if_done(tx, {r["run_id"] for r in completed if r.get("item_of") is None}, hooks)
+
+
+def finish_if_done(tx: Tx, run_ids: Iterable[int], hooks: Hooks = DEFAULT_HOOKS) -> list[Row]:
+    """Complete the runs whose steps are all terminal; return the finished runs."""
+    ids = sorted(set(run_ids))
+    if not ids:
+        return []
+    finished = tx.rows(Q.finish_runs, run_ids=ids)
+    _runs_ended(tx, finished, RunState.COMPLETED, hooks)
+    return finished
+
+
+def after_discards(tx: Tx, discarded: Sequence[Row], hooks: Hooks = DEFAULT_HOOKS) -> None:
+    """Apply ``on_dep_failure`` for discarded steps (rows with run_id, node, error)."""
+    items = [r for r in discarded if r.get("item_of") is not None]
+    if items:
+        for hook in hooks.on_items_discarded:
+            hook(tx, items, hooks)
+    by_run: dict[int, list[Row]] = defaultdict(list)
+    for row in discarded:
+        if row.get("item_of") is None:
+            by_run[row["run_id"]].append(row)
+    failed_runs: list[int] = []
+    contained: dict[int, list[Row]] = {}
+    for run_id, rows in by_run.items():
+        dependents = tx.rows(
+            Q.downstream_nodes, run_ids=[run_id] * len(rows), nodes=[r["node"] for r in rows]
+        )
+        branch_only = bool(dependents) and all(
+            d["on_dep_failure"] == OnDepFailure.CANCEL_BRANCH for d in dependents
+        )
+        if branch_only:
+            contained[run_id] = rows
+        else:
+            failed_runs.append(run_id)
+    for run_id in failed_runs:
+        first = by_run[run_id][0]
+        end_runs(
+            tx,
+            [run_id],
+            RunState.FAILED,
+            error=f"cancelled: node {first['node']!r} failed",
+            error_kind=ErrorKind.DEP_FAILED,
+            hooks=hooks,
+        )
+    for run_id, rows in contained.items():
+        nodes = [r["node"] for r in rows]
+        tx.rows(
+            Q.cancel_downstream,
+            run_id=run_id,
+            nodes=nodes,
+            error=f"cancelled: upstream {', '.join(repr(n) for n in nodes)} failed",
+        )
+    finish_if_done(tx, contained.keys(), hooks)
+
+
+def end_runs(
+    tx: Tx,
+    run_ids: Sequence[int],
+    state: RunState,
+    *,
+    error: str,
+    error_kind: ErrorKind,
+    hooks: Hooks = DEFAULT_HOOKS,
+) -> list[Row]:
+    """Fail or cancel runs and every non-terminal step in them; return the runs ended."""
+    ended = tx.rows(Q.end_runs, run_ids=sorted(run_ids), state=state.value)
+    if ended:
+        tx.rows(
+            Q.cancel_open_steps,
+            run_ids=[r["id"] for r in ended],
+            error=error,
+            error_kind=error_kind.value,
+        )
+    _runs_ended(tx, ended, state, hooks)
+    return ended
+
+
+def _runs_ended(tx: Tx, ended: list[Row], state: RunState, hooks: Hooks) -> None:
+    if not ended:
+        return
+    notify.runs_finished(tx, (r["id"] for r in ended))
+    for hook in hooks.on_runs_ended:
+        hook(tx, ended, state, hooks)
+

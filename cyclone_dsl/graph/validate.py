@@ -1,0 +1,158 @@
+"""Every rule a workflow graph must satisfy; :func:`validate` reports all broken ones at once."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+from cyclone_dsl.errors import InvalidGraph
+from cyclone_dsl.graph.model import ArgKind, Binding, Graph, Node, NodeOptions
+from cyclone_dsl.graph.rows import SPECIAL_KINDS
+from cyclone_dsl.states import OnDepFailure
+
+MAX_QUEUE_BYTES = 256
+MAX_TUPLE_ARGS = 4
+INT32_MAX = 2**31 - 1
+Problem = tuple[str | None, str]
+
+
+def check_options(options: NodeOptions) -> list[str]:
+    """Problems with one node's options (empty when they are fine)."""
+    problems: list[str] = []
+    queue = options.queue
+    if not isinstance(queue, str) or not queue:
+        problems.append(f"queue must be a non-empty string, not {queue!r}")
+    elif len(queue.encode("utf-8")) > MAX_QUEUE_BYTES:
+        problems.append(
+            f"queue name is {len(queue.encode('utf-8'))} bytes; the limit is {MAX_QUEUE_BYTES}"
+        )
+    elif "\x00" in queue:
+        problems.append("queue name must not contain NUL characters")
+    if not _is_int(options.priority) or abs(options.priority) > INT32_MAX:
+        problems.append(f"priority must be a 32-bit integer, not {options.priority!r}")
+    if not _is_int(options.max_attempts) or not 1 <= options.max_attempts <= INT32_MAX:
+        problems.append(
+            f"max_attempts must be an integer of at least 1, not {options.max_attempts!r}"
+        )
+    for name in ("timeout", "retention"):
+        value = getattr(options, name)
+        if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
+            problems.append(f"{name} must be a positive duration, not {value!r}")
+    if options.on_dep_failure not in {p.value for p in OnDepFailure}:
+        problems.append(
+            f"on_dep_failure must be 'fail_run' or 'cancel_branch', not {options.on_dep_failure!r}"
+        )
+    return problems
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def problems_of(graph: Graph) -> list[Problem]:
+    """Every problem of the graph, each with the id of the node it concerns."""
+    problems: list[Problem] = []
+    ids = [n.id for n in graph.nodes]
+    for node_id, times in Counter(ids).items():
+        if times > 1:
+            problems.append(
+                (node_id, f"{times} nodes share the id {node_id!r}: give each a unique .named() id")
+            )
+    known = set(ids)
+    for node in graph.nodes:
+        problems.extend((node.id, message) for message in _node_problems(node, known))
+    problems.extend(_signal_name_problems(graph))
+    problems.extend(_cycle_problems(graph, known))
+    if graph.result is not None and graph.result not in known:
+        problems.append((graph.result, f"the result node {graph.result!r} is not in the workflow"))
+    return problems
+
+
+def _node_problems(node: Node, known: set[str]) -> list[str]:
+    problems = [f"option problem: {p}" for p in check_options(node.options)]
+    if not node.id or not isinstance(node.id, str):
+        problems.append("node ids must be non-empty strings")
+    elif "[" in node.id or "]" in node.id:
+        problems.append("node ids may not contain '[' or ']' (they name fan-out items)")
+    for dep in node.deps:
+        if dep not in known:
+            problems.append(
+                f"depends on {dep!r}, which is not a node of this workflow "
+                "(a reference from another workflow's builder cannot be used here)"
+            )
+    if node.binding is Binding.TUPLE and not 2 <= len(node.args) <= MAX_TUPLE_ARGS:
+        problems.append(
+            f"a call takes at most {MAX_TUPLE_ARGS} arguments, this one has {len(node.args)}: "
+            "pass a list of references instead (array mode)"
+        )
+    if node.binding is Binding.ARRAY and any(a.kind is not ArgKind.REF for a in node.args):
+        problems.append("a list argument may only hold node references (no literals or run input)")
+    if node.wait is not None:
+        wait = node.wait
+        if wait.count is not None and (not _is_int(wait.count) or wait.count < 1):
+            problems.append(f"wait_n needs n >= 1, not {wait.count!r}")
+        if wait.duration is not None and (
+            not isinstance(wait.duration, timedelta) or wait.duration <= timedelta(0)
+        ):
+            problems.append(f"durations must be positive, not {wait.duration!r}")
+        names = wait.signal_names or ((wait.signal_name,) if wait.signal_name is not None else ())
+        if not wait.timer and not names:
+            problems.append("a signal wait needs at least one signal name")
+        for name in names:
+            if not isinstance(name, str) or not name or "\x00" in name:
+                problems.append(f"signal names must be non-empty strings, not {name!r}")
+    if node.fan_out is not None:
+        spec = node.fan_out
+        if not _is_int(spec.max_parallel) or spec.max_parallel < 0:
+            problems.append(f"max_parallel must be an integer >= 0, not {spec.max_parallel!r}")
+        if spec.max_bytes is not None and (not _is_int(spec.max_bytes) or spec.max_bytes < 0):
+            problems.append(f"max_bytes must be an integer >= 0, not {spec.max_bytes!r}")
+        if spec.max_items is not None and (not _is_int(spec.max_items) or spec.max_items < 1):
+            problems.append(f"max_items must be an integer >= 1, not {spec.max_items!r}")
+        if node.kind in SPECIAL_KINDS:
+            problems.append("for_each needs a @step or @action")
+    return problems
+
+
+def _signal_name_problems(graph: Graph) -> list[Problem]:
+    owners: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        if node.wait is None or node.wait.timer:
+            continue
+        names = node.wait.signal_names or (node.wait.signal_name,)
+        for name in names:
+            if isinstance(name, str):
+                owners.setdefault(name, []).append(node.id)
+    return [
+        (nodes[1], f"signal {name!r} is awaited by {len(nodes)} waits ({', '.join(nodes)}): "
+         "each signal name may be awaited once per workflow")
+        for name, nodes in owners.items()
+        if len(nodes) > 1
+    ]
+
+
+def _cycle_problems(graph: Graph, known: set[str]) -> list[Problem]:
+    indegree = {n.id: 0 for n in graph.nodes}
+    dependents: dict[str, list[str]] = {n.id: [] for n in graph.nodes}
+    for node in graph.nodes:
+        for dep in node.deps:
+            if dep in known:
+                indegree[node.id] += 1
+                dependents[dep].append(node.id)
+    ready = [n for n, d in indegree.items() if d == 0]
+    while ready:
+        current = ready.pop()
+        for nxt in dependents[current]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                ready.append(nxt)
+    stuck = sorted(n for n, d in indegree.items() if d > 0)
+    return [(n, "is part of a dependency cycle") for n in stuck]
+
+
+def validate(graph: Graph) -> Graph:
+    """Return the graph, or raise :class:`InvalidGraph` listing every problem."""
+    problems = problems_of(graph)
+    if problems:
+        raise InvalidGraph(graph.workflow, problems)
+    return graph

@@ -1,0 +1,120 @@
+"""Every runtime SQL statement of Cyclone, as named, parameterised queries.
+
+The text lives in the ``.sql`` files beside this module; :data:`Q` exposes
+each query as a typed attribute so that a misspelled name fails at import
+and under mypy. Values are always bind parameters, never interpolated.
+"""
+
+from __future__ import annotations
+
+from typing import LiteralString
+
+from cyclone_dsl.sql._loader import load_queries
+
+
+class _Queries:
+    # children.sql
+    finish_child_nodes: LiteralString
+    open_descendants: LiteralString
+    child_run_of: LiteralString
+    # claim.sql
+    claim_steps: LiteralString
+    assemble_inputs: LiteralString
+    heartbeat_steps: LiteralString
+    release_steps: LiteralString
+    # complete.sql
+    lock_runs_of_steps: LiteralString
+    lock_runs: LiteralString
+    complete_steps: LiteralString
+    fail_steps: LiteralString
+    downstream_nodes: LiteralString
+    activate_ready: LiteralString
+    pending_roots: LiteralString
+    finish_runs: LiteralString
+    end_runs: LiteralString
+    cancel_open_steps: LiteralString
+    cancel_downstream: LiteralString
+    # control.sql
+    run_tree: LiteralString
+    get_run_state: LiteralString
+    retry_node: LiteralString
+    reopen_run: LiteralString
+    node_state: LiteralString
+    # fanout.sql
+    expand_fan_outs: LiteralString
+    fan_out_sources: LiteralString
+    activate_next_items: LiteralString
+    finish_fan_out: LiteralString
+    discard_node: LiteralString
+    complete_node: LiteralString
+    cancel_items: LiteralString
+    fan_out_node: LiteralString
+    fan_out_nodes_of_run: LiteralString
+    discard_node_completed: LiteralString
+    # migrate.sql
+    migration_lock_try: LiteralString
+    migration_unlock: LiteralString
+    migration_lock_holder: LiteralString
+    set_lock_timeout: LiteralString
+    current_schema_name: LiteralString
+    create_version_table: LiteralString
+    read_version: LiteralString
+    insert_version: LiteralString
+    update_version: LiteralString
+    version_table_exists: LiteralString
+    # read.sql
+    get_run: LiteralString
+    get_run_steps: LiteralString
+    list_runs: LiteralString
+    run_outcome: LiteralString
+    run_progress: LiteralString
+    runs_terminal: LiteralString
+    get_run_deps: LiteralString
+    # scan.sql
+    expired_leases: LiteralString
+    reclaim_steps: LiteralString
+    timed_out_steps: LiteralString
+    try_scan_leader: LiteralString
+    # signals.sql
+    find_signal_wait: LiteralString
+    count_buffered_signals: LiteralString
+    insert_signal: LiteralString
+    take_buffered_signals: LiteralString
+    complete_wait: LiteralString
+    record_partial_quorum: LiteralString
+    signal_name_declared: LiteralString
+    find_wait_by_id: LiteralString
+    # submit.sql
+    insert_run_graph: LiteralString
+    find_run_by_submit_key: LiteralString
+    find_active_unique: LiteralString
+    notify_queues: LiteralString
+    notify_runs_finished: LiteralString
+    # waits.sql
+    due_timers: LiteralString
+    expired_signal_waits: LiteralString
+    fire_timers: LiteralString
+    time_out_signal_waits: LiteralString
+    expired_deadlines: LiteralString
+    runs_past_deadline: LiteralString
+    pause_run: LiteralString
+    resume_run: LiteralString
+
+    def __init__(self, queries: dict[str, str]) -> None:
+        declared = set(type(self).__annotations__)
+        missing, extra = declared - queries.keys(), queries.keys() - declared
+        if missing or extra:
+            raise RuntimeError(
+                f"sql files and cyclone_dsl.sql disagree: missing {sorted(missing)}, "
+                f"undeclared {sorted(extra)}"
+            )
+        for name, text in queries.items():
+            object.__setattr__(self, name, text)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("queries are read-only")
+
+
+Q = _Queries(load_queries(__name__))
+
+__all__ = ["Q"]

@@ -1,0 +1,153 @@
+-- name: lock_runs_of_steps
+-- Lock the runs of these steps and their ancestor runs, in id order, before any step row.
+WITH RECURSIVE up(id) AS (
+    SELECT DISTINCT s.run_id FROM cyclone_steps AS s WHERE s.id = ANY(%(ids)s::bigint[])
+    UNION
+    SELECT r.parent_run_id FROM cyclone_runs AS r JOIN up ON r.id = up.id
+    WHERE r.parent_run_id IS NOT NULL
+)
+SELECT r.id, r.state, r.has_fan_out, r.paused_at
+FROM cyclone_runs AS r
+WHERE r.id IN (SELECT id FROM up)
+ORDER BY r.id
+FOR NO KEY UPDATE
+
+-- name: lock_runs
+-- Lock runs and their ancestor runs (a child's end changes its parent), in id order.
+WITH RECURSIVE up(id) AS (
+    SELECT unnest(%(run_ids)s::bigint[])
+    UNION
+    SELECT r.parent_run_id FROM cyclone_runs AS r JOIN up ON r.id = up.id
+    WHERE r.parent_run_id IS NOT NULL
+)
+SELECT r.id, r.state, r.has_fan_out, r.paused_at
+FROM cyclone_runs AS r
+WHERE r.id IN (SELECT id FROM up)
+ORDER BY r.id
+FOR NO KEY UPDATE
+
+-- name: complete_steps
+-- Record outputs of steps still leased at the given generations (a stale generation is fenced).
+UPDATE cyclone_steps AS s
+SET state = 'completed', output = c.output::jsonb,
+    completed_at = now() + %(shift)s::interval,
+    lease_owner = NULL, lease_expiry = NULL
+FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(outputs)s::text[])
+    AS c(id, generation, output)
+WHERE s.id = c.id AND s.lease_generation = c.generation AND s.state = 'running'
+RETURNING s.id, s.run_id, s.node, s.item_of,
+          EXISTS (SELECT 1 FROM cyclone_deps AS d
+                  WHERE d.run_id = s.run_id AND d.dep_node = s.node) AS has_downstream
+
+-- name: fail_steps
+-- Count a failed execution: retry later while attempts remain and it is retryable, else discard.
+UPDATE cyclone_steps AS s
+SET attempt = s.attempt + 1,
+    state = CASE
+        WHEN f.retry AND s.attempt + 1 < s.max_attempts THEN
+            CASE WHEN r.state = 'paused' THEN 'paused' ELSE 'available' END
+        ELSE 'discarded' END,
+    scheduled_at = CASE
+        WHEN f.retry AND s.attempt + 1 < s.max_attempts
+            THEN now() + %(shift)s::interval + make_interval(secs => f.delay_s)
+        ELSE s.scheduled_at END,
+    completed_at = CASE
+        WHEN f.retry AND s.attempt + 1 < s.max_attempts THEN NULL
+        ELSE now() + %(shift)s::interval END,
+    error = f.error, error_kind = f.error_kind, panic_stack = f.panic_stack,
+    lease_owner = NULL, lease_expiry = NULL
+FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(retry)s::bool[],
+            %(delays)s::float8[], %(errors)s::text[], %(error_kinds)s::text[],
+            %(stacks)s::text[])
+        AS f(id, generation, retry, delay_s, error, error_kind, panic_stack),
+     cyclone_runs AS r
+WHERE s.id = f.id AND s.lease_generation = f.generation AND s.state = 'running'
+  AND r.id = s.run_id
+RETURNING s.id, s.run_id, s.node, s.state, s.queue, s.item_of, s.error, s.error_kind
+
+-- name: downstream_nodes
+-- The direct dependents of the given nodes, with their failure policy.
+SELECT DISTINCT d.run_id, d.node, s.on_dep_failure
+FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[]) AS c(run_id, node)
+JOIN cyclone_deps AS d ON d.run_id = c.run_id AND d.dep_node = c.node
+JOIN cyclone_steps AS s ON s.run_id = d.run_id AND s.node = d.node
+
+-- name: activate_ready
+-- Activate the pending nodes whose dependencies all completed, by kind and run state.
+WITH ready AS (
+    SELECT s.id
+    FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[]) AS c(run_id, node)
+    JOIN cyclone_steps AS s ON s.run_id = c.run_id AND s.node = c.node
+    WHERE s.state = 'pending' AND s.item_of IS NULL
+      AND NOT EXISTS (
+          SELECT 1 FROM cyclone_deps AS d
+          JOIN cyclone_steps AS u ON u.run_id = d.run_id AND u.node = d.dep_node
+          WHERE d.run_id = s.run_id AND d.node = s.node AND u.state <> 'completed')
+      AND NOT (s.fan_out_parallel IS NOT NULL AND EXISTS (
+          SELECT 1 FROM cyclone_steps AS i WHERE i.run_id = s.run_id AND i.item_of = s.node))
+    ORDER BY s.id
+    FOR NO KEY UPDATE
+)
+UPDATE cyclone_steps AS s
+SET state = CASE
+        WHEN r.state = 'paused' THEN 'paused'
+        WHEN s.kind = '@signal' THEN 'waiting_signal'
+        WHEN s.kind = '@timer' THEN 'waiting_timer'
+        WHEN s.kind = '@child' THEN 'waiting_child'
+        WHEN s.fan_out_parallel IS NOT NULL THEN 'pending'
+        ELSE 'available' END,
+    scheduled_at = now() + %(shift)s::interval + coalesce(s.wait_for, interval '0')
+FROM ready, cyclone_runs AS r
+WHERE s.id = ready.id AND r.id = s.run_id
+RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.fan_out_parallel,
+          s.child_workflow
+
+-- name: pending_roots
+-- Pending nodes of these runs that have no dependencies (special roots, resumed nodes).
+SELECT s.run_id, s.node
+FROM cyclone_steps AS s
+WHERE s.run_id = ANY(%(run_ids)s::bigint[]) AND s.state = 'pending' AND s.item_of IS NULL
+
+-- name: finish_runs
+-- Complete the runs whose every step is terminal.
+UPDATE cyclone_runs AS r
+SET state = 'completed', finished_at = now() + %(shift)s::interval, updated_at = now()
+WHERE r.id = ANY(%(run_ids)s::bigint[]) AND r.state IN ('running', 'paused')
+  AND NOT EXISTS (
+      SELECT 1 FROM cyclone_steps AS s
+      WHERE s.run_id = r.id AND s.state NOT IN ('completed', 'discarded', 'cancelled'))
+RETURNING r.id, r.parent_run_id, r.parent_node_id
+
+-- name: end_runs
+-- Fail or cancel runs that are not terminal yet.
+UPDATE cyclone_runs AS r
+SET state = %(state)s, finished_at = now() + %(shift)s::interval, updated_at = now()
+WHERE r.id = ANY(%(run_ids)s::bigint[]) AND r.state IN ('running', 'paused')
+RETURNING r.id, r.parent_run_id, r.parent_node_id
+
+-- name: cancel_open_steps
+-- Cancel every non-terminal step of these runs (a late completion is then fenced).
+UPDATE cyclone_steps AS s
+SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
+    error = coalesce(s.error, %(error)s), error_kind = coalesce(s.error_kind, %(error_kind)s),
+    lease_owner = NULL, lease_expiry = NULL
+WHERE s.run_id = ANY(%(run_ids)s::bigint[])
+  AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+RETURNING s.run_id, s.node, s.kind
+
+-- name: cancel_downstream
+-- Cancel the whole downstream branch of the given nodes of one run.
+WITH RECURSIVE down(node) AS (
+    SELECT d.node FROM cyclone_deps AS d
+    WHERE d.run_id = %(run_id)s AND d.dep_node = ANY(%(nodes)s::text[])
+    UNION
+    SELECT d.node FROM cyclone_deps AS d JOIN down ON d.dep_node = down.node
+    WHERE d.run_id = %(run_id)s
+)
+UPDATE cyclone_steps AS s
+SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
+    error = %(error)s, error_kind = 'dep_failed', lease_owner = NULL, lease_expiry = NULL
+FROM down
+WHERE s.run_id = %(run_id)s AND (s.node = down.node OR s.item_of = down.node)
+  AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+RETURNING s.node, s.kind

@@ -1,0 +1,111 @@
+-- name: expand_fan_outs
+-- Create one item task per element of each activated fan-out node's list (idempotent).
+WITH f AS (
+    SELECT s.id, s.run_id, s.node, s.kind, s.queue, s.priority, s.max_attempts, s.timeout,
+           s.retention, s.fan_out_parallel, coalesce(u.output, s.input) AS items
+    FROM cyclone_steps AS s
+    LEFT JOIN cyclone_steps AS u ON u.run_id = s.run_id AND u.node = s.input_from
+    WHERE s.id = ANY(%(ids)s::bigint[]) AND s.state = 'pending'
+      AND jsonb_typeof(coalesce(u.output, s.input)) = 'array'
+)
+INSERT INTO cyclone_steps (run_id, node, kind, state, input, queue, priority, max_attempts,
+                           timeout, retention, item_of, item_index, scheduled_at)
+SELECT f.run_id, f.node || '[' || (e.ord - 1) || ']', f.kind,
+       CASE WHEN f.fan_out_parallel = 0 OR e.ord <= f.fan_out_parallel
+            THEN 'available' ELSE 'pending' END,
+       e.value, f.queue, f.priority, f.max_attempts, f.timeout, f.retention, f.node,
+       (e.ord - 1)::int, now() + %(shift)s::interval
+FROM f, jsonb_array_elements(f.items) WITH ORDINALITY AS e(value, ord)
+ON CONFLICT (run_id, node) DO NOTHING
+RETURNING run_id, item_of, state, queue
+
+-- name: fan_out_sources
+-- What each fan-out node would expand: the JSON type of its list.
+SELECT s.id, s.run_id, s.node, s.fan_out_max_bytes,
+       jsonb_typeof(coalesce(u.output, s.input)) AS list_type,
+       coalesce(jsonb_array_length(CASE WHEN jsonb_typeof(coalesce(u.output, s.input)) = 'array'
+                                        THEN coalesce(u.output, s.input) END), 0) AS length
+FROM cyclone_steps AS s
+LEFT JOIN cyclone_steps AS u ON u.run_id = s.run_id AND u.node = s.input_from
+WHERE s.id = ANY(%(ids)s::bigint[])
+
+-- name: activate_next_items
+-- Make the next pending items of a fan-out available, up to its max_parallel.
+WITH f AS (
+    SELECT s.run_id, s.node, s.fan_out_parallel
+    FROM cyclone_steps AS s
+    WHERE s.run_id = %(run_id)s AND s.node = %(node)s AND s.state = 'pending'
+), nxt AS (
+    SELECT i.id
+    FROM cyclone_steps AS i, f
+    WHERE i.run_id = f.run_id AND i.item_of = f.node AND i.state = 'pending'
+    ORDER BY i.item_index
+    LIMIT (SELECT CASE WHEN f.fan_out_parallel = 0 THEN NULL
+                       ELSE greatest(f.fan_out_parallel - (
+                           SELECT count(*) FROM cyclone_steps AS b
+                           WHERE b.run_id = f.run_id AND b.item_of = f.node
+                             AND b.state IN ('available', 'running')), 0) END
+           FROM f)
+    FOR NO KEY UPDATE
+)
+UPDATE cyclone_steps AS s SET state = 'available', scheduled_at = now() + %(shift)s::interval
+FROM nxt
+WHERE s.id = nxt.id
+RETURNING s.queue
+
+-- name: finish_fan_out
+-- Complete a fan-out node whose items all completed, with their outputs in item order.
+UPDATE cyclone_steps AS s
+SET state = 'completed', completed_at = now() + %(shift)s::interval,
+    output = CASE WHEN s.fan_out_max_bytes IS NULL THEN NULL ELSE (
+        SELECT coalesce(jsonb_agg(coalesce(i.output, 'null'::jsonb) ORDER BY i.item_index),
+                        '[]'::jsonb)
+        FROM cyclone_steps AS i WHERE i.run_id = s.run_id AND i.item_of = s.node) END
+WHERE s.run_id = %(run_id)s AND s.node = %(node)s AND s.state = 'pending'
+  AND s.fan_out_parallel IS NOT NULL
+  AND NOT EXISTS (
+      SELECT 1 FROM cyclone_steps AS i
+      WHERE i.run_id = s.run_id AND i.item_of = s.node
+        AND i.state IN ('pending', 'available', 'running', 'paused'))
+RETURNING s.id, s.run_id, s.node, s.item_of, true AS has_downstream, s.fan_out_max_bytes,
+          octet_length(s.output::text) AS output_bytes
+
+-- name: discard_node
+-- Fail a node that is not running (a fan-out, a child node, a wait) for good.
+UPDATE cyclone_steps AS s
+SET state = 'discarded', completed_at = now() + %(shift)s::interval, output = NULL,
+    error = %(error)s, error_kind = %(error_kind)s
+WHERE s.id = %(id)s AND s.state NOT IN ('completed', 'discarded', 'cancelled', 'running')
+RETURNING s.id, s.run_id, s.node, s.item_of, s.error
+
+-- name: complete_node
+-- Complete a node that is not running (an empty fan-out) with the given output.
+UPDATE cyclone_steps AS s
+SET state = 'completed', completed_at = now() + %(shift)s::interval, output = %(output)s::jsonb
+WHERE s.id = %(id)s AND s.state = 'pending'
+RETURNING s.id, s.run_id, s.node, s.item_of, true AS has_downstream
+
+-- name: cancel_items
+-- Cancel the unfinished items of a fan-out node.
+UPDATE cyclone_steps AS s
+SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
+    error = %(error)s, error_kind = 'dep_failed', lease_owner = NULL, lease_expiry = NULL
+WHERE s.run_id = %(run_id)s AND s.item_of = %(node)s
+  AND s.state IN ('pending', 'available', 'running', 'paused')
+RETURNING s.id
+
+-- name: fan_out_node
+-- A fan-out node by run and node id.
+SELECT id, state FROM cyclone_steps WHERE run_id = %(run_id)s AND node = %(node)s
+
+-- name: fan_out_nodes_of_run
+-- The fan-out nodes of a run still collecting items.
+SELECT node FROM cyclone_steps
+WHERE run_id = %(run_id)s AND fan_out_parallel IS NOT NULL AND state = 'pending'
+
+-- name: discard_node_completed
+-- Turn a just-completed node into a failure (its collected output broke a limit).
+UPDATE cyclone_steps AS s
+SET state = 'discarded', output = NULL, error = %(error)s, error_kind = %(error_kind)s
+WHERE s.id = %(id)s AND s.state = 'completed'
+RETURNING s.id, s.run_id, s.node, s.item_of, s.error

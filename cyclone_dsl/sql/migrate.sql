@@ -1,0 +1,46 @@
+-- name: migration_lock_try
+-- Take the session-level migration lock (namespace, schema) within lock_timeout.
+SELECT pg_advisory_lock(%(namespace)s, hashtext(current_schema()))
+
+-- name: migration_unlock
+-- Release the session-level migration lock; false means it was not held.
+SELECT pg_advisory_unlock(%(namespace)s, hashtext(current_schema())) AS released
+
+-- name: migration_lock_holder
+-- The pid of the session holding the migration lock of this schema, if any.
+SELECT l.pid
+FROM pg_locks AS l
+WHERE l.locktype = 'advisory'
+  AND l.classid = %(namespace)s::int::oid
+  AND l.objid = hashtext(current_schema())::oid
+  AND l.objsubid = 2
+  AND l.granted
+LIMIT 1
+
+-- name: set_lock_timeout
+-- Bound how long the migrator waits for the lock (milliseconds).
+SELECT set_config('lock_timeout', %(timeout)s, false)
+
+-- name: current_schema_name
+-- The schema the migrations go into: the first existing schema on search_path.
+SELECT current_schema() AS schema
+
+-- name: create_version_table
+-- tern's version table: one row, one column.
+CREATE TABLE IF NOT EXISTS cyclone_schema_version (version int4 NOT NULL)
+
+-- name: read_version
+-- The highest applied migration, or NULL before the first one.
+SELECT version FROM cyclone_schema_version LIMIT 1
+
+-- name: insert_version
+-- The first row of the version table.
+INSERT INTO cyclone_schema_version (version) VALUES (%(version)s)
+
+-- name: update_version
+-- Record the applied version (within the migration's transaction).
+UPDATE cyclone_schema_version SET version = %(version)s
+
+-- name: version_table_exists
+-- Whether the version table exists on search_path (read-only probe).
+SELECT to_regclass('cyclone_schema_version') IS NOT NULL AS present

@@ -1,0 +1,55 @@
+-- name: expired_leases
+-- Running steps whose lease expired (a page, oldest first, after the cursor id).
+SELECT s.id, s.run_id, s.lease_generation, s.kind
+FROM cyclone_steps AS s
+WHERE s.state = 'running' AND s.lease_expiry < now() + %(shift)s::interval
+  AND s.id > %(after_id)s
+ORDER BY s.id
+LIMIT %(limit)s
+
+-- name: reclaim_steps
+-- Take expired leases back (guarded by state, generation and expiry): available, or discarded
+-- with reclaim_limit once a step has been reclaimed more than its kind allows.
+UPDATE cyclone_steps AS s
+SET reclaims = s.reclaims + 1,
+    state = CASE
+        WHEN s.reclaims + 1 > coalesce(l.max_reclaims, %(default_max_reclaims)s) THEN 'discarded'
+        WHEN r.state = 'paused' THEN 'paused'
+        ELSE 'available' END,
+    error = CASE
+        WHEN s.reclaims + 1 > coalesce(l.max_reclaims, %(default_max_reclaims)s)
+            THEN 'the lease expired ' || (s.reclaims + 1) || ' times: the worker running it '
+                 || 'crashed or stalled each time (max_reclaims reached)'
+        ELSE s.error END,
+    error_kind = CASE
+        WHEN s.reclaims + 1 > coalesce(l.max_reclaims, %(default_max_reclaims)s)
+            THEN 'reclaim_limit'
+        ELSE s.error_kind END,
+    completed_at = CASE
+        WHEN s.reclaims + 1 > coalesce(l.max_reclaims, %(default_max_reclaims)s)
+            THEN now() + %(shift)s::interval END,
+    scheduled_at = now() + %(shift)s::interval,
+    lease_owner = NULL, lease_expiry = NULL
+FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS e(id, generation)
+JOIN cyclone_steps AS cur ON cur.id = e.id
+JOIN cyclone_runs AS r ON r.id = cur.run_id
+LEFT JOIN unnest(%(kinds)s::text[], %(limits)s::int[]) AS l(kind, max_reclaims)
+    ON l.kind = cur.kind
+WHERE s.id = e.id AND s.lease_generation = e.generation AND s.state = 'running'
+  AND s.lease_expiry < now() + %(shift)s::interval
+RETURNING s.id, s.run_id, s.node, s.state, s.queue, s.item_of, s.error
+
+-- name: timed_out_steps
+-- Running steps past their own timeout plus a grace (the worker enforces it first).
+SELECT s.id, s.run_id, s.lease_generation, s.attempt
+FROM cyclone_steps AS s
+WHERE s.state = 'running' AND s.timeout IS NOT NULL
+  AND s.started_at + s.timeout + %(grace)s::interval < now() + %(shift)s::interval
+  AND s.id > %(after_id)s
+ORDER BY s.id
+LIMIT %(limit)s
+
+-- name: try_scan_leader
+-- Only one scanner pass per schema at a time (transaction-level advisory lock).
+SELECT pg_try_advisory_xact_lock(%(namespace)s, hashtext(current_schema() || %(scanner)s))
+    AS leader

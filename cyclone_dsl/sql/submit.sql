@@ -1,0 +1,64 @@
+-- name: insert_run_graph
+-- Insert a run with its whole graph (steps, deps, input bindings) in one statement.
+WITH run AS (
+    INSERT INTO cyclone_runs (workflow, def_version, input, state, deadline_at, result_node,
+                              submit_key, has_fan_out, parent_run_id, parent_node_id)
+    VALUES (%(workflow)s, %(def_version)s, %(input)s::jsonb, 'running',
+            now() + %(shift)s::interval + %(deadline)s::interval,
+            %(result_node)s, %(submit_key)s, %(has_fan_out)s, %(parent_run_id)s, %(parent_node_id)s)
+    RETURNING id
+), steps AS (
+    INSERT INTO cyclone_steps (run_id, node, kind, state, input, input_from, queue, priority,
+                               max_attempts, scheduled_at, timeout, signal_name, signal_names,
+                               wait_for, wait_count, on_dep_failure, fan_out_parallel,
+                               fan_out_max_bytes, child_workflow, child_needs_result, retention,
+                               unique_key, sequence_key)
+    SELECT run.id, s.node, s.kind, s.state, s.input, s.input_from, s.queue, s.priority,
+           s.max_attempts,
+           coalesce(%(scheduled_at)s::timestamptz, now() + %(shift)s::interval),
+           make_interval(secs => s.timeout_s), s.signal_name, s.signal_names,
+           make_interval(secs => s.wait_for_s), s.wait_count, s.on_dep_failure, s.fan_out_parallel,
+           s.fan_out_max_bytes, s.child_workflow, s.child_needs_result,
+           make_interval(secs => s.retention_s), s.unique_key, s.sequence_key
+    FROM run, jsonb_to_recordset(%(steps)s::jsonb) AS s(
+        node text, kind text, state text, input jsonb, input_from text, queue text,
+        priority int, max_attempts int, timeout_s float8, signal_name text, signal_names text[],
+        wait_for_s float8, wait_count int, on_dep_failure text, fan_out_parallel int,
+        fan_out_max_bytes bigint, child_workflow text, child_needs_result bool,
+        retention_s float8, unique_key text, sequence_key text)
+    RETURNING 1
+), deps AS (
+    INSERT INTO cyclone_deps (run_id, node, dep_node, dep_type)
+    SELECT run.id, d.node, d.dep_node, d.dep_type
+    FROM run, jsonb_to_recordset(%(deps)s::jsonb) AS d(node text, dep_node text, dep_type text)
+    RETURNING 1
+), inputs AS (
+    INSERT INTO cyclone_step_inputs (run_id, node, slot, dep_node, assembly_mode)
+    SELECT run.id, i.node, i.slot, i.dep_node, i.assembly_mode
+    FROM run, jsonb_to_recordset(%(inputs)s::jsonb)
+        AS i(node text, slot int, dep_node text, assembly_mode text)
+    RETURNING 1
+)
+SELECT run.id AS run_id,
+       (SELECT count(*) FROM steps) AS steps,
+       (SELECT count(*) FROM deps) AS deps,
+       (SELECT count(*) FROM inputs) AS inputs
+FROM run
+
+-- name: find_run_by_submit_key
+-- The run holding a submit key, in any state.
+SELECT id AS run_id FROM cyclone_runs WHERE workflow = %(workflow)s AND submit_key = %(submit_key)s
+
+-- name: find_active_unique
+-- The active standalone step holding (kind, unique_key), if any.
+SELECT run_id FROM cyclone_steps
+WHERE kind = %(kind)s AND unique_key = %(unique_key)s
+  AND state IN ('pending', 'available', 'running', 'waiting_signal', 'waiting_timer', 'paused')
+
+-- name: notify_queues
+-- Wake idle workers of these queues (the payload is only the queue name).
+SELECT pg_notify('cyclone_work', q) FROM unnest(%(queues)s::text[]) AS q
+
+-- name: notify_runs_finished
+-- Wake RunHandle.wait() callers of these runs.
+SELECT pg_notify('cyclone_run_done', r::text) FROM unnest(%(run_ids)s::bigint[]) AS r

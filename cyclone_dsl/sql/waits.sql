@@ -1,0 +1,86 @@
+-- name: due_timers
+-- Timer waits that are due in running runs (a page after the cursor).
+SELECT s.id, s.run_id
+FROM cyclone_steps AS s
+JOIN cyclone_runs AS r ON r.id = s.run_id
+WHERE s.state = 'waiting_timer' AND s.scheduled_at <= now() + %(shift)s::interval
+  AND r.state = 'running' AND s.id > %(after_id)s
+ORDER BY s.id
+LIMIT %(limit)s
+
+-- name: expired_signal_waits
+-- Signal waits whose timeout passed in running runs (a page after the cursor).
+SELECT s.id, s.run_id, s.node
+FROM cyclone_steps AS s
+JOIN cyclone_runs AS r ON r.id = s.run_id
+WHERE s.state = 'waiting_signal' AND s.wait_for IS NOT NULL
+  AND s.scheduled_at <= now() + %(shift)s::interval
+  AND r.state = 'running' AND s.id > %(after_id)s
+ORDER BY s.id
+LIMIT %(limit)s
+
+-- name: fire_timers
+-- Complete due timers (guarded: still waiting, still due).
+UPDATE cyclone_steps AS s
+SET state = 'completed', completed_at = now() + %(shift)s::interval
+WHERE s.id = ANY(%(ids)s::bigint[]) AND s.state = 'waiting_timer'
+  AND s.scheduled_at <= now() + %(shift)s::interval
+RETURNING s.id, s.run_id, s.node, s.item_of, true AS has_downstream
+
+-- name: time_out_signal_waits
+-- Fail signal waits whose timeout passed (guarded: still waiting, still due).
+UPDATE cyclone_steps AS s
+SET state = 'discarded', completed_at = now() + %(shift)s::interval,
+    error = 'no signal ' || coalesce(quote_literal(s.signal_name), 'of ' || array_to_string(s.signal_names, ', '))
+            || ' arrived within ' || s.wait_for::text,
+    error_kind = 'signal_timeout'
+WHERE s.id = ANY(%(ids)s::bigint[]) AND s.state = 'waiting_signal'
+  AND s.wait_for IS NOT NULL AND s.scheduled_at <= now() + %(shift)s::interval
+RETURNING s.id, s.run_id, s.node, s.item_of, s.error
+
+-- name: expired_deadlines
+-- Running runs past their deadline (a page after the cursor).
+SELECT r.id FROM cyclone_runs AS r
+WHERE r.state = 'running' AND r.deadline_at IS NOT NULL
+  AND r.deadline_at < now() + %(shift)s::interval AND r.id > %(after_id)s
+ORDER BY r.id
+LIMIT %(limit)s
+
+-- name: runs_past_deadline
+-- Of these locked runs, those still running and past their deadline.
+SELECT r.id FROM cyclone_runs AS r
+WHERE r.id = ANY(%(run_ids)s::bigint[]) AND r.state = 'running'
+  AND r.deadline_at < now() + %(shift)s::interval
+
+-- name: pause_run
+-- Pause a running run and its ready or pending work.
+WITH run AS (
+    UPDATE cyclone_runs SET state = 'paused', paused_at = now() + %(shift)s::interval,
+                            updated_at = now()
+    WHERE id = %(run_id)s AND state = 'running'
+    RETURNING id
+)
+UPDATE cyclone_steps AS s SET state = 'paused'
+FROM run
+WHERE s.run_id = run.id AND s.state IN ('available', 'pending')
+RETURNING s.id
+
+-- name: resume_run
+-- Resume a paused run: deadline and timed waits move forward by the pause length.
+WITH run AS (
+    UPDATE cyclone_runs AS r
+    SET state = 'running', paused_at = NULL, updated_at = now(),
+        deadline_at = r.deadline_at + (now() + %(shift)s::interval - r.paused_at)
+    WHERE r.id = %(run_id)s AND r.state = 'paused'
+    RETURNING r.id, now() + %(shift)s::interval - %(paused_at)s::timestamptz AS pause_length
+), waits AS (
+    UPDATE cyclone_steps AS s SET scheduled_at = s.scheduled_at + run.pause_length
+    FROM run
+    WHERE s.run_id = run.id AND s.state IN ('waiting_timer', 'waiting_signal')
+      AND (s.state = 'waiting_timer' OR s.wait_for IS NOT NULL)
+    RETURNING s.id
+)
+UPDATE cyclone_steps AS s SET state = 'pending'
+FROM run
+WHERE s.run_id = run.id AND s.state = 'paused'
+RETURNING s.id, s.node, s.item_of

@@ -1,0 +1,111 @@
+"""Runs one handler with its input and turns what happens into a completion or a failure."""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from cyclone_dsl import payload
+from cyclone_dsl.engine.backoff import backoff_seconds
+from cyclone_dsl.engine.claim import Claimed
+from cyclone_dsl.engine.complete import Failure, Success
+from cyclone_dsl.errors import InvalidPayload, PayloadTooLarge, Permanent
+from cyclone_dsl.states import ErrorKind
+from cyclone_dsl.worker.context import StepContext
+
+TUPLE_KEYS = ("a", "b", "c", "d")
+
+
+def call_arguments(fn: Callable[..., Any], step: Claimed) -> list[Any]:
+    """The positional arguments of a handler call, from the assembled input.
+
+    No input means no argument. A tuple binding arrives as the object
+    ``{"a": .., "b": ..}`` and is spread over a handler that takes two or
+    more positional parameters; any other input is the single argument.
+    """
+    if step.no_input:
+        return []
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.name != "ctx" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if not params:
+        return []
+    value = step.input
+    if len(params) >= 2 and isinstance(value, dict) and 2 <= len(value) <= 4:
+        keys = list(value)
+        if sorted(keys) == list(TUPLE_KEYS[: len(keys)]):
+            return [value[k] for k in TUPLE_KEYS[: len(keys)]]
+    return [value]
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    message = text[0] if text else ""
+    name = type(exc).__name__
+    return payload.sanitize_text(f"{name}: {message}" if message else name, limit=2000)
+
+
+def failure_from_exception(step: Claimed, exc: BaseException, *, kind: ErrorKind) -> Failure:
+    stack = payload.sanitize_text(
+        "".join(traceback.format_exception(exc)), limit=64 * 1024
+    )
+    permanent = isinstance(exc, Permanent)
+    return Failure(
+        step_id=step.id,
+        generation=step.generation,
+        error=one_line(exc),
+        error_kind=(ErrorKind.PERMANENT if permanent else kind).value,
+        panic_stack=stack,
+        retry=not permanent,
+        delay_s=backoff_seconds(step.attempt + 1),
+    )
+
+
+def timeout_failure(step: Claimed) -> Failure:
+    return Failure(
+        step_id=step.id,
+        generation=step.generation,
+        error=f"the step ran longer than its timeout of {step.timeout_s:g}s",
+        error_kind=ErrorKind.TIMEOUT.value,
+        delay_s=backoff_seconds(step.attempt + 1),
+    )
+
+
+def success_from_result(
+    step: Claimed, result: object, *, keep_output: bool, max_bytes: int
+) -> Success | Failure:
+    """Encode the handler's result; a value that is not strict JSON fails the step for good."""
+    if not keep_output:
+        return Success(step.id, step.generation, None)
+    try:
+        text = payload.encode(result, what=f"the output of {step.node!r}", max_bytes=max_bytes)
+    except PayloadTooLarge as exc:
+        return Failure(
+            step.id, step.generation, str(exc), ErrorKind.OUTPUT_LIMIT.value, retry=False
+        )
+    except InvalidPayload as exc:
+        return Failure(
+            step.id,
+            step.generation,
+            f"the handler returned a value that is not JSON: {exc}",
+            ErrorKind.INVALID_OUTPUT.value,
+            panic_stack=None,
+            retry=False,
+        )
+    return Success(step.id, step.generation, text)
+
+
+def make_context(step: Claimed, heartbeat: Callable[[], bool]) -> StepContext:
+    return StepContext(
+        run_id=step.run_id,
+        node=step.node,
+        step_id=step.id,
+        attempt=step.attempt,
+        kind=step.kind,
+        item_index=step.item_index,
+        heartbeat_fn=heartbeat,
+    )

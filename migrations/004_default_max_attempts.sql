@@ -1,0 +1,9 @@
+-- The default attempt budget goes from 25 to 5. Existing rows keep their budget.
+
+ALTER TABLE cyclone_steps ALTER COLUMN max_attempts SET DEFAULT 5;
+ALTER TABLE cyclone_schedules ALTER COLUMN max_attempts SET DEFAULT 5;
+
+---- create above / drop below ----
+
+ALTER TABLE cyclone_steps ALTER COLUMN max_attempts SET DEFAULT 25;
+ALTER TABLE cyclone_schedules ALTER COLUMN max_attempts SET DEFAULT 25;

@@ -1,0 +1,24 @@
+-- Crash-reclaim accounting (WithMaxReclaims): expired-lease reclaims so far.
+-- A constant default: catalog-only, no row is rewritten.
+
+ALTER TABLE cyclone_steps ADD COLUMN reclaims integer NOT NULL DEFAULT 0;
+
+CREATE OR REPLACE VIEW cyclone_v_steps AS
+SELECT s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.priority, s.attempt,
+       s.max_attempts, s.error, s.error_kind, s.lease_owner, s.lease_expiry,
+       (s.state = 'running' AND s.lease_expiry < now()) AS lease_expired,
+       s.heartbeat_at, s.scheduled_at, s.created_at, s.started_at, s.completed_at,
+       s.signal_name, s.panic_stack, s.reclaims
+FROM cyclone_steps AS s;
+
+---- create above / drop below ----
+
+DROP VIEW cyclone_v_steps;
+CREATE VIEW cyclone_v_steps AS
+SELECT s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.priority, s.attempt,
+       s.max_attempts, s.error, s.error_kind, s.lease_owner, s.lease_expiry,
+       (s.state = 'running' AND s.lease_expiry < now()) AS lease_expired,
+       s.heartbeat_at, s.scheduled_at, s.created_at, s.started_at, s.completed_at,
+       s.signal_name, s.panic_stack
+FROM cyclone_steps AS s;
+ALTER TABLE cyclone_steps DROP COLUMN IF EXISTS reclaims;

@@ -1,0 +1,199 @@
+"""for_each and child runs through the public API."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from cyclone_dsl import Client, RunFailed, Worker, action, child, for_each, step, workflow
+from cyclone_dsl.states import RunState, StepState
+
+running = 0
+peak = 0
+lock = threading.Lock()
+seen: list[int] = []
+
+
+@step(name="fc_items")
+def make_items(n: int) -> list[int]:
+    return list(range(n))
+
+
+@step(name="fc_not_a_list")
+def not_a_list(n: int) -> dict[str, int]:
+    return {"n": n}
+
+
+@step(name="fc_square")
+def square(x: int) -> int:
+    global running, peak
+    with lock:
+        running += 1
+        peak = max(peak, running)
+    time.sleep(random.random() / 50)
+    with lock:
+        running -= 1
+    return x * x
+
+
+@step(name="fc_fail_on_three", max_attempts=1)
+def fail_on_three(x: int) -> int:
+    if x == 3:
+        raise ValueError("three")
+    return x
+
+
+@action(name="fc_note")
+def note(x: int) -> None:
+    with lock:
+        seen.append(x)
+
+
+@step(name="fc_sum")
+def total(values: list[int]) -> int:
+    return sum(values)
+
+
+@workflow(name="fc_fan")
+def fan(n):  # type: ignore[no-untyped-def]
+    return for_each(square, over=make_items(n))
+
+
+@workflow(name="fc_fan_limited")
+def fan_limited(n):  # type: ignore[no-untyped-def]
+    return for_each(square, over=make_items(n), max_parallel=3)
+
+
+@workflow(name="fc_fan_bytes")
+def fan_bytes(n):  # type: ignore[no-untyped-def]
+    return for_each(square, over=make_items(n), max_bytes=20)
+
+
+@workflow(name="fc_fan_fail")
+def fan_fail(n):  # type: ignore[no-untyped-def]
+    return for_each(fail_on_three, over=make_items(n))
+
+
+@workflow(name="fc_fan_action")
+def fan_action(n):  # type: ignore[no-untyped-def]
+    for_each(note, over=make_items(n))
+
+
+@workflow(name="fc_fan_bad")
+def fan_bad(n):  # type: ignore[no-untyped-def]
+    return for_each(square, over=not_a_list(n))
+
+
+@workflow(name="fc_inner")
+def inner(n):  # type: ignore[no-untyped-def]
+    return total(for_each(square, over=make_items(n)))
+
+
+@workflow(name="fc_outer")
+def outer(n):  # type: ignore[no-untyped-def]
+    return child(inner, n)
+
+
+@workflow(name="fc_grand")
+def grand(n):  # type: ignore[no-untyped-def]
+    return child(outer, n)
+
+
+@workflow(name="fc_child_fails")
+def child_fails(n):  # type: ignore[no-untyped-def]
+    return child(fan_fail, n)
+
+
+HANDLERS = [make_items, not_a_list, square, fail_on_three, note, total]
+
+
+@pytest.mark.parametrize("n", [0, 1, 100])
+def test_fan_out_outputs_in_input_order(
+    n: int, client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(*HANDLERS, concurrency=16)
+    assert client.submit(fan, n).result(timeout=30) == [i * i for i in range(n)]
+
+
+def test_max_parallel_bounds_running_items(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    global peak
+    peak = 0
+    start_worker(*HANDLERS, concurrency=16)
+    handle = client.submit(fan_limited, 30)
+    assert handle.result(timeout=30) == [i * i for i in range(30)]
+    assert 1 <= peak <= 3
+    items = [s for s in handle.get().steps if s.item_of is not None]
+    assert [s.item_index for s in items] == list(range(30))
+    assert items[4].node == "fc_square[4]"
+
+
+def test_max_bytes_fails_the_fan_out(client: Client, start_worker: Callable[..., Worker]) -> None:
+    start_worker(*HANDLERS)
+    handle = client.submit(fan_bytes, 20)
+    with pytest.raises(RunFailed):
+        handle.result(timeout=30)
+    node = next(s for s in handle.get().steps if s.node == "fc_square")
+    assert node.state is StepState.DISCARDED and node.error_kind == "output_limit"
+
+
+def test_an_item_failing_for_good_fails_the_fan_out_and_the_run(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(*HANDLERS)
+    handle = client.submit(fan_fail, 6)
+    with pytest.raises(RunFailed):
+        handle.result(timeout=30)
+    run = handle.get()
+    assert run.step("fc_fail_on_three").state is StepState.DISCARDED
+    assert run.step("fc_fail_on_three[3]").state is StepState.DISCARDED
+
+
+def test_action_fan_out_keeps_no_output(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    seen.clear()
+    start_worker(*HANDLERS)
+    handle = client.submit(fan_action, 5)
+    assert handle.wait(timeout=30).state is RunState.COMPLETED
+    assert sorted(seen) == [0, 1, 2, 3, 4]
+    assert handle.get().step("fc_note").output is None
+
+
+def test_fan_out_over_a_non_list_is_a_clear_error(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(*HANDLERS)
+    handle = client.submit(fan_bad, 2)
+    with pytest.raises(RunFailed):
+        handle.result(timeout=30)
+    node = handle.get().step("fc_square")
+    assert node.error_kind == "invalid_input"
+    assert "needs a JSON list" in (node.error or "")
+
+
+def test_child_result_is_passed_up_through_grandchildren(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(*HANDLERS, inner, outer, grand)
+    handle = client.submit(grand, 4)
+    assert handle.result(timeout=30) == 0 + 1 + 4 + 9
+    children = client.list_runs(workflow="fc_outer")
+    assert len(children) == 1 and children[0].parent_run_id == handle.id
+
+
+def test_child_failure_fails_the_parent_node(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(*HANDLERS, fan_fail)
+    handle = client.submit(child_fails, 5)
+    with pytest.raises(RunFailed):
+        handle.result(timeout=30)
+    assert handle.get().step("@child").error_kind == "child_failed" or any(
+        s.error_kind == "child_failed" for s in handle.get().steps
+    )

@@ -1,0 +1,225 @@
+"""Signals, timers, deadlines, pause, resume and cancel through the public API."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+
+from cyclone_dsl import (
+    Client,
+    Worker,
+    step,
+    wait_any,
+    wait_n,
+    wait_signal,
+    wait_timer,
+    workflow,
+)
+from cyclone_dsl.engine.signals import Delivery
+from cyclone_dsl.errors import (
+    AlreadyTerminal,
+    InvalidTransition,
+    MailboxFull,
+    RunFailed,
+    RunNotFound,
+    SignalNotDeliverable,
+)
+from cyclone_dsl.states import RunState, StepState
+
+release = threading.Event()
+
+
+@step(name="wt_echo")
+def echo(value: object) -> object:
+    return value
+
+
+@step(name="wt_slow")
+def slow(x: int) -> int:
+    release.wait(10)
+    return x
+
+
+@workflow(name="wt_approval")
+def approval(x):  # type: ignore[no-untyped-def]
+    ok = wait_signal("approved")
+    return echo(ok)
+
+
+@workflow(name="wt_after_step")
+def after_step(x):  # type: ignore[no-untyped-def]
+    first = slow(x)
+    ok = wait_signal("go", after=[first])
+    return echo(ok)
+
+
+@workflow(name="wt_votes")
+def votes(x):  # type: ignore[no-untyped-def]
+    return echo(wait_n("vote", 3))
+
+
+@workflow(name="wt_any")
+def any_of(x):  # type: ignore[no-untyped-def]
+    return echo(wait_any(["yes", "no"]))
+
+
+@workflow(name="wt_timeout")
+def with_timeout(x):  # type: ignore[no-untyped-def]
+    ok = wait_signal("late", timeout=timedelta(seconds=0.5))
+    echo(ok, on_dep_failure="cancel_branch")
+    return echo(x)
+
+
+@workflow(name="wt_timer")
+def timer(x):  # type: ignore[no-untyped-def]
+    t = wait_timer(timedelta(seconds=0.5))
+    return echo(x, after=[t])
+
+
+@workflow(name="wt_stuck")
+def stuck(x):  # type: ignore[no-untyped-def]
+    return echo(wait_signal("never"))
+
+
+@workflow(name="wt_long")
+def long_chain(x):  # type: ignore[no-untyped-def]
+    return echo(slow(x))
+
+
+def test_signal_completes_the_wait_with_its_payload(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(echo, slow)
+    handle = client.submit(approval, 1)
+    assert client.signal(handle.id, "approved", {"by": "ana"}) is Delivery.CONSUMED
+    assert handle.result(timeout=10) == {"by": "ana"}
+
+
+def test_signal_before_activation_is_buffered_then_consumed(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    release.clear()
+    start_worker(echo, slow)
+    handle = client.submit(after_step, 5)
+    assert client.signal(handle.id, "go", "early") is Delivery.BUFFERED
+    with pytest.raises(MailboxFull):
+        client.signal(handle.id, "go", "second")
+    release.set()
+    assert handle.result(timeout=10) == "early"
+
+
+def test_wait_n_collects_in_order_and_refuses_a_fourth(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    handle = client.submit(votes, 0)
+    for v in ("a", "b", "c"):
+        assert client.signal(handle.id, "vote", v) is Delivery.CONSUMED
+    with pytest.raises((MailboxFull, AlreadyTerminal)):
+        client.signal(handle.id, "vote", "d")
+    start_worker(echo)
+    assert handle.result(timeout=10) == ["a", "b", "c"]
+
+
+def test_wait_any_takes_the_first(client: Client, start_worker: Callable[..., Worker]) -> None:
+    start_worker(echo)
+    handle = client.submit(any_of, 0)
+    assert client.signal(handle.id, "no", 42) is Delivery.CONSUMED
+    assert handle.result(timeout=10) == {"name": "no", "payload": 42}
+
+
+def test_signal_errors(client: Client, start_worker: Callable[..., Worker]) -> None:
+    start_worker(echo)
+    handle = client.submit(approval, 1)
+    with pytest.raises(SignalNotDeliverable):
+        client.signal(handle.id, "unknown", 1)
+    with pytest.raises(RunNotFound):
+        client.signal(10**9, "approved", 1)
+    client.signal(handle.id, "approved", 1)
+    handle.wait(timeout=10)
+    with pytest.raises(AlreadyTerminal):
+        client.signal(handle.id, "approved", 2)
+
+
+def test_signal_timeout_fails_the_wait_and_cancel_branch_contains_it(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(echo)
+    handle = client.submit(with_timeout, 9)
+    assert handle.result(timeout=10) == 9
+    run = handle.get()
+    wait = next(s for s in run.steps if s.kind == "@signal")
+    assert wait.state is StepState.DISCARDED
+    assert wait.error_kind == "signal_timeout"
+
+
+def test_timer_fires_soon_after_its_due_time(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(echo)
+    started = time.monotonic()
+    handle = client.submit(timer, 3)
+    assert handle.result(timeout=10) == 3
+    assert 0.5 <= time.monotonic() - started < 2.0
+
+
+def test_deadline_fails_a_run_stuck_on_a_signal(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(echo)
+    handle = client.submit(stuck, 1, deadline=timedelta(seconds=0.5))
+    with pytest.raises(RunFailed) as failed:
+        handle.result(timeout=10)
+    assert failed.value.error_kind == "deadline"
+    run = handle.get()
+    assert run.state is RunState.FAILED
+    assert all(s.state is StepState.CANCELLED for s in run.steps if s.kind == "@signal")
+
+
+def test_pause_holds_downstream_and_resume_shifts_the_deadline(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    release.clear()
+    start_worker(echo, slow)
+    handle = client.submit(long_chain, 2, deadline=timedelta(hours=1))
+    deadline_before = handle.get().deadline_at
+    while handle.get().step("wt_slow").state is not StepState.RUNNING:
+        time.sleep(0.05)
+    client.pause(handle.id)
+    with pytest.raises(InvalidTransition):
+        client.pause(handle.id)
+    release.set()
+    while handle.get().step("wt_slow").state is not StepState.COMPLETED:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    paused = handle.get()
+    assert paused.state is RunState.PAUSED
+    assert paused.step("wt_echo").state is StepState.PAUSED
+    client.resume(handle.id)
+    assert handle.result(timeout=10) == 2
+    run = handle.get()
+    assert run.deadline_at is not None and deadline_before is not None
+    assert run.deadline_at - deadline_before >= timedelta(seconds=0.5)
+    with pytest.raises(AlreadyTerminal):
+        client.resume(handle.id)
+
+
+def test_cancel_during_a_long_step(client: Client, start_worker: Callable[..., Worker]) -> None:
+    release.clear()
+    start_worker(echo, slow)
+    handle = client.submit(long_chain, 2)
+    while handle.get().step("wt_slow").state is not StepState.RUNNING:
+        time.sleep(0.05)
+    client.cancel(handle.id)
+    release.set()
+    run = handle.wait(timeout=5)
+    assert run.state is RunState.CANCELLED
+    time.sleep(0.5)
+    run = handle.get()
+    assert run.step("wt_slow").state is StepState.CANCELLED
+    assert run.step("wt_echo").state is StepState.CANCELLED
+    with pytest.raises(AlreadyTerminal):
+        client.cancel(handle.id)
