@@ -194,6 +194,10 @@ def test_child_failure_fails_the_parent_node(
     handle = client.submit(child_fails, 5)
     with pytest.raises(RunFailed):
         handle.result(timeout=30)
-    assert handle.get().step("@child").error_kind == "child_failed" or any(
-        s.error_kind == "child_failed" for s in handle.get().steps
-    )
+    node = handle.get().step("fc_fan_fail")
+    assert node.kind == "@child"
+    assert node.state is StepState.DISCARDED
+    assert node.error_kind == "child_failed"
+    (child_run,) = client.list_runs(workflow="fc_fan_fail")
+    assert child_run.state is RunState.FAILED
+    assert child_run.parent_run_id == handle.id and child_run.parent_node_id == "fc_fan_fail"

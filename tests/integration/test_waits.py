@@ -62,6 +62,17 @@ def votes(x):  # type: ignore[no-untyped-def]
     return echo(wait_n("vote", 3))
 
 
+@workflow(name="wt_votes_later")
+def votes_later(x):  # type: ignore[no-untyped-def]
+    first = slow(x)
+    return echo(wait_n("vote", 3, after=[first]))
+
+
+@workflow(name="wt_then_slow")
+def then_slow(x):  # type: ignore[no-untyped-def]
+    return slow(wait_signal("approved"))
+
+
 @workflow(name="wt_any")
 def any_of(x):  # type: ignore[no-untyped-def]
     return echo(wait_any(["yes", "no"]))
@@ -112,16 +123,40 @@ def test_signal_before_activation_is_buffered_then_consumed(
     assert handle.result(timeout=10) == "early"
 
 
-def test_wait_n_collects_in_order_and_refuses_a_fourth(
-    client: Client, start_worker: Callable[..., Worker]
-) -> None:
+def test_wait_n_collects_in_order(client: Client, start_worker: Callable[..., Worker]) -> None:
     handle = client.submit(votes, 0)
     for v in ("a", "b", "c"):
         assert client.signal(handle.id, "vote", v) is Delivery.CONSUMED
-    with pytest.raises((MailboxFull, AlreadyTerminal)):
-        client.signal(handle.id, "vote", "d")
+    assert handle.get().step("vote").state is StepState.COMPLETED
     start_worker(echo)
     assert handle.result(timeout=10) == ["a", "b", "c"]
+
+
+def test_wait_n_buffers_its_quorum_and_refuses_a_fourth(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    release.clear()
+    start_worker(echo, slow)
+    handle = client.submit(votes_later, 0)
+    for v in ("a", "b", "c"):
+        assert client.signal(handle.id, "vote", v) is Delivery.BUFFERED
+    with pytest.raises(MailboxFull) as full:
+        client.signal(handle.id, "vote", "d")
+    assert full.value.capacity == 3
+    release.set()
+    assert handle.result(timeout=10) == ["a", "b", "c"]
+
+
+def test_signal_after_the_wait_completed_is_not_stored(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    release.clear()
+    start_worker(echo, slow)
+    handle = client.submit(then_slow, 0)
+    assert client.signal(handle.id, "approved", "first") is Delivery.CONSUMED
+    assert client.signal(handle.id, "approved", "second") is Delivery.NOT_STORED
+    release.set()
+    assert handle.result(timeout=10) == "first"
 
 
 def test_wait_any_takes_the_first(client: Client, start_worker: Callable[..., Worker]) -> None:
