@@ -20,6 +20,7 @@ import psycopg
 from cyclone_dsl.client.handle import RECHECK_SECONDS
 from cyclone_dsl.client.model import Run
 from cyclone_dsl.client.sync import Client
+from cyclone_dsl.db.listen import listen_async
 from cyclone_dsl.dsl.registry import Registry
 from cyclone_dsl.engine.notify import RUN_DONE_CHANNEL
 from cyclone_dsl.engine.signals import Delivery
@@ -149,9 +150,7 @@ class AsyncClient:
         async with await psycopg.AsyncConnection.connect(
             self.sync.dsn, autocommit=True, application_name="cyclone-wait"
         ) as conn:
-            await conn.execute(
-                psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(RUN_DONE_CHANNEL))
-            )
+            await listen_async(conn, RUN_DONE_CHANNEL)
             while True:
                 cur = await conn.execute(Q.get_run_state, {"run_id": run_id})
                 row = await cur.fetchone()

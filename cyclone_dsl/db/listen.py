@@ -10,3 +10,7 @@ from psycopg import sql
 
 def listen(conn: psycopg.Connection[Any], channel: str) -> None:
     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+
+async def listen_async(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
+    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))

@@ -56,7 +56,6 @@ class _Queries:
     migration_unlock: LiteralString
     migration_lock_holder: LiteralString
     set_lock_timeout: LiteralString
-    current_schema_name: LiteralString
     create_version_table: LiteralString
     read_version: LiteralString
     insert_version: LiteralString
@@ -68,7 +67,6 @@ class _Queries:
     list_runs: LiteralString
     run_outcome: LiteralString
     run_progress: LiteralString
-    runs_terminal: LiteralString
     get_run_deps: LiteralString
     # scan.sql
     expired_leases: LiteralString
@@ -82,7 +80,6 @@ class _Queries:
     take_buffered_signals: LiteralString
     complete_wait: LiteralString
     record_partial_quorum: LiteralString
-    signal_name_declared: LiteralString
     find_wait_by_id: LiteralString
     # submit.sql
     insert_run_graph: LiteralString
@@ -90,6 +87,7 @@ class _Queries:
     find_active_unique: LiteralString
     notify_queues: LiteralString
     notify_runs_finished: LiteralString
+    ping: LiteralString
     # waits.sql
     due_timers: LiteralString
     expired_signal_waits: LiteralString

@@ -21,10 +21,6 @@ LIMIT 1
 -- Bound how long the migrator waits for the lock (milliseconds).
 SELECT set_config('lock_timeout', %(timeout)s, false)
 
--- name: current_schema_name
--- The schema the migrations go into: the first existing schema on search_path.
-SELECT current_schema() AS schema
-
 -- name: create_version_table
 -- tern's version table: one row, one column.
 CREATE TABLE IF NOT EXISTS cyclone_schema_version (version int4 NOT NULL)

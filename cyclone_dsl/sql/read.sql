@@ -44,11 +44,6 @@ SELECT count(*) FILTER (WHERE state IN ('completed', 'discarded', 'cancelled')) 
        count(*) AS total
 FROM cyclone_steps WHERE run_id = %(run_id)s
 
--- name: runs_terminal
--- Which of these runs are terminal.
-SELECT id, state FROM cyclone_runs
-WHERE id = ANY(%(run_ids)s::bigint[]) AND state IN ('completed', 'failed', 'cancelled')
-
 -- name: get_run_deps
 -- The dependency edges of a run.
 SELECT node, dep_node, dep_type FROM cyclone_deps WHERE run_id = %(run_id)s ORDER BY node, dep_node

@@ -47,13 +47,6 @@ RETURNING s.id, s.run_id, s.node, s.item_of, true AS has_downstream
 -- Keep the payloads a wait_n has received so far in its output.
 UPDATE cyclone_steps SET output = %(output)s::jsonb WHERE id = %(id)s AND state = 'waiting_signal'
 
--- name: signal_name_declared
--- Whether any wait node of the run declares the name.
-SELECT EXISTS (
-    SELECT 1 FROM cyclone_steps
-    WHERE run_id = %(run_id)s AND (signal_name = %(name)s OR %(name)s = ANY(signal_names))
-) AS declared
-
 -- name: find_wait_by_id
 -- A wait node by id.
 SELECT s.id, s.node, s.state, s.signal_name, s.signal_names, s.wait_count, s.output

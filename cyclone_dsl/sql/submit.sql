@@ -62,3 +62,7 @@ SELECT pg_notify('cyclone_work', q) FROM unnest(%(queues)s::text[]) AS q
 -- name: notify_runs_finished
 -- Wake RunHandle.wait() callers of these runs.
 SELECT pg_notify('cyclone_run_done', r::text) FROM unnest(%(run_ids)s::bigint[]) AS r
+
+-- name: ping
+-- A round trip that shows a dead connection.
+SELECT 1 AS ok

@@ -44,6 +44,7 @@ from cyclone_dsl.engine.complete import Failure, Success
 from cyclone_dsl.engine.hooks import engine_hooks
 from cyclone_dsl.engine.notify import WORK_CHANNEL
 from cyclone_dsl.errors import InvalidArgument
+from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind
 from cyclone_dsl.worker import execute
 from cyclone_dsl.worker.context import StepContext
@@ -464,7 +465,7 @@ class Worker:
                         for note in conn.notifies(timeout=1.0):
                             if note.payload in self.queues:
                                 self._wake.set()
-                        conn.execute("SELECT 1")  # a dead connection shows up here
+                        conn.execute(Q.ping)  # a dead connection shows up here
             except psycopg.Error as exc:
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
                 self._stopping.wait(delay)

@@ -1,0 +1,74 @@
+"""SQL hygiene: every named query prepares, is used, and SQL text lives only in sql/ files."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from cyclone_dsl.sql import Q
+from cyclone_dsl.sql._loader import load_queries
+
+PACKAGE = Path(__file__).resolve().parents[1] / "cyclone_dsl"
+QUERIES = load_queries("cyclone_dsl.sql")
+DDL = {"create_version_table"}
+
+
+@pytest.mark.parametrize("name", sorted(set(QUERIES) - DDL))
+def test_every_query_prepares_on_a_migrated_schema(cyclone_dsn: str, name: str) -> None:
+    numbers: dict[str, int] = {}
+
+    def placeholder(match: re.Match[str]) -> str:
+        numbers.setdefault(match.group(1), len(numbers) + 1)
+        return f"${numbers[match.group(1)]}"
+
+    body = re.sub(r"%\((\w+)\)s", placeholder, QUERIES[name])
+    with psycopg.connect(cyclone_dsn) as conn:
+        conn.execute(f"PREPARE probe AS {body}".encode())
+
+
+def test_every_query_is_used_and_every_use_exists() -> None:
+    used: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "Q"
+            ):
+                used.add(node.attr)
+    assert used - set(QUERIES) == set()
+    assert set(QUERIES) - used == set()
+
+
+def test_queries_are_exposed_as_attributes() -> None:
+    for name, text in QUERIES.items():
+        assert getattr(Q, name) == text
+
+
+def test_no_sql_is_built_outside_the_sql_package() -> None:
+    """execute() outside sql/ and db/ and migrate/ only ever gets a Q.* constant."""
+    offenders = []
+    allowed = {PACKAGE / "db", PACKAGE / "migrate", PACKAGE / "sql", PACKAGE / "testing"}
+    for path in PACKAGE.rglob("*.py"):
+        if any(parent in allowed for parent in path.parents):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "execute"
+                and node.args
+            ):
+                first = node.args[0]
+                is_q = (
+                    isinstance(first, ast.Attribute)
+                    and isinstance(first.value, ast.Name)
+                    and first.value.id == "Q"
+                )
+                if not is_q:
+                    offenders.append(f"{path.name}:{node.lineno}")
+    assert offenders == []
