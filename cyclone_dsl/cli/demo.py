@@ -24,9 +24,10 @@ def progress_bar(done: int, total: int, width: int = 30) -> str:
 def run_demo(dsn: str) -> int:
     click.echo(f"==> migrating the database (schema version {migrate(dsn)})")
     registry = Registry.from_objects([flagship])
-    with Worker(dsn, registry=registry, concurrency=8, lease=10), Client(
-        dsn, registry=registry
-    ) as client:
+    with (
+        Worker(dsn, registry=registry, concurrency=8, lease=10),
+        Client(dsn, registry=registry) as client,
+    ):
         click.echo("==> worker started; submitting the flagship workflow 'demo_order'")
         handle = client.submit(flagship.demo_order, "order-1001")
         started = time.monotonic()

@@ -17,8 +17,8 @@ from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
 
 if TYPE_CHECKING:
-    from cyclone_dsl.client.sync import Client
     from cyclone_dsl.client.model import Run
+    from cyclone_dsl.client.sync import Client
 
 #: Even without a notification (a lost LISTEN connection), state is re-read this often.
 RECHECK_SECONDS = 1.0

@@ -18,8 +18,8 @@ from cyclone_dsl.db.embedded import ENV_URL
 from cyclone_dsl.db.tx import Tx, in_transaction
 from cyclone_dsl.dsl.registry import Registry, default_registry
 from cyclone_dsl.engine import control, signals, waits
-from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.hooks import engine_hooks
+from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import insert_run, insert_run_once, insert_standalone
 from cyclone_dsl.errors import InvalidArgument, RunNotFound
 from cyclone_dsl.payload import JSONValue, encode
@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 
 class Client:
-    """The entry point of a producer: ``Client(dsn)``, or ``Client()`` with ``$CYCLONE_DATABASE_URL``.
+    """The producer's entry point: ``Client(dsn)``, or ``Client()`` with ``$CYCLONE_DATABASE_URL``.
 
     Holds a small connection pool; close it with :meth:`close` or a ``with``
     block. Workflows are given as the decorated objects, or by name when they
@@ -49,7 +49,7 @@ class Client:
         resolved = dsn or os.environ.get(ENV_URL)
         if not resolved:
             raise InvalidArgument(
-                f"Client needs a DSN: pass one, or set {ENV_URL} (see cyclone_dsl.embedded_database)"
+                f"Client needs a DSN: pass one, or set {ENV_URL} (see embedded_database())"
             )
         self.dsn = resolved
         self.registry = registry if registry is not None else default_registry()
@@ -82,9 +82,7 @@ class Client:
         """Start a run of ``workflow`` with ``input``; the whole graph is written at once."""
         compiled = base.compile_workflow(self.registry, workflow, input)
         deadline = base.check_deadline(deadline)
-        run_id = self._tx(
-            lambda tx: insert_run(tx, compiled, deadline=deadline, hooks=self.hooks)
-        )
+        run_id = self._tx(lambda tx: insert_run(tx, compiled, deadline=deadline, hooks=self.hooks))
         return RunHandle(run_id, self)
 
     def submit_tx(
@@ -98,9 +96,7 @@ class Client:
         """Submit inside the caller's open transaction: the run exists iff the caller commits."""
         compiled = base.compile_workflow(self.registry, workflow, input)
         deadline = base.check_deadline(deadline)
-        run_id = insert_run(
-            Tx(conn, self.shift), compiled, deadline=deadline, hooks=self.hooks
-        )
+        run_id = insert_run(Tx(conn, self.shift), compiled, deadline=deadline, hooks=self.hooks)
         return RunHandle(run_id, self)
 
     def submit_once(

@@ -129,7 +129,9 @@ class EmbeddedServer:
             users.discard(os.getpid())
             self._write_users(users)
             if not users and self.is_running():
-                self._run(self._bin / "pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+                self._run(
+                    self._bin / "pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop"
+                )
         self.started_here = False
 
     def _users_file(self) -> Path:

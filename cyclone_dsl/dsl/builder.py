@@ -155,7 +155,15 @@ class Builder:
                 binding = Binding.TUPLE
         control = self._control(after, where)
         node = PendingNode(
-            default_id, kind, binding, args, control, dict(options or {}), wait, fan_out, child,
+            default_id,
+            kind,
+            binding,
+            args,
+            control,
+            dict(options or {}),
+            wait,
+            fan_out,
+            child,
             keep_output,
         )
         self.nodes.append(node)

@@ -45,7 +45,7 @@ def for_each(
     return ref
 
 
-def child(workflow: WorkflowDef | object, input: Any = None, *, after: Any = None) -> Any:  # noqa: A002
+def child(workflow: WorkflowDef | object, input: Any = None, *, after: Any = None) -> Any:
     """Start a run of ``workflow`` with ``input``; the node completes when that run does.
 
     If ``workflow`` defines a result, the node's output is that result.

@@ -50,10 +50,10 @@ def check_schedule(spec: ScheduleSpec) -> None:
 def schedule(
     cron: str,
     *,
-    id: str | None = None,  # noqa: A002 - the public option name
+    id: str | None = None,
     location: str | None = None,
     enabled: bool = True,
-    input: payload.JSONValue = None,  # noqa: A002
+    input: payload.JSONValue = None,
     queue: str | None = None,
     priority: int | None = None,
     max_attempts: int | None = None,
@@ -68,8 +68,16 @@ def schedule(
         return timedelta(seconds=value)
 
     spec = ScheduleSpec(
-        cron, id, location, enabled, input, queue, priority, max_attempts,
-        seconds(timeout), seconds(retention),
+        cron,
+        id,
+        location,
+        enabled,
+        input,
+        queue,
+        priority,
+        max_attempts,
+        seconds(timeout),
+        seconds(retention),
     )
     check_schedule(spec)
 

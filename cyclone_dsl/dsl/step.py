@@ -117,7 +117,9 @@ def _define(
         problems.append(f"max_reclaims must be an integer >= 0, not {max_reclaims!r}")
     kind = name or fn.__name__
     if not isinstance(kind, str) or not kind or kind.startswith("@"):
-        problems.append(f"a handler name must be a non-empty string not starting with '@': {kind!r}")
+        problems.append(
+            f"a handler name must be a non-empty string not starting with '@': {kind!r}"
+        )
     if problems:
         raise InvalidArgument(f"@step {kind!r}: " + "; ".join(problems))
     definition = StepDef(

@@ -55,9 +55,7 @@ def claim(
     )
     if not rows:
         return []
-    inputs = {
-        r["id"]: r for r in tx.rows(Q.assemble_inputs, ids=[r["id"] for r in rows])
-    }
+    inputs = {r["id"]: r for r in tx.rows(Q.assemble_inputs, ids=[r["id"] for r in rows])}
     return [
         Claimed(
             id=r["id"],
@@ -96,8 +94,6 @@ def release(tx: Tx, leases: Sequence[tuple[int, int]]) -> set[int]:
     """Give leases back (graceful shutdown): available at once, the attempt not consumed."""
     if not leases:
         return set()
-    rows = tx.rows(
-        Q.release_steps, ids=[i for i, _ in leases], generations=[g for _, g in leases]
-    )
+    rows = tx.rows(Q.release_steps, ids=[i for i, _ in leases], generations=[g for _, g in leases])
     notify.wake_queues(tx, (r["queue"] for r in rows))
     return {r["id"] for r in rows}

@@ -56,7 +56,11 @@ def deliver(
         return Delivery.NOT_STORED
     if step_state == StepState.WAITING_SIGNAL:
         tx.one(
-            Q.insert_signal, run_id=run_id, name=name, payload=payload_text, consumed_by=wait["node"]
+            Q.insert_signal,
+            run_id=run_id,
+            name=name,
+            payload=payload_text,
+            consumed_by=wait["node"],
         )
         _consume(tx, run_id, wait, [(name, json.loads(payload_text))], hooks)
         return Delivery.CONSUMED

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+
 import attrs
 
 from cyclone_dsl.db.tx import Row, Tx
@@ -38,7 +39,6 @@ class Hooks:
     on_runs_ended: list[Callable[[Tx, list[Row], RunState, Hooks], None]] = attrs.field(
         factory=list
     )
-
 
 
 DEFAULT_HOOKS = Hooks()
@@ -164,4 +164,3 @@ def _runs_ended(tx: Tx, ended: list[Row], state: RunState, hooks: Hooks) -> None
     notify.runs_finished(tx, (r["id"] for r in ended))
     for hook in hooks.on_runs_ended:
         hook(tx, ended, state, hooks)
-

@@ -124,8 +124,11 @@ def _signal_name_problems(graph: Graph) -> list[Problem]:
             if isinstance(name, str):
                 owners.setdefault(name, []).append(node.id)
     return [
-        (nodes[1], f"signal {name!r} is awaited by {len(nodes)} waits ({', '.join(nodes)}): "
-         "each signal name may be awaited once per workflow")
+        (
+            nodes[1],
+            f"signal {name!r} is awaited by {len(nodes)} waits ({', '.join(nodes)}): "
+            "each signal name may be awaited once per workflow",
+        )
         for name, nodes in owners.items()
         if len(nodes) > 1
     ]

@@ -50,9 +50,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def failure_from_exception(step: Claimed, exc: BaseException, *, kind: ErrorKind) -> Failure:
-    stack = payload.sanitize_text(
-        "".join(traceback.format_exception(exc)), limit=64 * 1024
-    )
+    stack = payload.sanitize_text("".join(traceback.format_exception(exc)), limit=64 * 1024)
     permanent = isinstance(exc, Permanent)
     return Failure(
         step_id=step.id,

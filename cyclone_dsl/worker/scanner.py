@@ -102,7 +102,6 @@ class Scanner:
         changed = scan.fail_timed_out(tx, page, self.hooks)
         return len(changed), _next_cursor(page)
 
-
     def _timer_page(self, tx: Tx, after: int) -> tuple[int, int | None]:
         page = tx.rows(Q.due_timers, after_id=after, limit=PAGE)
         return waits.fire_timers(tx, page, self.hooks), _next_cursor(page)

@@ -185,9 +185,7 @@ class Worker:
         self._threads.append(thread)
 
     def _start_services(self) -> None:
-        self._pool = make_pool(
-            self._dsn, name=f"cyclone-worker-{os.getpid()}", max_size=4
-        )
+        self._pool = make_pool(self._dsn, name=f"cyclone-worker-{os.getpid()}", max_size=4)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.concurrency, thread_name_prefix="cyclone-handler"
         )

@@ -53,7 +53,7 @@ def test_enqueue_validates_options_and_writes_nothing(client: Client) -> None:
     with pytest.raises(InvalidArgument):
         client.enqueue(square, float("nan"))
     with pytest.raises(InvalidArgument):
-        client.enqueue(square, 1, scheduled_at=datetime(2030, 1, 1))  # noqa: DTZ001
+        client.enqueue(square, 1, scheduled_at=datetime(2030, 1, 1))
     assert client.list_runs() == []
 
 

@@ -105,9 +105,7 @@ def test_lock_timeout_names_the_holder(empty_schema: tuple[str, str]) -> None:
     _, dsn = empty_schema
     with psycopg.connect(dsn, autocommit=True) as holder:
         pid = holder.info.backend_pid
-        holder.execute(
-            "SELECT pg_advisory_lock(%s, hashtext(current_schema()))", (LOCK_NAMESPACE,)
-        )
+        holder.execute("SELECT pg_advisory_lock(%s, hashtext(current_schema()))", (LOCK_NAMESPACE,))
         with pytest.raises(MigrationLockTimeout, match=str(pid)):
             migrate(dsn, lock_timeout=0.3)
     assert migrate(dsn) == 19
@@ -184,8 +182,6 @@ def test_migration_4_changes_only_the_default(empty_schema: tuple[str, str]) -> 
         conn.execute("INSERT INTO cyclone_steps (run_id, node, kind) VALUES (%s, 'a', 'k')", run_id)
     migrate(dsn, version=4)
     with psycopg.connect(dsn) as conn:
-        conn.execute(
-            "INSERT INTO cyclone_steps (run_id, node, kind) VALUES (%s, 'b', 'k')", run_id
-        )
+        conn.execute("INSERT INTO cyclone_steps (run_id, node, kind) VALUES (%s, 'b', 'k')", run_id)
         rows = conn.execute("SELECT node, max_attempts FROM cyclone_steps ORDER BY node").fetchall()
     assert rows == [("a", 25), ("b", 5)]
