@@ -36,7 +36,8 @@ class Registry:
                 f"{existing.fn.__qualname__} and {obj.fn.__module__}.{obj.fn.__qualname__}): "
                 "rename one with name="
             )
-        table[name] = obj
+        if existing is None:
+            table[name] = obj
 
     def add_workflow_tree(self, definition: WorkflowDef) -> None:
         """Register a workflow with the kinds its nodes run and its child workflows."""

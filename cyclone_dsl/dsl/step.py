@@ -44,6 +44,7 @@ class StepDef(Generic[P, R]):
     max_reclaims: int | None = None
     schedules: list[ScheduleSpec] = attrs.field(factory=list)
     _bound: dict[str, Any] = attrs.field(factory=dict, alias="bound")
+    _origin: StepDef[Any, Any] | None = attrs.field(default=None, alias="origin")
 
     @property
     def is_async(self) -> bool:
@@ -77,7 +78,7 @@ class StepDef(Generic[P, R]):
         except InvalidArgument as exc:
             builder.problems.append((None, f"call of {self.name!r}: {exc}"))
             node_options = self.options
-        builder.steps[self.name] = self
+        builder.steps[self.name] = self._origin or self
         ref = builder.add(
             self.name,
             self.name,
@@ -92,7 +93,7 @@ class StepDef(Generic[P, R]):
 
     def with_options(self, **options: Any) -> StepDef[P, R]:
         """The same handler with per-node options (and ``after=`` / ``node_id=``) bound."""
-        return attrs.evolve(self, bound={**self._bound, **options})
+        return attrs.evolve(self, bound={**self._bound, **options}, origin=self._origin or self)
 
     def named(self, node_id: str) -> StepDef[P, R]:
         """The same handler whose next node gets the id ``node_id``."""
