@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from cyclone_dsl import action, child, for_each, step, wait_any, wait_n, wait_signal, wait_timer
-from cyclone_dsl import workflow
+from cyclone_dsl import (
+    action,
+    child,
+    for_each,
+    step,
+    wait_any,
+    wait_n,
+    wait_signal,
+    wait_timer,
+    workflow,
+)
 
 
 @step(name="u_fetch", max_attempts=3, timeout=timedelta(seconds=30), queue="io")
