@@ -465,6 +465,8 @@ class Worker:
                                 self._wake.set()
                         conn.execute(Q.ping)  # a dead connection shows up here
             except psycopg.Error as exc:
+                if self._stopping.is_set():
+                    return
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
                 self._stopping.wait(delay)
                 delay = min(30.0, delay * 2)
