@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from cyclone_dsl import Client, Worker
 
 settings.register_profile(
     "ci",
@@ -15,3 +20,28 @@ settings.register_profile(
     "full", deadline=None, max_examples=500, suppress_health_check=list(HealthCheck)
 )
 settings.load_profile(os.environ.get("CYCLONE_HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def client(cyclone_dsn: str) -> Iterator[Client]:
+    with Client(cyclone_dsn) as c:
+        yield c
+
+
+@pytest.fixture
+def start_worker(cyclone_dsn: str) -> Iterator[Callable[..., Worker]]:
+    """Start background workers for the test; every one is stopped at the end."""
+    started: list[Worker] = []
+
+    def start(*objects: Any, **options: Any) -> Worker:
+        options.setdefault("poll_interval", 0.2)
+        options.setdefault("scan_interval", 0.2)
+        options.setdefault("grace", 5.0)
+        worker = Worker(cyclone_dsn, objects, **options)
+        worker.start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()

@@ -49,6 +49,7 @@ from cyclone_dsl.states import ErrorKind
 from cyclone_dsl.worker import execute
 from cyclone_dsl.worker.context import StepContext
 from cyclone_dsl.worker.scanner import Scanner
+from cyclone_dsl.worker.threads import DaemonThreadPool
 
 log = logging.getLogger("cyclone.worker")
 
@@ -127,7 +128,7 @@ class Worker:
         self._outcomes: queue.Queue[Success | Failure | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._pool: Any = None
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor: DaemonThreadPool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scanner: Scanner | None = None
         self.completed_count = 0
@@ -186,9 +187,7 @@ class Worker:
 
     def _start_services(self) -> None:
         self._pool = make_pool(self._dsn, name=f"cyclone-worker-{os.getpid()}", max_size=4)
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=self.concurrency, thread_name_prefix="cyclone-handler"
-        )
+        self._executor = DaemonThreadPool(self.concurrency, "cyclone-handler")
         if any(step.is_async for step in self.handlers.values()):
             self._loop = asyncio.new_event_loop()
             self._spawn(self._loop.run_forever, "asyncio")
@@ -253,7 +252,7 @@ class Worker:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor.shutdown()
         if self._pool is not None:
             self._pool.close()
         self._stopped.set()

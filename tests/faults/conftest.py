@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def fault_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "invocations.log"
+    path.touch()
+    monkeypatch.setenv("CYCLONE_FAULT_LOG", str(path))
+    return path
+
+
+def read_log(path: Path) -> list[tuple[int, int, str, str]]:
+    rows = []
+    for line in path.read_text().splitlines():
+        pid, run_id, node, event = line.split()
+        rows.append((int(pid), int(run_id), node, event))
+    return rows
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def spawn_worker(cyclone_dsn: str) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+
+    def spawn(**env: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.faults.worker_main", cyclone_dsn],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        proc.wait(10)
+        if proc.stdout:
+            proc.stdout.close()

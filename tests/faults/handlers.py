@@ -1,0 +1,22 @@
+"""Handlers for the fault tests: each invocation is recorded (in a file) before it runs."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from cyclone_dsl import StepContext, step
+
+
+def record(ctx: StepContext, event: str) -> None:
+    path = os.environ["CYCLONE_FAULT_LOG"]
+    with open(path, "a") as log:
+        log.write(f"{os.getpid()} {ctx.run_id} {ctx.node} {event}\n")
+
+
+@step(name="fault_work", max_attempts=3, max_reclaims=2)
+def work(x: int, *, ctx: StepContext) -> dict[str, object]:
+    record(ctx, "start")
+    time.sleep(float(os.environ.get("CYCLONE_FAULT_SLEEP", "0")))
+    record(ctx, "end")
+    return {"x": x, "by": os.getpid()}

@@ -1,0 +1,22 @@
+"""A worker process for the fault tests: ``python -m tests.faults.worker_main DSN``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from cyclone_dsl import Worker
+from tests.faults import handlers
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+    Worker(
+        sys.argv[1],
+        [handlers],
+        lease=float(os.environ.get("CYCLONE_FAULT_LEASE", "1")),
+        grace=float(os.environ.get("CYCLONE_FAULT_GRACE", "30")),
+        poll_interval=0.1,
+        scan_interval=0.2,
+        concurrency=8,
+    ).run()

@@ -1,0 +1,222 @@
+"""Worker behaviour: timeouts, bad outputs, async handlers, context, shutdown, fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+
+from cyclone_dsl import (
+    AsyncClient,
+    Client,
+    RunFailed,
+    StepContext,
+    Worker,
+    step,
+    workflow,
+)
+from cyclone_dsl.db.connect import make_pool
+from cyclone_dsl.db.tx import in_transaction
+from cyclone_dsl.engine import claim, complete, scan
+from cyclone_dsl.engine.complete import Success
+from cyclone_dsl.engine.hooks import engine_hooks
+from cyclone_dsl.states import RunState, StepState
+
+gate = threading.Event()
+contexts: list[StepContext] = []
+
+
+@step(name="wk_sleepy", timeout=timedelta(seconds=0.3), max_attempts=1)
+def sleepy(x: int) -> int:
+    time.sleep(1.5)
+    return x
+
+
+@step(name="wk_bad_output", max_attempts=3)
+def bad_output(x: int) -> object:
+    return {1, 2, 3}
+
+
+@step(name="wk_async")
+async def doubled(x: int) -> int:
+    await asyncio.sleep(0.01)
+    return x * 2
+
+
+@step(name="wk_async_slow", timeout=0.2, max_attempts=1)
+async def async_slow(x: int) -> int:
+    await asyncio.sleep(5)
+    return x
+
+
+@step(name="wk_blocked")
+def blocked(x: int, *, ctx: StepContext) -> int:
+    contexts.append(ctx)
+    gate.wait(20)
+    return x + 1
+
+
+@workflow(name="wk_timeout")
+def timing_out(x):  # type: ignore[no-untyped-def]
+    return sleepy(x)
+
+
+@workflow(name="wk_async_wf")
+def async_wf(x):  # type: ignore[no-untyped-def]
+    return doubled(doubled(x))
+
+
+def test_a_step_past_its_timeout_fails_with_kind_timeout(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(sleepy)
+    handle = client.submit(timing_out, 1)
+    with pytest.raises(RunFailed) as failed:
+        handle.result(timeout=10)
+    assert failed.value.error_kind == "timeout"
+    assert handle.get().step("wk_sleepy").state is StepState.DISCARDED
+
+
+def test_an_output_that_is_not_json_fails_at_once(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(bad_output)
+    handle = client.enqueue(bad_output, 1)
+    with pytest.raises(RunFailed):
+        handle.result(timeout=10)
+    row = handle.get().step("wk_bad_output")
+    assert row.error_kind == "invalid_output"
+    assert row.attempt == 1  # not retried
+    assert "set is not JSON" in (row.error or "")
+
+
+def test_async_handlers_and_the_async_client(
+    cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(doubled, async_slow)
+
+    async def scenario() -> tuple[object, str | None]:
+        async with AsyncClient(cyclone_dsn) as aclient:
+            handle = await aclient.submit(async_wf, 5)
+            result = await handle.result(timeout=10)
+            slow = await aclient.enqueue(async_slow, 1)
+            run = await slow.wait(timeout=10)
+            return result, run.step("wk_async_slow").error_kind
+
+    result, kind = asyncio.run(scenario())
+    assert result == 20
+    assert kind == "timeout"
+
+
+def test_graceful_stop_releases_leases_without_spending_an_attempt(
+    client: Client, cyclone_dsn: str
+) -> None:
+    gate.clear()
+    contexts.clear()
+    first = Worker(cyclone_dsn, [blocked], grace=0.3, poll_interval=0.1).start()
+    handle = client.enqueue(blocked, 1)
+    while not contexts:
+        time.sleep(0.02)
+    assert contexts[0].idempotency_key == f"{handle.id}:wk_blocked"
+    first.stop()
+    assert contexts[0].cancelled
+    row = handle.get().step("wk_blocked")
+    assert row.state is StepState.AVAILABLE
+    assert row.attempt == 0
+    gate.set()
+    with Worker(cyclone_dsn, [blocked], poll_interval=0.1):
+        assert handle.result(timeout=10) == 2
+
+
+def test_a_stale_completion_is_fenced_after_a_reclaim(client: Client, cyclone_dsn: str) -> None:
+    handle = client.enqueue(doubled, 3)
+    pool = make_pool(cyclone_dsn, name="test-fencing")
+    hooks = engine_hooks(client.registry)
+    lease = timedelta(seconds=30)
+    try:
+        (first,) = in_transaction(
+            pool,
+            lambda tx: claim.claim(
+                tx, owner="a", queues=["default"], kinds=["wk_async"], limit=5, lease=lease
+            ),
+        )
+        later = timedelta(minutes=5)  # the database clock moves past the lease
+        page = in_transaction(
+            pool, lambda tx: scan.expired_page(tx, after_id=0, limit=10), shift=later
+        )
+        assert [r["id"] for r in page] == [first.id]
+        in_transaction(
+            pool,
+            lambda tx: scan.reclaim(tx, page, max_reclaims={}, default_max_reclaims=3, hooks=hooks),
+            shift=later,
+        )
+        (second,) = in_transaction(
+            pool,
+            lambda tx: claim.claim(
+                tx, owner="b", queues=["default"], kinds=["wk_async"], limit=5, lease=lease
+            ),
+            shift=later,
+        )
+        assert second.generation == first.generation + 1
+        stale = in_transaction(
+            pool,
+            lambda tx: complete.complete(tx, [Success(first.id, first.generation, "1")], hooks),
+        )
+        assert stale == set()
+        assert handle.get().step("wk_async").state is StepState.RUNNING
+        fresh = in_transaction(
+            pool,
+            lambda tx: complete.complete(tx, [Success(second.id, second.generation, "6")], hooks),
+        )
+        assert fresh == {second.id}
+        run = handle.wait(timeout=5)
+        assert run.state is RunState.COMPLETED
+        assert run.step("wk_async").output == 6
+        assert run.step("wk_async").reclaims == 1
+    finally:
+        pool.close()
+
+
+def test_reclaim_limit_discards_the_step(client: Client, cyclone_dsn: str) -> None:
+    handle = client.enqueue(doubled, 3)
+    pool = make_pool(cyclone_dsn, name="test-reclaim-limit")
+    hooks = engine_hooks(client.registry)
+    try:
+        for round_ in range(3):
+            shift = timedelta(minutes=10 * (round_ + 1))
+            in_transaction(
+                pool,
+                lambda tx: claim.claim(
+                    tx,
+                    owner="crashy",
+                    queues=["default"],
+                    kinds=["wk_async"],
+                    limit=1,
+                    lease=timedelta(seconds=1),
+                ),
+                shift=shift,
+            )
+            page = in_transaction(
+                pool,
+                lambda tx: scan.expired_page(tx, after_id=0, limit=10),
+                shift=shift + timedelta(seconds=5),
+            )
+            in_transaction(
+                pool,
+                lambda tx, page=page: scan.reclaim(
+                    tx, page, max_reclaims={"wk_async": 2}, default_max_reclaims=5, hooks=hooks
+                ),
+                shift=shift + timedelta(seconds=5),
+            )
+        run = handle.wait(timeout=5)
+        assert run.state is RunState.FAILED
+        row = run.step("wk_async")
+        assert row.state is StepState.DISCARDED
+        assert row.error_kind == "reclaim_limit"
+        assert row.reclaims == 3
+    finally:
+        pool.close()
