@@ -1,0 +1,1 @@
+"""Client, AsyncClient and RunHandle: submit, read and steer runs."""

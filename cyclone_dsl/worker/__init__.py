@@ -1,0 +1,1 @@
+"""The worker: claims steps, runs handlers, commits outcomes; and the scanner."""
