@@ -40,15 +40,36 @@ def ensure_venv() -> None:
     stamp.write_text(digest)
 
 
+def regenerate_query_names() -> None:
+    """Rewrite the typed attribute list of cyclone_dsl.sql.Q from the .sql files."""
+    import re
+
+    body = []
+    for path in sorted((ROOT / "cyclone_dsl" / "sql").glob("*.sql")):
+        names = re.findall(r"^--\s*name:\s*(\w+)", path.read_text(), re.MULTILINE)
+        body.append(f"    # {path.name}")
+        body += [f"    {name}: LiteralString" for name in names]
+    target = ROOT / "cyclone_dsl" / "sql" / "__init__.py"
+    text = target.read_text()
+    start = text.index("class _Queries:\n") + len("class _Queries:\n")
+    end = text.index("\n    def __init__")
+    target.write_text(text[:start] + "\n".join(body) + "\n" + text[end:])
+
+
 def run(argv: list[str]) -> int:
     return subprocess.run(argv, cwd=ROOT, check=False).returncode
 
 
 def main() -> int:
     args = sys.argv[1:]
+    if args[:1] == ["queries"]:
+        regenerate_query_names()
+        return 0
     if not args or args[0] not in {"demo", "test", "lint", "bench", "docs", "shell"}:
         print(__doc__)
-        print("commands: demo | test [pytest args] | lint | bench [args] | docs | shell CMD...")
+        print(
+            "commands: demo | test [pytest args] | lint | bench [args] | docs | queries | shell CMD"
+        )
         return 2
     ensure_venv()
     command, rest = args[0], args[1:]

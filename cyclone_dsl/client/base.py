@@ -10,6 +10,7 @@ from cyclone_dsl.dsl.step import StepDef, make_options
 from cyclone_dsl.dsl.workflow import WorkflowDef
 from cyclone_dsl.errors import InvalidArgument, UnknownWorkflow
 from cyclone_dsl.graph.compile import compile_run
+from cyclone_dsl.graph.model import NodeOptions
 from cyclone_dsl.graph.rows import CompiledRun, StepRow
 from cyclone_dsl.graph.validate import check_options
 from cyclone_dsl.payload import JSONValue, encode
@@ -34,6 +35,17 @@ def resolve_step(registry: Registry, step: object) -> StepDef[Any, Any]:
     raise UnknownWorkflow(f"{step!r} is not a @step or @action (or a registered kind name)")
 
 
+def resolve_schedulable(registry: Registry, target: object) -> StepDef[Any, Any] | WorkflowDef:
+    """A workflow or handler, given as the object or by name."""
+    if isinstance(target, StepDef | WorkflowDef):
+        return target
+    if isinstance(target, str):
+        if target in registry.workflows:
+            return registry.workflows[target]
+        return registry.kind(target)
+    raise UnknownWorkflow(f"{target!r} is not a @workflow, @step or @action")
+
+
 def compile_workflow(registry: Registry, workflow: object, run_input: JSONValue) -> CompiledRun:
     return compile_run(resolve_workflow(registry, workflow).graph, run_input)
 
@@ -51,22 +63,14 @@ def compile_standalone(
 ) -> CompiledRun:
     """A standalone run: one available step whose kind is also the run's workflow name."""
     definition = resolve_step(registry, step)
-    try:
-        options = make_options(
-            definition.options,
-            {
-                "queue": queue,
-                "priority": priority,
-                "max_attempts": max_attempts,
-                "timeout": timeout,
-                "retention": retention,
-            },
-        )
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(str(exc)) from None
-    problems = check_options(options)
-    if problems:
-        raise InvalidArgument("; ".join(problems))
+    options = step_options(
+        definition,
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        retention=retention,
+    )
     text = encode(run_input, what="the input")
     row = StepRow(
         node=definition.name,
@@ -89,6 +93,35 @@ def compile_standalone(
         deps=(),
         inputs=(),
     )
+
+
+def step_options(
+    definition: StepDef[Any, Any],
+    *,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+    timeout: timedelta | float | None,
+    retention: timedelta | float | None,
+) -> NodeOptions:
+    """The handler's options with the given overrides, validated."""
+    try:
+        options = make_options(
+            definition.options,
+            {
+                "queue": queue,
+                "priority": priority,
+                "max_attempts": max_attempts,
+                "timeout": timeout,
+                "retention": retention,
+            },
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(str(exc)) from None
+    problems = check_options(options)
+    if problems:
+        raise InvalidArgument("; ".join(problems))
+    return options
 
 
 def check_deadline(deadline: timedelta | None) -> timedelta | None:

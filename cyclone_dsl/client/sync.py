@@ -11,8 +11,10 @@ from typing import Any, TypeVar
 import psycopg
 
 from cyclone_dsl.client import base
+from cyclone_dsl.client import schedules as schedules_api
 from cyclone_dsl.client.handle import RunHandle, outcome_from_row
 from cyclone_dsl.client.model import Run, Step
+from cyclone_dsl.client.schedules import Schedule
 from cyclone_dsl.db.connect import make_pool
 from cyclone_dsl.db.embedded import ENV_URL
 from cyclone_dsl.db.tx import Tx, in_transaction
@@ -21,7 +23,7 @@ from cyclone_dsl.engine import control, signals, waits
 from cyclone_dsl.engine.hooks import engine_hooks
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import insert_run, insert_run_once, insert_standalone
-from cyclone_dsl.errors import InvalidArgument, RunNotFound
+from cyclone_dsl.errors import InvalidArgument, RunNotFound, ScheduleError
 from cyclone_dsl.payload import JSONValue, encode
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
@@ -249,6 +251,104 @@ class Client:
         base.check_key("signal name", name)
         text = encode(payload, what="the signal payload")
         return self._tx(lambda tx: signals.deliver(tx, run_id, name, text, self.hooks))
+
+    # -- schedules, retention, stats -------------------------------------------------
+
+    def schedule(
+        self,
+        target: object,
+        cron: str,
+        *,
+        id: str | None = None,
+        location: str | None = None,
+        enabled: bool = True,
+        input: JSONValue = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        timeout: timedelta | float | None = None,
+        retention: timedelta | float | None = None,
+    ) -> Schedule:
+        """Create or update a cron schedule of a workflow, step or action (by object or name).
+
+        A workflow's ``def_version`` is pinned: a process whose definition
+        differs refuses to fire it until the schedule is registered again.
+        """
+        definition = base.resolve_schedulable(self.registry, target)
+        spec = schedules_api.spec_for(
+            cron,
+            schedule_id=id,
+            location=location,
+            enabled=enabled,
+            input_value=input,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            retention=retention,
+        )
+        schedule_id = self._tx(lambda tx: schedules_api.register(tx, definition, spec))
+        return next(s for s in self.list_schedules() if s.id == schedule_id)
+
+    def register_schedules(self) -> list[str]:
+        """Register every ``@schedule`` of this client's registry; return their ids."""
+        return self._tx(lambda tx: schedules_api.register_all(tx, self.registry))
+
+    def unschedule(self, schedule_id: str) -> None:
+        """Delete a schedule; :class:`ScheduleError` if there is none with that id."""
+        if not self._tx(lambda tx: tx.rows(Q.delete_schedule, id=schedule_id)):
+            raise ScheduleError(f"there is no schedule {schedule_id!r}")
+
+    def enable_schedule(self, schedule_id: str, enabled: bool = True) -> None:
+        """Enable (or disable) a schedule."""
+        if not self._tx(
+            lambda tx: tx.rows(Q.set_schedule_enabled, id=schedule_id, enabled=enabled)
+        ):
+            raise ScheduleError(f"there is no schedule {schedule_id!r}")
+
+    def list_schedules(self) -> list[Schedule]:
+        return [
+            schedules_api.schedule_from_row(r)
+            for r in self._tx(lambda tx: tx.rows(Q.list_schedules))
+        ]
+
+    def purge(
+        self,
+        *,
+        older_than: timedelta = timedelta(0),
+        states: tuple[RunState | str, ...] = (
+            RunState.COMPLETED,
+            RunState.FAILED,
+            RunState.CANCELLED,
+        ),
+        batch_size: int = 1000,
+    ) -> int:
+        """Delete terminal runs that ended more than ``older_than`` ago, in batches.
+
+        Each batch is its own short transaction. A child run is kept while its
+        parent exists and has not completed. Purging frees the runs' submit keys.
+        """
+        wanted = [RunState(s).value for s in states]
+        if any(not RunState(s).is_terminal for s in wanted):
+            raise InvalidArgument("only terminal runs (completed, failed, cancelled) can be purged")
+        if older_than < timedelta(0) or batch_size < 1:
+            raise InvalidArgument("older_than must be >= 0 and batch_size >= 1")
+        total = 0
+        while True:
+            deleted = self._tx(
+                lambda tx: tx.rows(
+                    Q.purge_runs, states=wanted, older_than=older_than, limit=batch_size
+                )
+            )
+            total += len(deleted)
+            if len(deleted) < batch_size:
+                return total
+
+    def stats(self) -> dict[str, list[dict[str, Any]]]:
+        """Queues and kinds from the ``cyclone_v_queues`` and ``cyclone_v_kinds`` views."""
+        return self._tx(
+            lambda tx: {"queues": tx.rows(Q.queue_stats), "kinds": tx.rows(Q.kind_stats)}
+        )
 
     def pause(self, run_id: int) -> None:
         """Pause a running run: ready and pending steps wait; running steps finish."""

@@ -68,11 +68,27 @@ class _Queries:
     run_outcome: LiteralString
     run_progress: LiteralString
     get_run_deps: LiteralString
+    # retention.sql
+    purge_runs: LiteralString
+    expire_runs: LiteralString
+    queue_stats: LiteralString
+    kind_stats: LiteralString
     # scan.sql
     expired_leases: LiteralString
     reclaim_steps: LiteralString
     timed_out_steps: LiteralString
     try_scan_leader: LiteralString
+    # schedules.sql
+    db_now: LiteralString
+    upsert_schedule: LiteralString
+    delete_schedule: LiteralString
+    list_schedules: LiteralString
+    lease_due_schedules: LiteralString
+    record_fire: LiteralString
+    schedule_fired: LiteralString
+    schedule_failed: LiteralString
+    schedule_refused: LiteralString
+    set_schedule_enabled: LiteralString
     # signals.sql
     find_signal_wait: LiteralString
     count_buffered_signals: LiteralString

@@ -12,13 +12,15 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from cyclone_dsl.db.tx import Row, Tx, in_transaction
-from cyclone_dsl.engine import scan, waits
+from cyclone_dsl.engine import scan, schedules, waits
 from cyclone_dsl.engine.transitions import Hooks
 from cyclone_dsl.sql import Q
 
 log = logging.getLogger("cyclone.scanner")
 
 PAGE = 500
+RETENTION_BATCH = 1000
+SCHEDULE_LEASE = timedelta(seconds=30)
 
 
 class Scanner:
@@ -35,6 +37,10 @@ class Scanner:
         shift: timedelta,
         stopping: threading.Event,
         timeout_grace: timedelta = timedelta(seconds=5),
+        owner: str = "scanner",
+        compile_target: schedules.Compiler | None = None,
+        catch_up: schedules.CatchUp = "latest",
+        retention: timedelta | None = None,
     ) -> None:
         self.pool = pool
         self.interval = interval
@@ -44,6 +50,10 @@ class Scanner:
         self.shift = shift
         self.stopping = stopping
         self.timeout_grace = timeout_grace
+        self.owner = owner
+        self.compile_target = compile_target
+        self.catch_up: schedules.CatchUp = catch_up
+        self.retention = retention
         self.passes = 0
 
     def run(self) -> None:
@@ -61,6 +71,10 @@ class Scanner:
         changed += self._paginate("timers", self._timer_page)
         changed += self._paginate("signal_timeouts", self._signal_timeout_page)
         changed += self._paginate("deadlines", self._deadline_page)
+        if self.compile_target is not None:
+            changed += self.fire_schedules()
+        if self.retention is not None:
+            changed += self.expire_runs()
         self.passes += 1
         return changed
 
@@ -113,6 +127,47 @@ class Scanner:
     def _deadline_page(self, tx: Tx, after: int) -> tuple[int, int | None]:
         page = tx.rows(Q.expired_deadlines, after_id=after, limit=PAGE)
         return waits.fail_past_deadline(tx, page, self.hooks), _next_cursor(page)
+
+    def fire_schedules(self) -> int:
+        """Lease due schedules, then fire each in its own transaction."""
+        compile_target = self.compile_target
+        assert compile_target is not None
+        due = in_transaction(
+            self.pool,
+            lambda tx: schedules.lease_due(tx, owner=self.owner, limit=50, lease=SCHEDULE_LEASE),
+            shift=self.shift,
+        )
+        fired = 0
+        for row in due:
+
+            def fire_one(tx: Tx, row: Row = row) -> int | None:
+                return schedules.fire(
+                    tx,
+                    row,
+                    owner=self.owner,
+                    compile_target=compile_target,
+                    hooks=self.hooks,
+                    catch_up=self.catch_up,
+                )
+
+            fired += in_transaction(self.pool, fire_one, shift=self.shift) is not None
+        return fired
+
+    def expire_runs(self) -> int:
+        """Delete terminal runs past their retention, a batch per transaction."""
+        total = 0
+        while not self.stopping.is_set():
+            deleted = in_transaction(
+                self.pool,
+                lambda tx: tx.rows(
+                    Q.expire_runs, default_retention=self.retention, limit=RETENTION_BATCH
+                ),
+                shift=self.shift,
+            )
+            total += len(deleted)
+            if len(deleted) < RETENTION_BATCH:
+                return total
+        return total
 
 
 def _next_cursor(page: list[Row]) -> int | None:

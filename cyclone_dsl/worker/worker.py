@@ -33,6 +33,7 @@ import attrs
 import psycopg
 
 from cyclone_dsl import payload
+from cyclone_dsl.client.schedules import compiler_for, register_all
 from cyclone_dsl.db.connect import connect, make_pool
 from cyclone_dsl.db.listen import listen
 from cyclone_dsl.db.tx import Tx, in_transaction
@@ -87,6 +88,8 @@ class Worker:
         batch_size: int = 100,
         max_output_bytes: int = payload.DEFAULT_MAX_BYTES,
         scanners: bool = True,
+        retention: timedelta | None = timedelta(days=7),
+        catch_up: str = "latest",
         shift: timedelta = timedelta(0),
         name: str | None = None,
         registry: Registry | None = None,
@@ -118,6 +121,10 @@ class Worker:
         self._default_max_reclaims = max_reclaims
         self._scan_interval = scan_interval
         self._with_scanners = scanners
+        self._retention = retention
+        if catch_up not in ("latest", "all"):
+            raise InvalidArgument("catch_up must be 'latest' or 'all'")
+        self._catch_up: Any = catch_up
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._closing = threading.Event()  # set once no lease is held: heartbeats end
@@ -188,6 +195,9 @@ class Worker:
     def _start_services(self) -> None:
         self._pool = make_pool(self._dsn, name=f"cyclone-worker-{os.getpid()}", max_size=4)
         self._executor = DaemonThreadPool(self.concurrency, "cyclone-handler")
+        registered = self._tx(lambda tx: register_all(tx, self.registry))
+        if registered:
+            log.info("registered schedules %s", registered)
         if any(step.is_async for step in self.handlers.values()):
             self._loop = asyncio.new_event_loop()
             self._spawn(self._loop.run_forever, "asyncio")
@@ -203,6 +213,10 @@ class Worker:
                 hooks=self.hooks,
                 shift=self.shift,
                 stopping=self._stopping,
+                owner=self.id,
+                compile_target=compiler_for(self.registry),
+                catch_up=self._catch_up,
+                retention=self._retention,
             )
             self._spawn(self._scanner.run, "scan")
         log.info(

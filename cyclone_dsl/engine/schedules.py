@@ -1,0 +1,176 @@
+"""Cron schedules: registration (with definition pinning) and firing (deduplicated per slot).
+
+Slots are computed with croniter in the schedule's time zone from the
+*database* clock. DST: a local time skipped in spring and a time repeated in
+autumn are handled as croniter does (the skipped slot fires at the first
+valid instant after the change; a repeated hour fires once).
+
+Missed slots (the scanner was down): with the default ``catch_up="latest"``
+only the most recent missed slot fires, once; ``catch_up="all"`` fires each
+missed slot in turn, one per scanner pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta, tzinfo
+from pathlib import Path
+from typing import Literal
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
+
+from cyclone_dsl.db.tx import Row, Tx
+from cyclone_dsl.engine.submit import insert_run
+from cyclone_dsl.engine.transitions import Hooks
+from cyclone_dsl.errors import CycloneError, ScheduleError, UnknownWorkflow
+from cyclone_dsl.graph.rows import CompiledRun
+from cyclone_dsl.payload import JSONValue
+from cyclone_dsl.sql import Q
+
+LOCAL = "Local"
+CatchUp = Literal["latest", "all"]
+#: (kind, input, schedule row) -> (rows of the run, the local def_version or None for a step)
+Compiler = Callable[[str, JSONValue, Row], tuple[CompiledRun, str | None]]
+
+
+def zone(location: str | None) -> tzinfo:
+    """The IANA zone, or the machine's local zone for ``Local``."""
+    if location in (None, "", LOCAL):
+        localtime = Path("/etc/localtime")
+        if localtime.exists():
+            with localtime.open("rb") as handle:
+                return ZoneInfo.from_file(handle, key="localtime")
+        return ZoneInfo("UTC")
+    try:
+        return ZoneInfo(str(location))
+    except (ValueError, KeyError, OSError):
+        raise ScheduleError(f"{location!r} is not an IANA time zone") from None
+
+
+def next_slot(cron: str, location: str | None, after: datetime) -> datetime:
+    """The first slot strictly after ``after``."""
+    local = after.astimezone(zone(location))
+    result: datetime = croniter(cron, local).get_next(datetime)
+    return result
+
+
+def latest_slot(cron: str, location: str | None, at: datetime) -> datetime:
+    """The last slot at or before ``at``."""
+    local = (at + timedelta(microseconds=1)).astimezone(zone(location))
+    result: datetime = croniter(cron, local).get_prev(datetime)
+    return result
+
+
+def db_now(tx: Tx) -> datetime:
+    row = tx.one(Q.db_now)
+    assert row is not None
+    now: datetime = row["now"]
+    return now
+
+
+def register(
+    tx: Tx,
+    *,
+    schedule_id: str,
+    kind: str,
+    cron: str,
+    location: str | None,
+    enabled: bool,
+    input_text: str,
+    def_version: str | None,
+    queue: str,
+    priority: int,
+    max_attempts: int,
+    timeout: timedelta | None,
+    retention: timedelta | None,
+) -> datetime:
+    """Upsert a schedule (a changed cron or zone recomputes its next slot); return it."""
+    if not croniter.is_valid(cron):
+        raise ScheduleError(f"{cron!r} is not a valid cron expression")
+    location = location or LOCAL
+    first = next_slot(cron, location, db_now(tx))
+    row = tx.one(
+        Q.upsert_schedule,
+        id=schedule_id,
+        kind=kind,
+        input=input_text,
+        cron_spec=cron,
+        location=location,
+        next_run_at=first,
+        enabled=enabled,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        queue=queue,
+        priority=priority,
+        retention=retention,
+        def_version=def_version,
+    )
+    assert row is not None
+    next_run_at: datetime = row["next_run_at"]
+    return next_run_at
+
+
+def lease_due(tx: Tx, *, owner: str, limit: int, lease: timedelta) -> list[Row]:
+    return tx.rows(Q.lease_due_schedules, owner=owner, limit=limit, lease=lease)
+
+
+def fire(
+    tx: Tx,
+    schedule: Row,
+    *,
+    owner: str,
+    compile_target: Compiler,
+    hooks: Hooks,
+    catch_up: CatchUp = "latest",
+) -> int | None:
+    """Fire one leased schedule's due slot; return the run id (None if refused or deduplicated)."""
+    cron, location = schedule["cron_spec"], schedule["location"]
+    slot: datetime = schedule["next_run_at"]
+    if catch_up == "latest":
+        slot = max(slot, latest_slot(cron, location, schedule["now"]))
+    following = next_slot(cron, location, slot)
+    try:
+        compiled, local_version = compile_target(schedule["kind"], schedule["input"], schedule)
+    except UnknownWorkflow as exc:
+        tx.run(Q.schedule_refused, id=schedule["id"], owner=owner, error=f"refused here: {exc}")
+        return None
+    except CycloneError as exc:
+        tx.run(
+            Q.schedule_failed,
+            id=schedule["id"],
+            owner=owner,
+            error=f"fire of {slot.isoformat()} failed: {exc}",
+            next_run_at=following,
+        )
+        return None
+    pinned = schedule["def_version"]
+    if local_version is not None and pinned is not None and pinned != local_version:
+        tx.run(
+            Q.schedule_refused,
+            id=schedule["id"],
+            owner=owner,
+            error=(
+                f"refused here: the schedule pins definition {pinned}, this process has "
+                f"{local_version}; a process with the pinned definition will fire it, or "
+                "re-register the schedule to pin the new one"
+            ),
+        )
+        return None
+    run_id: int | None = None
+    try:
+        with tx.conn.transaction():  # a savepoint: a slot recorded before rolls back this run
+            candidate = insert_run(tx, compiled, hooks=hooks)
+            if not tx.one(
+                Q.record_fire, schedule_id=schedule["id"], scheduled_for=slot, run_id=candidate
+            ):
+                raise _AlreadyFired
+            run_id = candidate
+    except _AlreadyFired:
+        run_id = None  # another scanner fired this slot (before a crash, say): no second run
+    tx.run(Q.schedule_fired, id=schedule["id"], owner=owner, next_run_at=following, run_id=run_id)
+    return run_id
+
+
+class _AlreadyFired(Exception):
+    """Internal: the slot was recorded by an earlier fire; roll back this run."""

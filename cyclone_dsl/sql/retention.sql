@@ -1,0 +1,45 @@
+-- name: purge_runs
+-- Delete a batch of terminal runs that ended before the cutoff (cascades to their rows).
+-- A child run is kept while its parent exists and has not completed.
+WITH doomed AS (
+    SELECT r.id FROM cyclone_runs AS r
+    WHERE r.state = ANY(%(states)s::text[])
+      AND r.finished_at < now() + %(shift)s::interval - %(older_than)s::interval
+      AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS p
+                      WHERE p.id = r.parent_run_id AND p.state <> 'completed')
+    ORDER BY r.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM cyclone_runs AS r USING doomed WHERE r.id = doomed.id
+RETURNING r.id
+
+-- name: expire_runs
+-- Delete a batch of terminal runs past their retention (the longest step override,
+-- else the default). A child run is kept while its parent exists and has not completed.
+WITH doomed AS (
+    SELECT r.id FROM cyclone_runs AS r
+    WHERE r.state IN ('completed', 'failed', 'cancelled')
+      AND r.finished_at + coalesce(
+            (SELECT max(s.retention) FROM cyclone_steps AS s WHERE s.run_id = r.id),
+            %(default_retention)s::interval) < now() + %(shift)s::interval
+      AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS p
+                      WHERE p.id = r.parent_run_id AND p.state <> 'completed')
+    ORDER BY r.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM cyclone_runs AS r USING doomed WHERE r.id = doomed.id
+RETURNING r.id
+
+-- name: queue_stats
+-- Per-queue counts from the view.
+SELECT queue, available, running, waiting,
+       extract(epoch FROM oldest_available_age)::float8 AS oldest_available_s, expired_leases
+FROM cyclone_v_queues ORDER BY queue
+
+-- name: kind_stats
+-- Per-kind counts from the view.
+SELECT kind, state, count, extract(epoch FROM oldest_available_age)::float8 AS oldest_available_s,
+       expired_leases
+FROM cyclone_v_kinds ORDER BY kind, state

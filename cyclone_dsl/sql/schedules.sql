@@ -1,0 +1,90 @@
+-- name: db_now
+-- The database clock (with the engine's shift): cron slots are computed from it.
+SELECT now() + %(shift)s::interval AS now
+
+-- name: upsert_schedule
+-- Register or update a schedule; registration pins the workflow definition.
+INSERT INTO cyclone_schedules (id, kind, input, cron_spec, location, next_run_at, enabled,
+                               max_attempts, timeout, queue, priority, retention, def_version)
+VALUES (%(id)s, %(kind)s, %(input)s::jsonb, %(cron_spec)s, %(location)s, %(next_run_at)s,
+        %(enabled)s, %(max_attempts)s, %(timeout)s, %(queue)s, %(priority)s, %(retention)s,
+        %(def_version)s)
+ON CONFLICT (id) DO UPDATE
+SET kind = EXCLUDED.kind, input = EXCLUDED.input,
+    next_run_at = CASE WHEN cyclone_schedules.cron_spec = EXCLUDED.cron_spec
+                        AND cyclone_schedules.location = EXCLUDED.location
+                       THEN cyclone_schedules.next_run_at ELSE EXCLUDED.next_run_at END,
+    cron_spec = EXCLUDED.cron_spec, location = EXCLUDED.location,
+    enabled = EXCLUDED.enabled, max_attempts = EXCLUDED.max_attempts,
+    timeout = EXCLUDED.timeout, queue = EXCLUDED.queue, priority = EXCLUDED.priority,
+    retention = EXCLUDED.retention, def_version = EXCLUDED.def_version,
+    last_error = CASE WHEN cyclone_schedules.def_version IS DISTINCT FROM EXCLUDED.def_version
+                      THEN NULL ELSE cyclone_schedules.last_error END,
+    updated_at = now()
+RETURNING id, next_run_at
+
+-- name: delete_schedule
+-- Remove a schedule (its fire records go with it).
+DELETE FROM cyclone_schedules WHERE id = %(id)s RETURNING id
+
+-- name: list_schedules
+-- Every schedule, by id.
+SELECT id, kind, input, cron_spec, location, next_run_at, enabled, lease_owner, lease_expiry,
+       last_run_id, last_error, consecutive_failures, max_attempts,
+       extract(epoch FROM timeout)::float8 AS timeout_s, queue, priority,
+       extract(epoch FROM retention)::float8 AS retention_s, def_version, created_at, updated_at
+FROM cyclone_schedules ORDER BY id
+
+-- name: lease_due_schedules
+-- Lease due schedules (one scanner fires each); an expired lease can be taken over.
+WITH due AS (
+    SELECT id FROM cyclone_schedules
+    WHERE enabled AND next_run_at <= now() + %(shift)s::interval
+      AND (lease_expiry IS NULL OR lease_expiry < now() + %(shift)s::interval)
+    ORDER BY next_run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE cyclone_schedules AS s
+SET lease_owner = %(owner)s, lease_expiry = now() + %(shift)s::interval + %(lease)s::interval
+FROM due
+WHERE s.id = due.id
+RETURNING s.id, s.kind, s.input, s.cron_spec, s.location, s.next_run_at, s.max_attempts,
+          extract(epoch FROM s.timeout)::float8 AS timeout_s, s.queue, s.priority,
+          extract(epoch FROM s.retention)::float8 AS retention_s, s.def_version,
+          now() + %(shift)s::interval AS now
+
+-- name: record_fire
+-- Record one slot; the primary key makes a second fire of the same slot a no-op.
+INSERT INTO cyclone_schedule_fires (schedule_id, scheduled_for, run_id)
+VALUES (%(schedule_id)s, %(scheduled_for)s, %(run_id)s)
+ON CONFLICT (schedule_id, scheduled_for) DO NOTHING
+RETURNING run_id
+
+-- name: schedule_fired
+-- Advance a schedule past the slot it fired (or found fired), releasing its lease.
+UPDATE cyclone_schedules
+SET next_run_at = %(next_run_at)s,
+    last_run_id = coalesce(%(run_id)s, last_run_id),
+    last_error = NULL, consecutive_failures = 0,
+    lease_owner = NULL, lease_expiry = NULL, updated_at = now()
+WHERE id = %(id)s AND lease_owner = %(owner)s
+
+-- name: schedule_failed
+-- Record a failed fire; advance to the next slot when told to, and release the lease.
+UPDATE cyclone_schedules
+SET last_error = %(error)s, consecutive_failures = consecutive_failures + 1,
+    next_run_at = coalesce(%(next_run_at)s, next_run_at),
+    lease_owner = NULL, lease_expiry = NULL, updated_at = now()
+WHERE id = %(id)s AND lease_owner = %(owner)s
+
+-- name: schedule_refused
+-- Leave the slot for a process with the pinned definition: record why, release the lease.
+UPDATE cyclone_schedules
+SET last_error = %(error)s, lease_owner = NULL, lease_expiry = NULL, updated_at = now()
+WHERE id = %(id)s AND lease_owner = %(owner)s
+
+-- name: set_schedule_enabled
+-- Enable or disable a schedule.
+UPDATE cyclone_schedules SET enabled = %(enabled)s, updated_at = now()
+WHERE id = %(id)s RETURNING id

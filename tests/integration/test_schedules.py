@@ -1,0 +1,257 @@
+"""Cron schedules, retention, purge and stats through the public API."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from croniter import croniter
+
+from cyclone_dsl import Client, Registry, child, step, workflow
+from cyclone_dsl.client.schedules import compiler_for
+from cyclone_dsl.db.connect import make_pool
+from cyclone_dsl.engine import schedules
+from cyclone_dsl.engine.hooks import engine_hooks
+from cyclone_dsl.errors import ScheduleError
+from cyclone_dsl.states import RunState
+from cyclone_dsl.worker.scanner import Scanner
+
+
+@step(name="sc_tick")
+def tick(x: object) -> object:
+    return x
+
+
+@workflow(name="sc_nightly")
+def nightly(x):  # type: ignore[no-untyped-def]
+    return tick(x)
+
+
+def scanner_for(dsn: str, registry: Registry, shift: timedelta, **options: object) -> Scanner:
+    pool = make_pool(dsn, name="test-scanner")
+    return Scanner(
+        pool,
+        interval=1,
+        max_reclaims={},
+        default_max_reclaims=3,
+        hooks=engine_hooks(registry),
+        shift=shift,
+        stopping=threading.Event(),
+        owner=f"scanner-{id(pool)}",
+        compile_target=compiler_for(registry),
+        **options,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def scanners(cyclone_dsn: str) -> Iterator[list[Scanner]]:
+    made: list[Scanner] = []
+    yield made
+    for scanner in made:
+        scanner.pool.close()
+
+
+def fires(dsn: str) -> list[tuple[str, datetime, int]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT schedule_id, scheduled_for, run_id FROM cyclone_schedule_fires ORDER BY 2"
+        ).fetchall()
+
+
+def test_a_due_slot_fires_exactly_once_with_four_racing_scanners(
+    client: Client, cyclone_dsn: str, scanners: list[Scanner]
+) -> None:
+    schedule = client.schedule(nightly, "*/5 * * * *", id="race", input={"n": 1}, location="UTC")
+    assert schedule.def_version == nightly.def_version
+    registry = Registry.from_objects([nightly])
+    shift = schedule.next_run_at - datetime.now(UTC) + timedelta(seconds=1)
+    scanners.extend(scanner_for(cyclone_dsn, registry, shift) for _ in range(4))
+    barrier = threading.Barrier(4)
+    counts: list[int] = []
+
+    def race(scanner: Scanner) -> None:
+        barrier.wait()
+        counts.append(scanner.fire_schedules())
+
+    threads = [threading.Thread(target=race, args=(s,)) for s in scanners]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(counts) == 1
+    (fire,) = fires(cyclone_dsn)
+    assert fire[1] == schedule.next_run_at
+    after = next(s for s in client.list_schedules() if s.id == "race")
+    assert after.next_run_at == schedule.next_run_at + timedelta(minutes=5)
+    assert after.last_run_id == fire[2]
+    assert client.get_run(fire[2]).input == {"n": 1}
+
+
+def test_a_slot_recorded_before_a_crash_is_not_fired_again(
+    client: Client, cyclone_dsn: str, scanners: list[Scanner]
+) -> None:
+    schedule = client.schedule(tick, "0 * * * *", id="crashy", location="UTC")
+    earlier = client.enqueue(tick, "fired before the crash")
+    with psycopg.connect(cyclone_dsn) as conn:  # the fire row committed, next_run_at did not
+        conn.execute(
+            "INSERT INTO cyclone_schedule_fires (schedule_id, scheduled_for, run_id) "
+            "VALUES ('crashy', %s, %s)",
+            (schedule.next_run_at, earlier.id),
+        )
+    shift = schedule.next_run_at - datetime.now(UTC) + timedelta(seconds=1)
+    scanners.append(scanner_for(cyclone_dsn, Registry.from_objects([tick]), shift))
+    assert scanners[0].fire_schedules() == 0
+    assert len(fires(cyclone_dsn)) == 1
+    assert [r.workflow for r in client.list_runs()] == ["sc_tick"]
+    after = client.list_schedules()[0]
+    assert after.next_run_at == schedule.next_run_at + timedelta(hours=1)
+
+
+def test_a_changed_definition_is_refused_until_registered_again(
+    client: Client, cyclone_dsn: str, scanners: list[Scanner]
+) -> None:
+    schedule = client.schedule(nightly, "* * * * *", id="pinned", location="UTC")
+
+    @workflow(name="sc_nightly_v2")
+    def changed(x):  # type: ignore[no-untyped-def]
+        return tick(tick(x))
+
+    registry = Registry()
+    registry.workflows["sc_nightly"] = changed  # this process has another definition
+    registry.register(tick)
+    shift = schedule.next_run_at - datetime.now(UTC) + timedelta(seconds=1)
+    scanners.append(scanner_for(cyclone_dsn, registry, shift))
+    assert scanners[0].fire_schedules() == 0
+    refused = client.list_schedules()[0]
+    assert refused.last_error is not None and "pins definition" in refused.last_error
+    assert refused.next_run_at == schedule.next_run_at  # the slot is left for another process
+    assert client.list_runs() == []
+    good = scanner_for(cyclone_dsn, Registry.from_objects([nightly]), shift)
+    scanners.append(good)
+    assert good.fire_schedules() == 1
+    assert client.list_schedules()[0].last_error is None
+
+
+def test_missed_slots_fire_the_latest_once(
+    client: Client, cyclone_dsn: str, scanners: list[Scanner]
+) -> None:
+    schedule = client.schedule(tick, "* * * * *", id="every-minute", location="UTC")
+    shift = schedule.next_run_at - datetime.now(UTC) + timedelta(minutes=30)
+    latest = scanner_for(cyclone_dsn, Registry.from_objects([tick]), shift)
+    scanners.append(latest)
+    assert latest.fire_schedules() == 1
+    assert latest.fire_schedules() == 0
+    (fire,) = fires(cyclone_dsn)
+    assert fire[1] >= schedule.next_run_at + timedelta(minutes=29)
+
+
+def test_catch_up_all_fires_each_missed_slot(
+    client: Client, cyclone_dsn: str, scanners: list[Scanner]
+) -> None:
+    schedule = client.schedule(tick, "* * * * *", id="each", location="UTC")
+    shift = schedule.next_run_at - datetime.now(UTC) + timedelta(minutes=2, seconds=30)
+    every = scanner_for(cyclone_dsn, Registry.from_objects([tick]), shift, catch_up="all")
+    scanners.append(every)
+    assert sum(every.fire_schedules() for _ in range(5)) == 3
+    slots = [f[1] for f in fires(cyclone_dsn)]
+    assert slots == [schedule.next_run_at + timedelta(minutes=i) for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    ("cron", "start"),
+    [
+        ("30 2 * * *", datetime(2026, 3, 28, 12, tzinfo=UTC)),  # spring forward in Paris
+        ("30 2 * * *", datetime(2026, 10, 24, 12, tzinfo=UTC)),  # fall back in Paris
+        ("0 */6 * * 1-5", datetime(2026, 1, 1, tzinfo=UTC)),
+    ],
+)
+def test_slots_follow_croniter_in_the_schedule_zone(cron: str, start: datetime) -> None:
+    from zoneinfo import ZoneInfo
+
+    paris = ZoneInfo("Europe/Paris")
+    ours, theirs = start, croniter(cron, start.astimezone(paris))
+    for _ in range(4):
+        ours = schedules.next_slot(cron, "Europe/Paris", ours)
+        assert ours == theirs.get_next(datetime)
+
+
+def test_schedule_errors_and_unschedule(client: Client) -> None:
+    with pytest.raises(ScheduleError):
+        client.schedule(tick, "every day")
+    with pytest.raises(ScheduleError):
+        client.schedule(tick, "* * * * *", location="Atlantis/Capital")
+    client.schedule("sc_tick", "* * * * *", id="by-name")
+    client.enable_schedule("by-name", False)
+    assert client.list_schedules()[0].enabled is False
+    client.unschedule("by-name")
+    assert client.list_schedules() == []
+    with pytest.raises(ScheduleError):
+        client.unschedule("by-name")
+
+
+@workflow(name="sc_parent")
+def parent(x):  # type: ignore[no-untyped-def]
+    return child(nightly, x)
+
+
+def test_purge_deletes_terminal_runs_keeps_live_parents_children_and_frees_keys(
+    client: Client, cyclone_dsn: str, start_worker: object
+) -> None:
+    done = client.submit_once(nightly, 1, key="k")
+    with psycopg.connect(cyclone_dsn) as conn:
+        conn.execute("UPDATE cyclone_runs SET state = 'completed', finished_at = now()")
+    live = client.submit(parent, 2)
+    with psycopg.connect(cyclone_dsn) as conn:  # a finished child of a live parent
+        conn.execute(
+            "UPDATE cyclone_runs SET state = 'completed', finished_at = now() "
+            "WHERE parent_run_id = %s",
+            (live.id,),
+        )
+    assert client.purge() == 1
+    remaining = {r.id for r in client.list_runs()}
+    assert done.id not in remaining and live.id in remaining and len(remaining) == 2
+    assert client.submit_once(nightly, 1, key="k").created
+    with pytest.raises(ValueError, match="terminal"):
+        client.purge(states=("running",))
+
+
+def test_purge_works_in_batches(client: Client, cyclone_dsn: str) -> None:
+    with psycopg.connect(cyclone_dsn) as conn:
+        conn.execute(
+            "INSERT INTO cyclone_runs (workflow, def_version, state, finished_at) "
+            "SELECT 'bulk', 'v', 'completed', now() - interval '2 days' "
+            "FROM generate_series(1, 5000)"
+        )
+    assert client.purge(older_than=timedelta(days=1), batch_size=700) == 5000
+    assert client.list_runs() == []
+
+
+def test_retention_scanner_respects_step_overrides(
+    client: Client, cyclone_dsn: str, scanners: list[Scanner]
+) -> None:
+    short = client.enqueue(tick, 1, retention=timedelta(minutes=1))
+    default = client.enqueue(tick, 2)
+    with psycopg.connect(cyclone_dsn) as conn:
+        conn.execute(
+            "UPDATE cyclone_runs SET state = 'completed', finished_at = now() - interval '1 hour'"
+        )
+    scanner = scanner_for(
+        cyclone_dsn, Registry.from_objects([tick]), timedelta(0), retention=timedelta(days=1)
+    )
+    scanners.append(scanner)
+    assert scanner.expire_runs() == 1
+    assert [r.id for r in client.list_runs()] == [default.id]
+    assert short.id != default.id
+
+
+def test_stats_read_the_views(client: Client) -> None:
+    client.enqueue(tick, 1, queue="stats-q")
+    stats = client.stats()
+    (queue,) = [q for q in stats["queues"] if q["queue"] == "stats-q"]
+    assert queue["available"] == 1
+    assert queue["expired_leases"] == 0
+    assert any(k["kind"] == "sc_tick" and k["state"] == "available" for k in stats["kinds"])
+    assert RunState.RUNNING in {r.state for r in client.list_runs()}
