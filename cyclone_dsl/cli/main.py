@@ -12,9 +12,10 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import click
+import psycopg
 
 from cyclone_dsl.db.embedded import ENV_URL, embedded_database
 from cyclone_dsl.errors import CycloneError
@@ -33,7 +34,12 @@ def database(dsn: str | None) -> Iterator[str]:
         yield url
 
 
-def fail(message: str, code: int = EXIT_USAGE) -> None:
+def check_reachable(dsn: str) -> None:
+    """Fail fast (one connection attempt) instead of waiting for a pool to give up."""
+    psycopg.connect(dsn, connect_timeout=10).close()
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     click.echo(f"cyclone: {message}", err=True)
     sys.exit(code)
 
@@ -121,11 +127,15 @@ def _import(name: str) -> object:
         return importlib.import_module(name)
     except ImportError as exc:
         fail(f"cannot import {name!r}: {exc}")
-        raise  # unreachable: fail() exits
 
 
 def main() -> None:
+    from cyclone_dsl.cli import commands  # noqa: F401 - registers the commands on cli
+
     try:
         cli(standalone_mode=True)
     except CycloneError as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()
+        fail(f"cannot reach the database: {first[0] if first else exc}", EXIT_FAILED)

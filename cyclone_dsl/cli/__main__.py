@@ -1,0 +1,3 @@
+from cyclone_dsl.cli.main import main
+
+main()

@@ -1,0 +1,172 @@
+"""Every CLI command against a real PostgreSQL: output, exit codes and error paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cyclone_dsl import Client, Worker
+from tests.cli import flows
+
+ROOT = Path(__file__).resolve().parents[2]
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def cyclone(cyclone_dsn: str) -> Cli:
+    def run(*args: str, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cyclone_dsl.cli", "--dsn", cyclone_dsn, *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            input=input_text,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            check=False,
+        )
+
+    return run
+
+
+def test_help_on_every_command(cyclone: Cli) -> None:
+    commands = [
+        "migrate",
+        "worker",
+        "submit",
+        "runs",
+        "run",
+        "signal",
+        "cancel",
+        "pause",
+        "resume",
+        "retry",
+        "schedules",
+        "stats",
+        "purge",
+        "scan",
+        "demo",
+    ]
+    top = cyclone("--help")
+    assert top.returncode == 0
+    for command in commands:
+        assert command in top.stdout
+        result = cyclone(command, "--help")
+        assert result.returncode == 0, command
+        assert "Usage:" in result.stdout
+
+
+def test_migrate_status(cyclone: Cli) -> None:
+    result = cyclone("migrate", "--status", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"version": 19, "latest": 19}
+
+
+def test_submit_wait_and_read(cyclone: Cli, start_worker: Callable[..., Worker]) -> None:
+    start_worker(flows.add)
+    result = cyclone("submit", "tests.cli.flows:flow", "--input", "41", "--wait", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["result"] == 42
+    run_id = data["run_id"]
+    listed = json.loads(cyclone("runs", "--json").stdout)
+    assert [r["id"] for r in listed] == [run_id]
+    assert listed[0]["state"] == "completed"
+    shown = cyclone("run", str(run_id))
+    assert shown.returncode == 0
+    assert "cli_add [completed]" in shown.stdout
+    assert json.loads(cyclone("run", str(run_id), "--json").stdout)["steps"][0]["output"] == 42
+
+
+def test_submit_once_and_input_file(cyclone: Cli, tmp_path: Path) -> None:
+    payload = tmp_path / "input.json"
+    payload.write_text("7")
+    first = json.loads(
+        cyclone(
+            "submit", "tests.cli.flows:flow", "--input", f"@{payload}", "--once", "k", "--json"
+        ).stdout
+    )
+    again = json.loads(
+        cyclone("submit", "tests.cli.flows:flow", "--input", "8", "--once", "k", "--json").stdout
+    )
+    assert first["created"] and not again["created"]
+    assert first["run_id"] == again["run_id"]
+
+
+def test_signal_pause_resume_cancel_retry(cyclone: Cli, client: Client) -> None:
+    handle = client.submit(flows.waiting, 0)
+    assert cyclone("pause", str(handle.id)).returncode == 0
+    assert client.get_run(handle.id).state == "paused"
+    assert cyclone("resume", str(handle.id)).returncode == 0
+    delivered = cyclone("signal", str(handle.id), "go", "5", "--json")
+    assert json.loads(delivered.stdout) == {"delivery": "consumed"}
+    assert cyclone("cancel", str(handle.id)).returncode == 0
+    assert client.get_run(handle.id).state == "cancelled"
+    again = cyclone("cancel", str(handle.id))
+    assert again.returncode == 2
+    assert again.stderr.strip() == f"cyclone: run {handle.id} is already cancelled"
+    retried = cyclone("retry", str(handle.id), "cli_add")
+    assert retried.returncode == 0, retried.stderr
+    assert client.get_run(handle.id).state == "running"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("run", "999999"), "run 999999 does not exist"),
+        (("signal", "999999", "go"), "run 999999 does not exist"),
+        (("submit", "tests.cli.flows:flow", "--input", "{bad"), "--input is not valid JSON"),
+        (("submit", "no_such_workflow"), "workflow 'no_such_workflow' is not registered"),
+        (("submit", "no.such.module:flow"), "cannot import 'no.such.module'"),
+        (("runs", "--state", "sleeping"), "'sleeping' is not a valid RunState"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    cyclone: Cli, args: tuple[str, ...], message: str
+) -> None:
+    result = cyclone(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unreachable_database_is_one_line_and_exit_1() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cyclone_dsl.cli",
+            "--dsn",
+            "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2",
+            "runs",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "cannot reach the database" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_schedules_stats_purge_scan(cyclone: Cli, client: Client) -> None:
+    client.schedule(flows.flow, "0 3 * * *", id="nightly", location="UTC", input=1)
+    listed = json.loads(cyclone("schedules", "--json").stdout)
+    assert [s["id"] for s in listed] == ["nightly"]
+    assert "nightly" in cyclone("schedules").stdout
+    client.enqueue(flows.add, 1)
+    stats = json.loads(cyclone("stats", "--json").stdout)
+    assert stats["queues"][0]["available"] == 1
+    assert json.loads(cyclone("purge", "--json").stdout) == {"deleted": 0}
+    scanned = cyclone("scan", "--once", "-m", "tests.cli.flows")
+    assert scanned.returncode == 0, scanned.stderr
+    assert "scan pass done" in scanned.stdout
