@@ -47,7 +47,8 @@ def resolve_schedulable(registry: Registry, target: object) -> StepDef[Any, Any]
 
 
 def compile_workflow(registry: Registry, workflow: object, run_input: JSONValue) -> CompiledRun:
-    return compile_run(resolve_workflow(registry, workflow).graph, run_input)
+    definition = resolve_workflow(registry, workflow)
+    return compile_run(definition.graph, run_input, def_version=definition.def_version)
 
 
 def compile_standalone(

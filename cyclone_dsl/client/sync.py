@@ -22,7 +22,12 @@ from cyclone_dsl.dsl.registry import Registry, default_registry
 from cyclone_dsl.engine import control, signals, waits
 from cyclone_dsl.engine.hooks import engine_hooks
 from cyclone_dsl.engine.signals import Delivery
-from cyclone_dsl.engine.submit import insert_run, insert_run_once, insert_standalone
+from cyclone_dsl.engine.submit import (
+    insert_run,
+    insert_run_once,
+    insert_runs,
+    insert_standalone,
+)
 from cyclone_dsl.errors import InvalidArgument, RunNotFound, ScheduleError
 from cyclone_dsl.payload import JSONValue, encode
 from cyclone_dsl.sql import Q
@@ -86,6 +91,50 @@ class Client:
         deadline = base.check_deadline(deadline)
         run_id = self._tx(lambda tx: insert_run(tx, compiled, deadline=deadline, hooks=self.hooks))
         return RunHandle(run_id, self)
+
+    def submit_many(
+        self,
+        workflow: object,
+        inputs: list[JSONValue],
+        *,
+        deadline: timedelta | None = None,
+    ) -> list[RunHandle]:
+        """Start one run per input, all in one transaction (pipelined): for bulk loads."""
+        compiled = [base.compile_workflow(self.registry, workflow, value) for value in inputs]
+        deadline = base.check_deadline(deadline)
+        ids = self._tx(lambda tx: insert_runs(tx, compiled, deadline=deadline, hooks=self.hooks))
+        return [RunHandle(run_id, self) for run_id in ids]
+
+    def enqueue_many(
+        self,
+        step: object,
+        inputs: list[JSONValue],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        scheduled_at: datetime | None = None,
+        max_attempts: int | None = None,
+        timeout: timedelta | float | None = None,
+        retention: timedelta | float | None = None,
+    ) -> list[RunHandle]:
+        """Enqueue one standalone step per input, in one transaction (no unique/sequence keys)."""
+        compiled = [
+            base.compile_standalone(
+                self.registry,
+                step,
+                value,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                timeout=timeout,
+                retention=retention,
+            )
+            for value in inputs
+        ]
+        if scheduled_at is not None and scheduled_at.tzinfo is None:
+            raise InvalidArgument("scheduled_at must be timezone-aware")
+        ids = self._tx(lambda tx: insert_runs(tx, compiled, scheduled_at=scheduled_at))
+        return [RunHandle(run_id, self) for run_id in ids]
 
     def submit_tx(
         self,

@@ -29,6 +29,7 @@ class WorkflowDef:
     name: str
     schedules: list[ScheduleSpec] = attrs.field(factory=list)
     _graph: Graph | None = None
+    _def_version: str | None = None
     _steps: dict[str, Any] = attrs.field(factory=dict)
     _children: dict[str, WorkflowDef] = attrs.field(factory=dict)
 
@@ -43,7 +44,9 @@ class WorkflowDef:
 
     @property
     def def_version(self) -> str:
-        return fingerprint(self.graph)
+        if self._def_version is None:
+            self._def_version = fingerprint(self.graph)
+        return self._def_version
 
     @property
     def has_result(self) -> bool:

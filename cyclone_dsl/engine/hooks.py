@@ -14,7 +14,8 @@ def engine_hooks(registry: Registry) -> Hooks:
     """The hooks every client, worker and scanner of this process runs transitions with."""
 
     def compile_child(workflow: str, run_input: JSONValue) -> CompiledRun:
-        return compile_run(registry.workflow(workflow).graph, run_input)
+        definition = registry.workflow(workflow)
+        return compile_run(definition.graph, run_input, def_version=definition.def_version)
 
     return Hooks(
         compile_child=compile_child,

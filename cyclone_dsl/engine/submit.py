@@ -10,7 +10,6 @@ import attrs
 import psycopg
 
 from cyclone_dsl.db.tx import Tx
-from cyclone_dsl.engine import notify
 from cyclone_dsl.engine.transitions import DEFAULT_HOOKS, Hooks, activate
 from cyclone_dsl.graph.rows import CompiledRun, StepRow
 from cyclone_dsl.sql import Q
@@ -60,6 +59,45 @@ def _steps_document(
     return f"[{','.join(parts)}]"
 
 
+def _run_params(
+    compiled: CompiledRun,
+    *,
+    deadline: timedelta | None = None,
+    submit_key: str | None = None,
+    parent: tuple[int, str] | None = None,
+    scheduled_at: datetime | None = None,
+    unique_key: str | None = None,
+    sequence_key: str | None = None,
+) -> dict[str, object]:
+    return {
+        "workflow": compiled.workflow,
+        "def_version": compiled.def_version,
+        "input": compiled.input,
+        "deadline": deadline,
+        "result_node": compiled.result_node,
+        "submit_key": submit_key,
+        "has_fan_out": compiled.has_fan_out,
+        "parent_run_id": parent[0] if parent else None,
+        "parent_node_id": parent[1] if parent else None,
+        "scheduled_at": scheduled_at,
+        "steps": _steps_document(compiled.steps, unique_key, sequence_key),
+        "deps": json.dumps([attrs.asdict(d) for d in compiled.deps]),
+        "inputs": json.dumps([attrs.asdict(i) for i in compiled.inputs]),
+        # NOTIFY inside the insert statement: the wake-up costs no extra round trip.
+        "wake": sorted({s.queue for s in compiled.steps if s.state == StepState.AVAILABLE}),
+    }
+
+
+def _special_roots(run_id: int, compiled: CompiledRun) -> list[tuple[int, str]]:
+    """Pending nodes without dependencies: waits, timers, children, fan-outs to activate."""
+    with_deps = {d.node for d in compiled.deps}
+    return [
+        (run_id, s.node)
+        for s in compiled.steps
+        if s.state == StepState.PENDING and s.node not in with_deps
+    ]
+
+
 def insert_run(
     tx: Tx,
     compiled: CompiledRun,
@@ -73,33 +111,41 @@ def insert_run(
     hooks: Hooks = DEFAULT_HOOKS,
 ) -> int:
     """Insert the run and its graph, activate special roots, wake workers; return the run id."""
-    row = tx.one(
-        Q.insert_run_graph,
-        workflow=compiled.workflow,
-        def_version=compiled.def_version,
-        input=compiled.input,
+    params = _run_params(
+        compiled,
         deadline=deadline,
-        result_node=compiled.result_node,
         submit_key=submit_key,
-        has_fan_out=compiled.has_fan_out,
-        parent_run_id=parent[0] if parent else None,
-        parent_node_id=parent[1] if parent else None,
+        parent=parent,
         scheduled_at=scheduled_at,
-        steps=_steps_document(compiled.steps, unique_key, sequence_key),
-        deps=json.dumps([attrs.asdict(d) for d in compiled.deps]),
-        inputs=json.dumps([attrs.asdict(i) for i in compiled.inputs]),
+        unique_key=unique_key,
+        sequence_key=sequence_key,
     )
+    row = tx.one(Q.insert_run_graph, **params)
     assert row is not None
     run_id: int = row["run_id"]
-    with_deps = {d.node for d in compiled.deps}
-    special_roots = [
-        (run_id, s.node)
-        for s in compiled.steps
-        if s.state == StepState.PENDING and s.node not in with_deps
-    ]
-    activate(tx, special_roots, hooks)
-    notify.wake_queues(tx, (s.queue for s in compiled.steps if s.state == StepState.AVAILABLE))
+    activate(tx, _special_roots(run_id, compiled), hooks)
     return run_id
+
+
+def insert_runs(
+    tx: Tx,
+    runs: list[CompiledRun],
+    *,
+    deadline: timedelta | None = None,
+    scheduled_at: datetime | None = None,
+    hooks: Hooks = DEFAULT_HOOKS,
+) -> list[int]:
+    """Insert many runs in one pipelined batch (one statement each, no wait in between)."""
+    rows = tx.many(
+        Q.insert_run_graph,
+        [_run_params(c, deadline=deadline, scheduled_at=scheduled_at) for c in runs],
+    )
+    ids: list[int] = [r["run_id"] for r in rows]
+    roots = [
+        root for run_id, c in zip(ids, runs, strict=True) for root in _special_roots(run_id, c)
+    ]
+    activate(tx, roots, hooks)
+    return ids
 
 
 def insert_run_once(

@@ -54,9 +54,17 @@ def _state(node: Node) -> str:
     return StepState.PENDING if special or node.deps else StepState.AVAILABLE
 
 
-def compile_run(graph: Graph, run_input: JSONValue) -> CompiledRun:
-    """Validate the graph and produce every row of a run of it with ``run_input``."""
-    validate(graph)
+def compile_run(
+    graph: Graph, run_input: JSONValue, *, def_version: str | None = None
+) -> CompiledRun:
+    """Validate the graph and produce every row of a run of it with ``run_input``.
+
+    ``def_version`` passes a fingerprint computed before (a :class:`WorkflowDef`
+    caches it, and its graph was validated when it was built).
+    """
+    if def_version is None:
+        validate(graph)
+        def_version = fingerprint(graph)
     run_text = encode(run_input, what="the run input")
     steps: list[StepRow] = []
     deps: list[DepRow] = []
@@ -97,7 +105,7 @@ def compile_run(graph: Graph, run_input: JSONValue) -> CompiledRun:
         )
     return CompiledRun(
         workflow=graph.workflow,
-        def_version=fingerprint(graph),
+        def_version=def_version,
         input=run_text,
         result_node=graph.result,
         has_fan_out=graph.has_fan_out,

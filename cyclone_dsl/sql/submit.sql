@@ -42,7 +42,9 @@ WITH run AS (
 SELECT run.id AS run_id,
        (SELECT count(*) FROM steps) AS steps,
        (SELECT count(*) FROM deps) AS deps,
-       (SELECT count(*) FROM inputs) AS inputs
+       (SELECT count(*) FROM inputs) AS inputs,
+       (SELECT count(pg_notify('cyclone_work', q))
+        FROM unnest(%(wake)s::text[]) AS q) AS woken
 FROM run
 
 -- name: find_run_by_submit_key

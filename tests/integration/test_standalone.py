@@ -142,3 +142,13 @@ def test_submit_once_returns_the_run_in_any_state(
     assert first.result(timeout=10) == 16
     again = client.submit_once(once, 5, key="k1")
     assert again.id == first.id and not again.created
+
+
+def test_enqueue_many_and_submit_many(client: Client, start_worker: Callable[..., Worker]) -> None:
+    start_worker(square)
+    handles = client.enqueue_many(square, list(range(50)))
+    assert len({h.id for h in handles}) == 50
+    assert [h.result(timeout=20) for h in handles] == [i * i for i in range(50)]
+    runs = client.submit_many(once, [1, 2, 3])
+    assert [h.result(timeout=20) for h in runs] == [1, 4, 9]
+    assert client.submit_many(once, []) == []
