@@ -26,13 +26,17 @@ def _seconds(value: timedelta | None) -> float | None:
     return None if value is None else value.total_seconds()
 
 
-def _steps_document(
-    steps: Iterable[StepRow], unique_key: str | None, sequence_key: str | None
-) -> str:
-    # The step inputs are JSON text already; splice them in rather than decode and re-encode.
+def _step_parts(
+    steps: Iterable[StepRow],
+    unique_key: str | None,
+    sequence_key: str | None,
+    run_id: int | None = None,
+) -> list[str]:
+    """One JSON object per step. Inputs are JSON text already: spliced in, not re-encoded."""
     parts = []
     for step in steps:
-        fields = {
+        fields: dict[str, object] = {} if run_id is None else {"run_id": run_id}
+        fields |= {
             "node": step.node,
             "kind": step.kind,
             "state": step.state,
@@ -56,7 +60,13 @@ def _steps_document(
         }
         text = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
         parts.append(f'{text[:-1]},"input":{step.input or "null"}}}')
-    return f"[{','.join(parts)}]"
+    return parts
+
+
+def _steps_document(
+    steps: Iterable[StepRow], unique_key: str | None, sequence_key: str | None
+) -> str:
+    return f"[{','.join(_step_parts(steps, unique_key, sequence_key))}]"
 
 
 def _run_params(
@@ -135,12 +145,34 @@ def insert_runs(
     scheduled_at: datetime | None = None,
     hooks: Hooks = DEFAULT_HOOKS,
 ) -> list[int]:
-    """Insert many runs in one pipelined batch (one statement each, no wait in between)."""
-    rows = tx.many(
-        Q.insert_run_graph,
-        [_run_params(c, deadline=deadline, scheduled_at=scheduled_at) for c in runs],
+    """Insert many runs in two statements: reserve their ids, then insert every row at once."""
+    if not runs:
+        return []
+    ids: list[int] = [r["id"] for r in tx.rows(Q.allocate_run_ids, count=len(runs))]
+    run_docs: list[str] = []
+    step_parts: list[str] = []
+    deps: list[dict[str, object]] = []
+    inputs: list[dict[str, object]] = []
+    for run_id, compiled in zip(ids, runs, strict=True):
+        run_docs.append(
+            f'{{"id":{run_id},"workflow":{json.dumps(compiled.workflow)},'
+            f'"def_version":{json.dumps(compiled.def_version)},'
+            f'"result_node":{json.dumps(compiled.result_node)},'
+            f'"has_fan_out":{json.dumps(compiled.has_fan_out)},"input":{compiled.input or "null"}}}'
+        )
+        step_parts.extend(_step_parts(compiled.steps, None, None, run_id))
+        deps.extend({"run_id": run_id, **attrs.asdict(d)} for d in compiled.deps)
+        inputs.extend({"run_id": run_id, **attrs.asdict(i)} for i in compiled.inputs)
+    tx.one(
+        Q.insert_run_graphs,
+        runs=f"[{','.join(run_docs)}]",
+        steps=f"[{','.join(step_parts)}]",
+        deps=json.dumps(deps),
+        inputs=json.dumps(inputs),
+        deadline=deadline,
+        scheduled_at=scheduled_at,
+        wake=sorted({s.queue for c in runs for s in c.steps if s.state == StepState.AVAILABLE}),
     )
-    ids: list[int] = [r["run_id"] for r in rows]
     roots = [
         root for run_id, c in zip(ids, runs, strict=True) for root in _special_roots(run_id, c)
     ]

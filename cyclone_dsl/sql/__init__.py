@@ -104,6 +104,8 @@ class _Queries:
     notify_queues: LiteralString
     notify_runs_finished: LiteralString
     ping: LiteralString
+    allocate_run_ids: LiteralString
+    insert_run_graphs: LiteralString
     # waits.sql
     due_timers: LiteralString
     expired_signal_waits: LiteralString

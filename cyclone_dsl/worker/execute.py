@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import traceback
 from collections.abc import Callable
@@ -18,6 +19,16 @@ from cyclone_dsl.worker.context import StepContext
 TUPLE_KEYS = ("a", "b", "c", "d")
 
 
+@functools.cache
+def positional_count(fn: Callable[..., Any]) -> int:
+    """Positional parameters of a handler, not counting ``ctx`` (cached: inspect is slow)."""
+    return sum(
+        1
+        for p in inspect.signature(fn).parameters.values()
+        if p.name != "ctx" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
+
+
 def call_arguments(fn: Callable[..., Any], step: Claimed) -> list[Any]:
     """The positional arguments of a handler call, from the assembled input.
 
@@ -27,15 +38,11 @@ def call_arguments(fn: Callable[..., Any], step: Claimed) -> list[Any]:
     """
     if step.no_input:
         return []
-    params = [
-        p
-        for p in inspect.signature(fn).parameters.values()
-        if p.name != "ctx" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    if not params:
+    count = positional_count(fn)
+    if not count:
         return []
     value = step.input
-    if len(params) >= 2 and isinstance(value, dict) and 2 <= len(value) <= 4:
+    if count >= 2 and isinstance(value, dict) and 2 <= len(value) <= 4:
         keys = list(value)
         if sorted(keys) == list(TUPLE_KEYS[: len(keys)]):
             return [value[k] for k in TUPLE_KEYS[: len(keys)]]

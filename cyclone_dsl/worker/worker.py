@@ -54,6 +54,9 @@ from cyclone_dsl.worker.threads import DaemonThreadPool
 
 log = logging.getLogger("cyclone.worker")
 
+#: When every slot was busy, wait this long for more slots before claiming again.
+CLAIM_SETTLE_S = 0.002
+
 
 @attrs.define
 class _Inflight:
@@ -138,6 +141,7 @@ class Worker:
         self._executor: DaemonThreadPool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scanner: Scanner | None = None
+        self._takes_ctx: dict[str, bool] = {}
         self.completed_count = 0
 
     # -- lifecycle -------------------------------------------------------------------
@@ -195,6 +199,7 @@ class Worker:
     def _start_services(self) -> None:
         self._pool = make_pool(self._dsn, name=f"cyclone-worker-{os.getpid()}", max_size=4)
         self._executor = DaemonThreadPool(self.concurrency, "cyclone-handler")
+        self._takes_ctx = {kind: step.takes_ctx for kind, step in self.handlers.items()}
         registered = self._tx(lambda tx: register_all(tx, self.registry))
         if registered:
             log.info("registered schedules %s", registered)
@@ -290,6 +295,13 @@ class Worker:
                 if self._stopping.is_set():
                     self._slots.release()
                     break
+                # Busy: let a few more slots free up so claims go in batches, not one by one.
+                settle = time.monotonic() + CLAIM_SETTLE_S
+                while free < min(self.batch_size, self.concurrency // 2):
+                    if self._slots.acquire(timeout=max(0.0, settle - time.monotonic())):
+                        free += 1
+                    else:
+                        break
             self._wake.clear()
             try:
                 claimed = self._tx(
@@ -327,7 +339,7 @@ class Worker:
         except (TypeError, ValueError) as exc:  # an unreadable signature
             self._settle(entry, execute.failure_from_exception(step, exc, kind=ErrorKind.ERROR))
             return
-        kwargs = {"ctx": entry.ctx} if handler.takes_ctx else {}
+        kwargs = {"ctx": entry.ctx} if self._takes_ctx[step.kind] else {}
         if handler.is_async:
             assert self._loop is not None
             future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(

@@ -1,0 +1,1 @@
+"""Benchmarks: Cyclone against its peers on the same PostgreSQL, printed as ratios."""

@@ -1,0 +1,114 @@
+"""Cyclone's side of each benchmark scenario, each on a fresh schema."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from bench import flows
+from cyclone_dsl import Client, Worker
+from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
+
+HANDLERS = [flows.noop, flows.mark, flows.inc, flows.add, flows.total, flows.items]
+
+
+@contextmanager
+def fresh(admin: str) -> Iterator[str]:
+    name = create_schema(admin)
+    try:
+        yield with_search_path(admin, name)
+    finally:
+        drop_schema(admin, name)
+
+
+def _worker(dsn: str, **options: object) -> Worker:
+    options.setdefault("concurrency", 32)
+    options.setdefault("batch_size", 100)
+    options.setdefault("poll_interval", 0.05)
+    return Worker(dsn, HANDLERS, scanners=False, **options)  # type: ignore[arg-type]
+
+
+def _drain(worker: Worker, expected: int, limit_s: float = 600) -> float:
+    """Start the worker, wait until it completed ``expected`` steps; return the seconds."""
+    started = time.perf_counter()
+    worker.start()
+    while worker.completed_count < expected:
+        if time.perf_counter() - started > limit_s:
+            raise TimeoutError(f"{worker.completed_count}/{expected} steps in {limit_s}s")
+        time.sleep(0.005)
+    elapsed = time.perf_counter() - started
+    worker.stop()
+    return elapsed
+
+
+def noop_throughput(admin: str, jobs: int) -> float:
+    """Standalone no-op steps per second (enqueued beforehand in batches)."""
+    with fresh(admin) as dsn, Client(dsn) as client:
+        for start in range(0, jobs, 2000):
+            client.enqueue_many(flows.noop, [None] * min(2000, jobs - start))
+        return jobs / _drain(_worker(dsn), jobs)
+
+
+def workflow_throughput(admin: str, workflow: object, runs: int, steps_per_run: int) -> float:
+    """Steps per second of ``runs`` runs of ``workflow`` (submitted beforehand)."""
+    with fresh(admin) as dsn, Client(dsn) as client:
+        for start in range(0, runs, 1000):
+            client.submit_many(workflow, list(range(start, min(runs, start + 1000))))
+        return runs * steps_per_run / _drain(_worker(dsn), runs * steps_per_run)
+
+
+def fan_out_throughput(admin: str, items: int) -> float:
+    """Items per second of one for_each over ``items`` elements."""
+    with fresh(admin) as dsn, Client(dsn) as client:
+        client.submit(flows.fan, items)
+        return items / _drain(_worker(dsn), items + 1)
+
+
+def wakeup_latency(admin: str, samples: int) -> list[float]:
+    """Seconds from enqueue to handler start, with an idle worker (LISTEN, not polling)."""
+    latencies = []
+    with fresh(admin) as dsn, Client(dsn) as client:
+        worker = _worker(dsn, poll_interval=5.0, concurrency=4)
+        worker.start()
+        try:
+            time.sleep(0.5)
+            for _ in range(samples):
+                flows.started.clear()
+                before = time.perf_counter()
+                client.enqueue(flows.mark, None)
+                while not flows.started:
+                    time.sleep(0.0002)
+                latencies.append(flows.started[0] - before)
+                time.sleep(0.02)
+        finally:
+            worker.stop()
+    return latencies
+
+
+def submit_rate(admin: str, runs: int) -> float:
+    """Runs of a 5-node workflow submitted per second, one submit() per run."""
+    with fresh(admin) as dsn, Client(dsn) as client:
+        started = time.perf_counter()
+        for i in range(runs):
+            client.submit(flows.five, i)
+        return runs / (time.perf_counter() - started)
+
+
+def submit_many_rate(admin: str, runs: int) -> float:
+    """Runs of a 5-node workflow per second with submit_many (batches of 1,000)."""
+    with fresh(admin) as dsn, Client(dsn) as client:
+        started = time.perf_counter()
+        for start in range(0, runs, 1000):
+            client.submit_many(flows.five, list(range(start, min(runs, start + 1000))))
+        return runs / (time.perf_counter() - started)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)

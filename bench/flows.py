@@ -1,0 +1,66 @@
+"""The workloads the benchmarks run."""
+
+from __future__ import annotations
+
+import time
+
+from cyclone_dsl import for_each, step, workflow
+
+started: list[float] = []
+
+
+@step(name="bench_noop")
+def noop(x: object = None) -> None:
+    return None
+
+
+@step(name="bench_mark")
+def mark(x: object = None) -> None:
+    started.append(time.perf_counter())
+
+
+@step(name="bench_inc")
+def inc(x: int) -> int:
+    return x + 1
+
+
+@step(name="bench_add")
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@step(name="bench_sum")
+def total(values: list[int]) -> int:
+    return sum(values)
+
+
+@step(name="bench_items")
+def items(n: int) -> list[int]:
+    return list(range(n))
+
+
+@workflow(name="bench_chain")
+def chain(x):  # type: ignore[no-untyped-def]
+    return inc(inc(inc(x)))
+
+
+@workflow(name="bench_diamond")
+def diamond(x):  # type: ignore[no-untyped-def]
+    top = inc(x)
+    return add(inc(top), inc(top))
+
+
+@workflow(name="bench_wide")
+def wide(x):  # type: ignore[no-untyped-def]
+    return total([inc(x) for _ in range(6)])
+
+
+@workflow(name="bench_five")
+def five(x):  # type: ignore[no-untyped-def]
+    a = inc(x)
+    return total([inc(a), inc(a), inc(a)])
+
+
+@workflow(name="bench_fan")
+def fan(n):  # type: ignore[no-untyped-def]
+    return for_each(inc, over=items(n))
