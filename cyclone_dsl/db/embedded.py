@@ -255,6 +255,9 @@ class EmbeddedServer:
                 capture_output=True,
                 text=True,
                 user=self._user,
+                # Drop root's groups too: a 0701 folder owned by group root would deny us.
+                group=self._user,
+                extra_groups=[] if self._user else None,
                 cwd=self.data_dir.parent,
                 timeout=120,
             )

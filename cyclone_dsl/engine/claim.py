@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import attrs
 
-from cyclone_dsl.db.tx import Tx
+from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import notify
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
@@ -42,17 +42,21 @@ def claim(
     limit: int,
     lease: timedelta,
 ) -> list[Claimed]:
-    """Lease up to ``limit`` available steps (priority DESC, scheduled_at, id order)."""
+    """Lease up to ``limit`` available steps: queue by queue, priority DESC then scheduled_at."""
     if limit <= 0 or not kinds or not queues:
         return []
-    rows = tx.rows(
-        Q.claim_steps,
-        owner=owner,
-        queues=list(queues),
-        kinds=list(kinds),
-        limit=limit,
-        lease=lease,
-    )
+    rows: list[Row] = []
+    for queue in queues:
+        rows += tx.rows(
+            Q.claim_steps,
+            owner=owner,
+            queue=queue,
+            kinds=list(kinds),
+            limit=limit - len(rows),
+            lease=lease,
+        )
+        if len(rows) >= limit:
+            break
     if not rows:
         return []
     inputs = {r["id"]: r for r in tx.rows(Q.assemble_inputs, ids=[r["id"] for r in rows])}

@@ -1,10 +1,11 @@
 -- name: claim_steps
--- Claim up to %(limit)s available steps of the given queues and kinds (CTE, SKIP LOCKED).
+-- Claim up to %(limit)s available steps of one queue and the given kinds (CTE, SKIP LOCKED).
+-- One queue per statement: equality on queue lets idx_steps_claim return rows in order.
 WITH candidates AS (
     SELECT s.id
     FROM cyclone_steps AS s
     WHERE s.state = 'available'
-      AND s.queue = ANY(%(queues)s::text[])
+      AND s.queue = %(queue)s
       AND s.kind = ANY(%(kinds)s::text[])
       AND s.scheduled_at <= now() + %(shift)s::interval
       AND (s.sequence_key IS NULL OR NOT EXISTS (
@@ -13,7 +14,7 @@ WITH candidates AS (
               AND h.state IN ('available', 'running', 'paused')
               AND h.id <> s.id
               AND (h.state <> 'available' OR (h.scheduled_at, h.id) < (s.scheduled_at, s.id))))
-    ORDER BY s.priority DESC, s.scheduled_at, s.id
+    ORDER BY s.priority DESC, s.scheduled_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 )

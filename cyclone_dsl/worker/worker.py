@@ -142,6 +142,7 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scanner: Scanner | None = None
         self._takes_ctx: dict[str, bool] = {}
+        self._queue_turn = 0
         self.completed_count = 0
 
     # -- lifecycle -------------------------------------------------------------------
@@ -308,7 +309,7 @@ class Worker:
                     lambda tx, n=free: claim_ops.claim(
                         tx,
                         owner=self.id,
-                        queues=self.queues,
+                        queues=self._rotated_queues(),
                         kinds=kinds,
                         limit=n,
                         lease=self.lease,
@@ -317,7 +318,7 @@ class Worker:
                 backoff = 0.0
             except psycopg.OperationalError as exc:
                 claimed = []
-                backoff = min(30.0, max(0.5, backoff * 2))
+                backoff = min(5.0, max(0.2, backoff * 2))
                 log.warning("claim failed (%s); retrying in %.1fs", exc, backoff)
             for _ in range(free - len(claimed)):
                 self._slots.release()
@@ -327,6 +328,11 @@ class Worker:
                 self._stopping.wait(backoff)
             elif not claimed or len(claimed) < free:
                 self._wake.wait(self.poll_interval)
+
+    def _rotated_queues(self) -> list[str]:
+        """The queues, starting from the next one each claim, so none is starved."""
+        self._queue_turn = (self._queue_turn + 1) % len(self.queues)
+        return self.queues[self._queue_turn :] + self.queues[: self._queue_turn]
 
     def _dispatch(self, step: Claimed) -> None:
         handler = self.handlers[step.kind]

@@ -1,0 +1,157 @@
+"""Hostile and malformed input: a typed error at the API boundary, and nothing written."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+
+from cyclone_dsl import (
+    Client,
+    InvalidArgument,
+    InvalidPayload,
+    PayloadTooLarge,
+    RunNotFound,
+    UnknownWorkflow,
+    Worker,
+    step,
+    workflow,
+)
+from cyclone_dsl.errors import ScheduleError, SignalNotDeliverable
+
+
+@step(name="bi_echo")
+def echo(x: object) -> object:
+    return x
+
+
+@step(name="bi_huge_output", max_attempts=3)
+def huge_output(n: int) -> str:
+    return "x" * n
+
+
+@workflow(name="bi_flow")
+def flow(x):  # type: ignore[no-untyped-def]
+    return echo(x)
+
+
+def deep(levels: int) -> object:
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+HOSTILE_INPUTS: list[tuple[object, type[Exception]]] = [
+    (float("nan"), InvalidPayload),
+    (float("inf"), InvalidPayload),
+    ({"a": "nul\x00byte"}, InvalidPayload),
+    ("lone \ud800 surrogate", InvalidPayload),
+    ({1: "non-string key"}, InvalidPayload),
+    ({"when": object()}, InvalidPayload),
+    ({"bytes": b"raw"}, InvalidPayload),
+    ({"set": {1, 2}}, InvalidPayload),
+    (deep(100_000), InvalidPayload),
+    ("x" * (17 * 1024 * 1024), PayloadTooLarge),
+]
+
+
+@pytest.mark.parametrize(("value", "error"), HOSTILE_INPUTS, ids=lambda v: type(v).__name__)
+def test_hostile_inputs_are_refused_before_any_write(
+    client: Client, value: object, error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        client.submit(flow, value)  # type: ignore[arg-type]
+    with pytest.raises(error):
+        client.enqueue(echo, value)  # type: ignore[arg-type]
+    assert client.list_runs() == []
+
+
+def test_invalid_payload_names_the_json_path(client: Client) -> None:
+    with pytest.raises(InvalidPayload) as caught:
+        client.submit(flow, {"order": {"lines": [1, float("nan")]}})
+    assert caught.value.path == "$.order.lines[1]"
+
+
+HOSTILE_NAMES = [
+    "'; DROP TABLE cyclone_runs;--",
+    'quote " and \\ backslash',
+    "%s %(x)s",
+    "émoji 🌀 and \u202e rtl",
+    "q" * 256,
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_hostile_names_are_stored_byte_for_byte(
+    client: Client, name: str, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(echo, queues=[name])
+    handle = client.enqueue(echo, name, queue=name, unique_key=name, sequence_key=name)
+    assert handle.result(timeout=10) == name
+    assert handle.get().step("bi_echo").queue == name
+    again = client.submit_once(flow, 1, key=name)
+    assert client.submit_once(flow, 2, key=name).id == again.id
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"queue": "q" * 257}, "257 bytes"),
+        ({"queue": ""}, "non-empty"),
+        ({"priority": 2**40}, "32-bit"),
+        ({"priority": "high"}, "32-bit"),
+        ({"max_attempts": -1}, "at least 1"),
+        ({"timeout": -5}, "positive duration"),
+        ({"timeout": "soon"}, "positive duration"),
+        ({"retention": timedelta(seconds=-1)}, "positive duration"),
+    ],
+)
+def test_bad_options_are_typed_errors(
+    client: Client, options: dict[str, object], fragment: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=fragment):
+        client.enqueue(echo, 1, **options)  # type: ignore[arg-type]
+    assert client.list_runs() == []
+
+
+def test_unknown_names_and_ids(client: Client) -> None:
+    with pytest.raises(UnknownWorkflow):
+        client.submit("no_such_workflow", 1)
+    with pytest.raises(UnknownWorkflow):
+        client.enqueue("no_such_step", 1)
+    with pytest.raises(RunNotFound):
+        client.get_run(123456789)
+    with pytest.raises(RunNotFound):
+        client.cancel(123456789)
+    with pytest.raises(RunNotFound):
+        client.signal(123456789, "x", 1)
+    with pytest.raises(InvalidArgument):
+        client.submit(flow, 1, deadline=timedelta(seconds=-1))
+    with pytest.raises(ScheduleError):
+        client.schedule(flow, "61 * * * *")
+    with pytest.raises(ScheduleError):
+        client.schedule(flow, "* * * * *", location="Not/AZone")
+    assert client.list_runs() == []
+    assert client.list_schedules() == []
+
+
+def test_signal_payload_limits(client: Client) -> None:
+    handle = client.submit(flow, 1)
+    with pytest.raises(InvalidPayload):
+        client.signal(handle.id, "x", float("nan"))
+    with pytest.raises(SignalNotDeliverable):
+        client.signal(handle.id, "x", 1)
+
+
+def test_an_oversized_output_fails_the_step_without_retry(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(huge_output, max_output_bytes=1000)
+    handle = client.enqueue(huge_output, 5000)
+    run = handle.wait(timeout=10)
+    row = run.step("bi_huge_output")
+    assert row.error_kind == "output_limit"
+    assert row.attempt == 1
+    assert "over the limit of 1000 bytes" in (row.error or "")
