@@ -1,0 +1,30 @@
+"""The benchmark runs end to end in --quick mode (a check that it works, not of speed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_quick_writes_a_report(tmp_path: Path, cyclone_admin_dsn: str) -> None:
+    out = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CYCLONE_DATABASE_URL": cyclone_admin_dsn},
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    scenarios = {row["scenario"] for row in report["results"]}
+    assert "standalone no-op steps" in scenarios
+    assert "wake-up latency, median" in scenarios
+    assert all(row["cyclone"] > 0 for row in report["results"])
