@@ -49,21 +49,6 @@ class Tx:
             cur.execute(query, self._params(params))
             return cur.fetchone() if cur.description else None
 
-    def many(self, query: LiteralString, params: list[dict[str, object]]) -> list[Row]:
-        """Run ``query`` once per parameter set, pipelined; return the first row of each."""
-        rows: list[Row] = []
-        if not params:
-            return rows
-        with self.conn.cursor(row_factory=dict_row) as cur:
-            cur.executemany(query, [self._params(p) for p in params], returning=True)
-            while True:
-                row = cur.fetchone()
-                if row is not None:
-                    rows.append(row)
-                if not cur.nextset():
-                    break
-        return rows
-
     def run(self, query: LiteralString, **params: object) -> int:
         with self.conn.cursor() as cur:
             cur.execute(query, self._params(params))

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from cyclone_dsl import Client, Worker, action, step, workflow
+from cyclone_dsl import Client, RunHandle, Worker, action, step, workflow
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.states import RunState
 
@@ -68,23 +68,29 @@ def test_scheduled_enqueue_waits_for_its_time(
     assert later.result(timeout=10) == 9
 
 
-def test_unique_key_under_eight_concurrent_enqueuers(cyclone_dsn: str) -> None:
-    barrier = threading.Barrier(8)
-    results: list[tuple[int, bool]] = []
+def race(dsn: str, call: Callable[[Client], RunHandle], racers: int = 8) -> list[RunHandle]:
+    """Start ``racers`` clients together at a barrier; return what each call returned."""
+    barrier = threading.Barrier(racers)
+    results: list[RunHandle] = []
 
-    def enqueue() -> None:
-        with Client(cyclone_dsn, pool_size=1) as c:
+    def one() -> None:
+        with Client(dsn, pool_size=1) as c:
             barrier.wait()
-            h = c.enqueue(square, 5, unique_key="only-one")
-            results.append((h.id, h.created))
+            results.append(call(c))
 
-    threads = [threading.Thread(target=enqueue) for _ in range(8)]
+    threads = [threading.Thread(target=one) for _ in range(racers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len({run_id for run_id, _ in results}) == 1
-    assert sum(created for _, created in results) == 1
+    return results
+
+
+def test_unique_key_under_eight_concurrent_enqueuers(cyclone_dsn: str) -> None:
+    results = race(cyclone_dsn, lambda c: c.enqueue(square, 5, unique_key="only-one"))
+    assert len(results) == 8
+    assert len({h.id for h in results}) == 1
+    assert sum(h.created for h in results) == 1
 
 
 def test_unique_key_is_free_again_once_the_step_completed(
@@ -116,22 +122,10 @@ def test_sequence_key_runs_fifo_one_at_a_time_under_four_workers(
 
 
 def test_submit_once_under_eight_concurrent_callers(cyclone_dsn: str) -> None:
-    barrier = threading.Barrier(8)
-    results: list[tuple[int, bool]] = []
-
-    def submit() -> None:
-        with Client(cyclone_dsn, pool_size=1) as c:
-            barrier.wait()
-            h = c.submit_once(once, 3, key="order-77")
-            results.append((h.id, h.created))
-
-    threads = [threading.Thread(target=submit) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len({run_id for run_id, _ in results}) == 1
-    assert sum(created for _, created in results) == 1
+    results = race(cyclone_dsn, lambda c: c.submit_once(once, 3, key="order-77"))
+    assert len(results) == 8
+    assert len({h.id for h in results}) == 1
+    assert sum(h.created for h in results) == 1
 
 
 def test_submit_once_returns_the_run_in_any_state(
