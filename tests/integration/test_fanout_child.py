@@ -201,3 +201,55 @@ def test_child_failure_fails_the_parent_node(
     (child_run,) = client.list_runs(workflow="fc_fan_fail")
     assert child_run.state is RunState.FAILED
     assert child_run.parent_run_id == handle.id and child_run.parent_node_id == "fc_fan_fail"
+
+
+@step(name="fc_block")
+def block(x: int) -> int:
+    time.sleep(30)
+    return x
+
+
+@workflow(name="fc_blocked")
+def blocked_wf(x):  # type: ignore[no-untyped-def]
+    return block(x)
+
+
+@workflow(name="fc_mid")
+def mid(x):  # type: ignore[no-untyped-def]
+    return child(blocked_wf, x)
+
+
+@workflow(name="fc_top")
+def top(x):  # type: ignore[no-untyped-def]
+    return child(mid, x)
+
+
+@workflow(name="fc_contained")
+def contained(n):  # type: ignore[no-untyped-def]
+    failing = child(fan_fail, n)
+    total(failing, on_dep_failure="cancel_branch")
+    return make_items(n)
+
+
+def test_cancel_reaches_children_and_grandchildren(client: Client) -> None:
+    handle = client.submit(top, 1)
+    (middle,) = client.list_runs(workflow="fc_mid")
+    (bottom,) = client.list_runs(workflow="fc_blocked")
+    assert bottom.parent_run_id == middle.id and middle.parent_run_id == handle.id
+    client.cancel(handle.id)
+    for run_id in (handle.id, middle.id, bottom.id):
+        run = client.get_run(run_id)
+        assert run.state is RunState.CANCELLED
+        assert all(s.state.is_terminal for s in run.steps)
+
+
+def test_cancel_branch_contains_a_failing_child(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(*HANDLERS, fan_fail)
+    handle = client.submit(contained, 5)
+    assert handle.result(timeout=30) == [0, 1, 2, 3, 4]
+    run = handle.get()
+    assert run.state is RunState.COMPLETED
+    assert run.step("fc_fan_fail").error_kind == "child_failed"
+    assert run.step("fc_sum").state is StepState.CANCELLED

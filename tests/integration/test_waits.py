@@ -258,3 +258,20 @@ def test_cancel_during_a_long_step(client: Client, start_worker: Callable[..., W
     assert run.step("wt_echo").state is StepState.CANCELLED
     with pytest.raises(AlreadyTerminal):
         client.cancel(handle.id)
+
+
+@workflow(name="wt_paused_timer")
+def paused_timer(x):  # type: ignore[no-untyped-def]
+    t = wait_timer(timedelta(minutes=10))
+    return echo(x, after=[t])
+
+
+def test_resume_shifts_a_waiting_timer_by_the_pause(client: Client) -> None:
+    handle = client.submit(paused_timer, 1)
+    due_before = handle.get().step("timer").scheduled_at
+    client.pause(handle.id)
+    time.sleep(0.6)
+    client.resume(handle.id)
+    due_after = handle.get().step("timer").scheduled_at
+    assert due_after - due_before >= timedelta(seconds=0.6)
+    assert handle.get().step("timer").state is StepState.WAITING_TIMER
