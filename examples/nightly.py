@@ -1,0 +1,45 @@
+"""A nightly job: @schedule registers a cron schedule when a worker starts.
+
+The schedule pins the workflow's def_version; every scanner (one per worker)
+competes for due slots and each slot fires once. To show a fire without
+waiting until 02:30, this example moves the worker's database clock forward
+with ``shift`` — the same knob the tests use.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from cyclone_dsl import schedule, step, workflow
+
+
+@step(name="nightly_cleanup")
+def cleanup(params: dict[str, int]) -> str:
+    return f"removed files older than {params['days']} days"
+
+
+@schedule("30 2 * * *", id="nightly-cleanup", location="Europe/Paris", input={"days": 30})
+@workflow(name="nightly")
+def nightly(params):  # type: ignore[no-untyped-def]
+    return cleanup(params)
+
+
+if __name__ == "__main__":
+    import time
+
+    from cyclone_dsl import Client, Worker, embedded_database, migrate
+
+    with embedded_database() as dsn:
+        migrate(dsn)
+        with Client(dsn) as client:
+            client.register_schedules()
+            (entry,) = [s for s in client.list_schedules() if s.id == "nightly-cleanup"]
+            print(f"next fire: {entry.next_run_at.isoformat()} (pinned {entry.def_version})")
+            shift = entry.next_run_at - datetime.now(UTC) + timedelta(seconds=1)
+            with Worker(dsn, [nightly], shift=shift, scan_interval=0.2):
+                deadline = time.monotonic() + 30
+                while not client.list_runs(workflow="nightly"):
+                    assert time.monotonic() < deadline, "the schedule did not fire"
+                    time.sleep(0.1)
+                (run,) = client.list_runs(workflow="nightly")
+                print(client.handle(run.id).result(timeout=30))
