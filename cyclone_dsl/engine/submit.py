@@ -11,9 +11,13 @@ import psycopg
 
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine.transitions import DEFAULT_HOOKS, Hooks, activate
+from cyclone_dsl.errors import DuplicateSubmit
 from cyclone_dsl.graph.rows import CompiledRun, StepRow
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import StepState
+
+#: How often a lost uniqueness race is re-read before giving up (it settles in one or two).
+RACE_ATTEMPTS = 10
 
 
 @attrs.frozen
@@ -184,7 +188,7 @@ def insert_run_once(
     tx: Tx, compiled: CompiledRun, *, submit_key: str, deadline: timedelta | None, hooks: Hooks
 ) -> Submitted:
     """Insert unless a run of this workflow holds ``submit_key`` (in any state)."""
-    while True:
+    for _ in range(RACE_ATTEMPTS):
         existing = tx.one(
             Q.find_run_by_submit_key, workflow=compiled.workflow, submit_key=submit_key
         )
@@ -198,6 +202,7 @@ def insert_run_once(
         except psycopg.errors.UniqueViolation:
             continue  # another caller committed the key meanwhile: read it back
         return Submitted(run_id, created=True)
+    raise DuplicateSubmit(f"submit key {submit_key!r} is contended; try again")
 
 
 def insert_standalone(
@@ -210,7 +215,7 @@ def insert_standalone(
 ) -> Submitted:
     """Enqueue standalone work; with a unique key, return the active holder instead."""
     kind = compiled.steps[0].kind
-    while True:
+    for _ in range(RACE_ATTEMPTS):
         if unique_key is not None:
             existing = tx.one(Q.find_active_unique, kind=kind, unique_key=unique_key)
             if existing is not None:
@@ -228,3 +233,4 @@ def insert_standalone(
             # The holder committed, or rolled back and freed the key: look again.
             continue
         return Submitted(run_id, created=True)
+    raise DuplicateSubmit(f"unique key {unique_key!r} of {kind!r} is contended; try again")

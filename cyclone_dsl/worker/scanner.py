@@ -62,6 +62,8 @@ class Scanner:
                 self.scan_once()
             except psycopg.Error as exc:
                 log.warning("scan pass failed (%s); the next pass retries", exc)
+            except Exception:
+                log.exception("scan pass failed; the next pass retries")
             self.stopping.wait(self.interval)
 
     def scan_once(self) -> int:

@@ -409,26 +409,68 @@ class Worker:
             self._commit(batch)
 
     def _commit(self, batch: list[Success | Failure]) -> None:
+        """Commit outcomes: successes then failures, each group in one transaction.
+
+        A lost connection is retried until it works (replaying is safe: a
+        step that did complete is no longer running at this generation, so
+        the replay is fenced). Any other database error would poison the whole
+        batch, so the batch is split and the offending outcome turned into a
+        final failure of its own step instead of wedging the rest.
+        """
         successes = [o for o in batch if isinstance(o, Success)]
         failures = [o for o in batch if isinstance(o, Failure)]
+        for group in (successes, failures):
+            if group:
+                self._commit_group(group)
+
+    def _commit_group(self, group: Sequence[Success | Failure]) -> None:
         delay = 0.2
         while True:
             try:
-                if successes:
-                    done = self._tx(lambda tx: complete_ops.complete(tx, successes, self.hooks))
-                    self.completed_count += len(done)
-                    fenced = len(successes) - len(done)
-                    if fenced:
-                        log.info("%d completions fenced out (lease lost or run ended)", fenced)
-                if failures:
-                    self._tx(lambda tx: complete_ops.fail(tx, failures, self.hooks))
+                self._apply(group)
                 return
             except psycopg.OperationalError as exc:
-                # The outcome may be unknown; replaying is safe: a step that did
-                # complete is no longer running at this generation, so it is fenced.
                 log.warning("committing outcomes failed (%s); retrying in %.1fs", exc, delay)
                 time.sleep(delay)
                 delay = min(10.0, delay * 2)
+            except psycopg.Error as exc:
+                if len(group) > 1:
+                    for outcome in group:
+                        self._commit_group([outcome])
+                    return
+                self._apply_poisoned(group[0], exc)
+                return
+
+    def _apply(self, group: Sequence[Success | Failure]) -> None:
+        successes = [o for o in group if isinstance(o, Success)]
+        failures = [o for o in group if isinstance(o, Failure)]
+        if successes:
+            done = self._tx(lambda tx: complete_ops.complete(tx, successes, self.hooks))
+            self.completed_count += len(done)
+            if len(done) < len(successes):
+                log.info(
+                    "%d completions fenced out (lease lost or run ended)",
+                    len(successes) - len(done),
+                )
+        if failures:
+            self._tx(lambda tx: complete_ops.fail(tx, failures, self.hooks))
+
+    def _apply_poisoned(self, outcome: Success | Failure, exc: psycopg.Error) -> None:
+        """The database refused this outcome: fail its step for good, with the reason."""
+        log.error("step %s: the database refused its outcome: %s", outcome.step_id, exc)
+        final = Failure(
+            step_id=outcome.step_id,
+            generation=outcome.generation,
+            error=payload.sanitize_text(f"the database refused the step's outcome: {exc}"),
+            error_kind=ErrorKind.INVALID_OUTPUT.value,
+            retry=False,
+        )
+        try:
+            self._tx(lambda tx: complete_ops.fail(tx, [final], self.hooks))
+        except psycopg.Error:
+            log.exception(
+                "step %s: could not record its failure; its lease will expire", final.step_id
+            )
 
     # -- leases --------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
+import psycopg
 import pytest
 
 from cyclone_dsl import (
@@ -220,3 +221,30 @@ def test_reclaim_limit_discards_the_step(client: Client, cyclone_dsn: str) -> No
         assert row.reclaims == 3
     finally:
         pool.close()
+
+
+@step(name="wk_maybe_poison")
+def maybe_poison(x: str) -> str:
+    time.sleep(0.05)  # let outcomes of several steps land in one completion batch
+    return x
+
+
+def test_an_outcome_the_database_refuses_fails_only_its_own_step(
+    client: Client, start_worker: Callable[..., Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_complete = complete.complete
+
+    def refusing(tx, results, hooks):  # type: ignore[no-untyped-def]
+        if any(r.output == '"poison"' for r in results):
+            raise psycopg.errors.DataError("simulated: the database refused this value")
+        return real_complete(tx, results, hooks)
+
+    monkeypatch.setattr(complete, "complete", refusing)
+    handles = client.enqueue_many(maybe_poison, ["ok-1", "poison", "ok-2", "ok-3"])
+    start_worker(maybe_poison, concurrency=4)
+    runs = [h.wait(timeout=20) for h in handles]
+    states = [r.state for r in runs]
+    assert states == [RunState.COMPLETED, RunState.FAILED, RunState.COMPLETED, RunState.COMPLETED]
+    bad = runs[1].step("wk_maybe_poison")
+    assert bad.error_kind == "invalid_output"
+    assert "refused" in (bad.error or "")
