@@ -12,6 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+#: ``CYCLONE_FULL=1`` runs the fault scenarios at full size (CI runs them bounded).
+FULL = os.environ.get("CYCLONE_FULL") == "1"
+
 
 @pytest.fixture
 def fault_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from cyclone_dsl import StepContext, step
+from cyclone_dsl import StepContext, step, workflow
 
 
 def record(ctx: StepContext, event: str) -> None:
@@ -14,9 +14,16 @@ def record(ctx: StepContext, event: str) -> None:
         log.write(f"{os.getpid()} {ctx.run_id} {ctx.node} {event}\n")
 
 
-@step(name="fault_work", max_attempts=3, max_reclaims=2)
-def work(x: int, *, ctx: StepContext) -> dict[str, object]:
+@step(name="fault_work", max_attempts=3, max_reclaims=5)
+def work(x: object, *, ctx: StepContext) -> dict[str, object]:
     record(ctx, "start")
     time.sleep(float(os.environ.get("CYCLONE_FAULT_SLEEP", "0")))
     record(ctx, "end")
     return {"x": x, "by": os.getpid()}
+
+
+@workflow(name="fault_five")
+def five(x):  # type: ignore[no-untyped-def]
+    first = work(x)
+    middle = [work.named(f"branch_{i}")(first) for i in range(3)]
+    return work.named("last")(middle)

@@ -1,0 +1,98 @@
+"""Load on four worker processes, one of them SIGKILLed again and again.
+
+Invariants checked from the database afterwards: every run completed; every
+step completed exactly once (one output, state completed) and its handler ran
+at least once; reclaims were counted; no step is left running; PostgreSQL
+reported no deadlock. ``CYCLONE_FULL=1`` runs the full size (100,000 steps and
+2,000 five-step runs); CI runs a bounded size.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+
+from cyclone_dsl import Client
+from tests.faults import handlers
+from tests.faults.conftest import FULL, read_log
+
+Spawn = Callable[..., subprocess.Popen[str]]
+STANDALONE = 100_000 if FULL else 1_500
+RUNS = 2_000 if FULL else 150
+
+
+def counts(dsn: str) -> tuple[int, int]:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE state IN ('completed', 'failed', 'cancelled')), "
+            "count(*) FROM cyclone_runs"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def server_log_tail(admin_dsn: str) -> str:
+    with psycopg.connect(admin_dsn) as conn:
+        row = conn.execute("SELECT current_setting('data_directory', true)").fetchone()
+    log = Path(row[0]) / "server.log" if row and row[0] else None
+    try:
+        return log.read_text(errors="replace") if log else ""
+    except OSError:
+        return ""
+
+
+def test_load_with_repeated_sigkills_loses_nothing(
+    cyclone_dsn: str, cyclone_admin_dsn: str, spawn_worker: Spawn, fault_log: Path
+) -> None:
+    log_before = len(server_log_tail(cyclone_admin_dsn))
+    with Client(cyclone_dsn) as client:
+        for start in range(0, STANDALONE, 5_000):
+            client.enqueue_many(handlers.work, list(range(start, min(STANDALONE, start + 5_000))))
+        for start in range(0, RUNS, 1_000):
+            client.submit_many(handlers.five, list(range(start, min(RUNS, start + 1_000))))
+    total_runs = STANDALONE + RUNS
+    workers = [spawn_worker(CYCLONE_FAULT_LEASE="1", CYCLONE_FAULT_SLEEP="0.005") for _ in range(4)]
+    kills = 0
+    deadline = time.monotonic() + (1800 if FULL else 150)
+    rng = random.Random(7)
+    while counts(cyclone_dsn)[0] < total_runs:
+        assert time.monotonic() < deadline, f"stalled at {counts(cyclone_dsn)}"
+        time.sleep(rng.uniform(0.2, 0.8))
+        if kills < (10 if FULL else 3):
+            victim = workers.pop(rng.randrange(len(workers)))
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(10)
+            kills += 1
+            workers.append(spawn_worker(CYCLONE_FAULT_LEASE="1", CYCLONE_FAULT_SLEEP="0.005"))
+    with psycopg.connect(cyclone_dsn) as conn:
+        states = dict(
+            conn.execute("SELECT state, count(*) FROM cyclone_runs GROUP BY 1").fetchall()
+        )
+        steps = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE state = 'completed' AND output IS NOT NULL), "
+            "sum(reclaims), count(*) FILTER (WHERE state = 'running') FROM cyclone_steps"
+        ).fetchone()
+        keys = {
+            (run_id, node)
+            for run_id, node in conn.execute("SELECT run_id, node FROM cyclone_steps").fetchall()
+        }
+    assert states == {"completed": total_runs}
+    assert steps is not None
+    all_steps, completed_once, reclaims, running = steps
+    assert all_steps == completed_once == STANDALONE + 5 * RUNS
+    assert running == 0
+    assert kills >= 3
+    started = Counter(
+        (run_id, node) for _, run_id, node, event in read_log(fault_log) if event == "start"
+    )
+    assert set(started) == keys  # every handler ran at least once
+    if reclaims == 0:
+        assert all(n == 1 for n in started.values())
+    assert "deadlock detected" not in server_log_tail(cyclone_admin_dsn)[log_before:]
