@@ -305,3 +305,23 @@ def scan(ctx: click.Context, modules: tuple[str, ...], once: bool, interval: flo
             stopping.set()
         finally:
             pool.close()
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
+@click.option("--port", default=8080, show_default=True)
+@click.option("--read-only", is_flag=True, help="Refuse every write (cancel, signal, ...).")
+@click.option("--token", envvar="CYCLONE_UI_TOKEN", help="Require this secret on every write.")
+@click.pass_context
+def ui(ctx: click.Context, host: str, port: int, read_only: bool, token: str | None) -> None:
+    """Serve the web dashboard (loopback only unless --host says otherwise)."""
+    try:
+        import uvicorn
+
+        from cyclone_dsl.ui.app import create_app
+    except ImportError:
+        fail("the dashboard needs the 'ui' extra: pip install 'cyclone-dsl[ui]'")
+    with client_for(ctx) as client:
+        app = create_app(client, read_only=read_only, token=token)
+        click.echo(f"cyclone ui on http://{host}:{port}" + (" (read-only)" if read_only else ""))
+        uvicorn.run(app, host=host, port=port, log_level="warning")

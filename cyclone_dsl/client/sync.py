@@ -245,14 +245,28 @@ class Client:
         workflow: str | None = None,
         limit: int = 50,
         before_id: int | None = None,
+        parent_run_id: int | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[Run]:
-        """Runs newest first (without steps); page with ``before_id`` = the last id seen."""
+        """Runs newest first (without steps); page with ``before_id`` = the last id seen.
+
+        Filters: ``state``, ``workflow``, ``parent_run_id`` and a creation-time
+        range ``since`` (inclusive) to ``until`` (exclusive).
+        """
         if not 1 <= limit <= 10_000:
             raise InvalidArgument("limit must be between 1 and 10000")
         state_value = RunState(state).value if state is not None else None
         rows = self._tx(
             lambda tx: tx.rows(
-                Q.list_runs, state=state_value, workflow=workflow, limit=limit, before_id=before_id
+                Q.list_runs,
+                state=state_value,
+                workflow=workflow,
+                limit=limit,
+                before_id=before_id,
+                parent_run_id=parent_run_id,
+                since=since,
+                until=until,
             )
         )
         return [Run.from_row(r) for r in rows]
@@ -269,6 +283,19 @@ class Client:
         for edge in edges:
             graph.setdefault(edge["node"], []).append(edge["dep_node"])
         return graph
+
+    def signals_of(self, run_id: int) -> list[dict[str, Any]]:
+        """The run's signal mailbox (consumed rows included), in delivery order."""
+        return self._tx(lambda tx: tx.rows(Q.run_signals, run_id=run_id))
+
+    def children_of(self, run_id: int) -> list[dict[str, Any]]:
+        """The child runs started by a run's child nodes."""
+        return self._tx(lambda tx: tx.rows(Q.child_runs, run_id=run_id))
+
+    def run_counts(self) -> dict[str, int]:
+        """How many runs are in each state."""
+        rows = self._tx(lambda tx: tx.rows(Q.run_counts))
+        return {r["state"]: r["count"] for r in rows}
 
     def outcome(self, run_id: int) -> JSONValue:
         """The result of a terminal run (see :meth:`RunHandle.result`)."""

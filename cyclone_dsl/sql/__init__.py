@@ -68,6 +68,9 @@ class _Queries:
     run_outcome: LiteralString
     run_progress: LiteralString
     get_run_deps: LiteralString
+    run_signals: LiteralString
+    run_counts: LiteralString
+    child_runs: LiteralString
     # retention.sql
     purge_runs: LiteralString
     expire_runs: LiteralString

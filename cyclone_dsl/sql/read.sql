@@ -20,6 +20,9 @@ FROM cyclone_runs
 WHERE (%(state)s::text IS NULL OR state = %(state)s)
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s)
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s)
+  AND (%(parent_run_id)s::bigint IS NULL OR parent_run_id = %(parent_run_id)s)
+  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
+  AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)
 ORDER BY id DESC
 LIMIT %(limit)s
 
@@ -47,3 +50,17 @@ FROM cyclone_steps WHERE run_id = %(run_id)s
 -- name: get_run_deps
 -- The dependency edges of a run.
 SELECT node, dep_node, dep_type FROM cyclone_deps WHERE run_id = %(run_id)s ORDER BY node, dep_node
+
+-- name: run_signals
+-- A run's signal mailbox, in delivery order.
+SELECT id, name, payload, created_at, consumed_by, consumed_at
+FROM cyclone_signals WHERE run_id = %(run_id)s ORDER BY id
+
+-- name: run_counts
+-- How many runs are in each state.
+SELECT state, count(*) AS count FROM cyclone_runs GROUP BY state ORDER BY state
+
+-- name: child_runs
+-- The child runs of a run.
+SELECT id, workflow, state, parent_node_id FROM cyclone_runs
+WHERE parent_run_id = %(run_id)s ORDER BY id

@@ -1,0 +1,263 @@
+"""The dashboard's routes. Every write goes through :class:`~cyclone_dsl.Client`.
+
+Safety: Jinja2 autoescapes every value (inputs, outputs and errors are
+untrusted); forms carry a CSRF token that must match a SameSite=Strict
+cookie; ``read_only`` refuses every write; ``token`` requires a shared secret
+on every write.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+from datetime import datetime
+from importlib import resources
+from typing import Any
+from urllib.parse import urlencode
+
+import attrs
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from cyclone_dsl.client.sync import Client
+from cyclone_dsl.errors import CycloneError, InvalidArgument, RunNotFound
+from cyclone_dsl.states import RunState
+from cyclone_dsl.ui.graph import draw
+
+CSRF_COOKIE = "cyclone_csrf"
+PAGE = 50
+PREVIEW_CHARS = 2000
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, indent=2, default=str, ensure_ascii=False)
+
+
+def _preview(value: object) -> tuple[str, bool]:
+    text = _json(value)
+    return (text[:PREVIEW_CHARS], len(text) > PREVIEW_CHARS)
+
+
+def create_app(client: Client, *, read_only: bool = False, token: str | None = None) -> Starlette:
+    env = Environment(
+        loader=PackageLoader("cyclone_dsl.ui", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+    )
+    env.filters["preview"] = _preview
+    env.filters["json"] = _json
+
+    def page(request: Request, template: str, **context: Any) -> HTMLResponse:
+        csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
+        html = env.get_template(template).render(
+            request=request,
+            csrf=csrf,
+            read_only=read_only,
+            needs_token=token is not None,
+            message=request.query_params.get("message"),
+            error=request.query_params.get("error"),
+            counts=client.run_counts(),
+            **context,
+        )
+        response = HTMLResponse(html)
+        response.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict")
+        return response
+
+    def back(url: str, **query: str) -> RedirectResponse:
+        return RedirectResponse(f"{url}?{urlencode(query)}", status_code=303)
+
+    async def guarded(request: Request) -> dict[str, str] | Response:
+        """The form of a write request, or the refusal."""
+        if read_only:
+            return JSONResponse({"error": "this dashboard is read-only"}, status_code=403)
+        form = {k: str(v) for k, v in (await request.form()).items()}
+        cookie = request.cookies.get(CSRF_COOKIE, "")
+        if not cookie or not hmac.compare_digest(cookie, form.get("csrf", "")):
+            return JSONResponse({"error": "missing or wrong CSRF token"}, status_code=403)
+        if token is not None:
+            given = form.get("token") or request.headers.get("x-cyclone-token", "")
+            if not hmac.compare_digest(token, given):
+                return JSONResponse({"error": "missing or wrong token"}, status_code=401)
+        return form
+
+    def run_id_of(request: Request) -> int:
+        try:
+            return int(request.path_params["run_id"])
+        except ValueError:
+            raise RunNotFound(-1) from None
+
+    def runs(request: Request) -> HTMLResponse:
+        filters = _run_filters(request)
+        found = client.list_runs(limit=PAGE, **filters)
+        next_before = found[-1].id if len(found) == PAGE else None
+        query = {k: v for k, v in request.query_params.items() if k != "before_id"}
+        return page(
+            request,
+            "runs.html",
+            runs=found,
+            filters=request.query_params,
+            next_query=urlencode({**query, "before_id": next_before}) if next_before else None,
+            states=[s.value for s in RunState],
+        )
+
+    def run_page(request: Request) -> HTMLResponse:
+        run_id = run_id_of(request)
+        run = client.get_run(run_id)
+        deps = client.dependencies(run_id)
+        drill = request.query_params.get("items")
+        shown = [s for s in run.steps if s.item_of is None or s.item_of == drill]
+        return page(
+            request,
+            "run.html",
+            run=run,
+            svg=draw(run.steps, deps, run.id),
+            steps=shown,
+            deps=deps,
+            drill=drill,
+            signals=client.signals_of(run_id),
+            children=client.children_of(run_id),
+        )
+
+    def output(request: Request) -> Response:
+        run = client.get_run(run_id_of(request))
+        try:
+            step = run.step(request.path_params["node"])
+        except KeyError:
+            return JSONResponse({"error": "no such node"}, status_code=404)
+        return Response(
+            _json(step.output),
+            media_type="application/json",
+            headers={"content-disposition": f'attachment; filename="{run.id}.json"'},
+        )
+
+    async def steer(request: Request) -> Response:
+        form = await guarded(request)
+        if isinstance(form, Response):
+            return form
+        run_id = run_id_of(request)
+        action = request.path_params["action"]
+        url = f"/runs/{run_id}"
+        try:
+            if action == "signal":
+                payload = json.loads(form.get("payload") or "null")
+                delivery = await _threaded(client.signal, run_id, form.get("name", ""), payload)
+                return back(url, message=f"signal {form.get('name')!r}: {delivery.value}")
+            if action == "retry":
+                await _threaded(client.retry, run_id, form.get("node", ""))
+            elif action in ("cancel", "pause", "resume"):
+                await _threaded(getattr(client, action), run_id)
+            else:
+                return JSONResponse({"error": "unknown action"}, status_code=404)
+        except json.JSONDecodeError as exc:
+            return back(url, error=f"the payload is not valid JSON: {exc}")
+        except CycloneError as exc:
+            return back(url, error=str(exc).splitlines()[0])
+        return back(url, message=f"{action}: done")
+
+    def queues(request: Request) -> HTMLResponse:
+        return page(request, "queues.html", stats=client.stats())
+
+    def schedules(request: Request) -> HTMLResponse:
+        return page(request, "schedules.html", schedules=client.list_schedules())
+
+    async def toggle_schedule(request: Request) -> Response:
+        form = await guarded(request)
+        if isinstance(form, Response):
+            return form
+        enabled = request.path_params["action"] == "enable"
+        try:
+            await _threaded(client.enable_schedule, request.path_params["schedule_id"], enabled)
+        except CycloneError as exc:
+            return back("/schedules", error=str(exc))
+        return back("/schedules", message="enabled" if enabled else "disabled")
+
+    def api_counts(request: Request) -> JSONResponse:
+        return JSONResponse(client.run_counts())
+
+    def api_stats(request: Request) -> JSONResponse:
+        return JSONResponse(json.loads(_json(client.stats())))
+
+    def api_runs(request: Request) -> JSONResponse:
+        found = client.list_runs(limit=PAGE, **_run_filters(request))
+        return JSONResponse(json.loads(_json([attrs.asdict(r) for r in found])))
+
+    def api_run(request: Request) -> JSONResponse:
+        run = client.get_run(run_id_of(request))
+        return JSONResponse(json.loads(_json(attrs.asdict(run))))
+
+    def home(request: Request) -> RedirectResponse:
+        return RedirectResponse("/runs")
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return JSONResponse({"error": str(exc)}, status_code=404)
+
+    async def bad_request(request: Request, exc: Exception) -> Response:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+    static = resources.files("cyclone_dsl.ui").joinpath("static")
+    return Starlette(
+        routes=[
+            Route("/", home),
+            Route("/runs", runs),
+            Route("/runs/{run_id}", run_page),
+            Route("/runs/{run_id}/steps/{node}/output.json", output),
+            Route("/runs/{run_id}/{action}", steer, methods=["POST"]),
+            Route("/queues", queues),
+            Route("/schedules", schedules),
+            Route("/schedules/{schedule_id}/{action}", toggle_schedule, methods=["POST"]),
+            Route("/api/counts", api_counts),
+            Route("/api/stats", api_stats),
+            Route("/api/runs", api_runs),
+            Route("/api/runs/{run_id}", api_run),
+            Mount("/static", StaticFiles(directory=str(static)), name="static"),
+        ],
+        exception_handlers={
+            RunNotFound: not_found,
+            InvalidArgument: bad_request,
+            ValueError: bad_request,
+        },
+    )
+
+
+def _run_filters(request: Request) -> dict[str, Any]:
+    params = request.query_params
+
+    def number(name: str) -> int | None:
+        value = params.get(name)
+        if not value:
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            raise InvalidArgument(f"{name} must be a number") from None
+
+    def instant(name: str) -> datetime | None:
+        value = params.get(name)
+        if not value:
+            return None
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise InvalidArgument(f"{name} must be an ISO date or time") from None
+        if parsed.tzinfo is None:
+            raise InvalidArgument(f"{name} needs a time zone (e.g. 2026-12-03T10:00+00:00)")
+        return parsed
+
+    return {
+        "state": params.get("state") or None,
+        "workflow": params.get("workflow") or None,
+        "before_id": number("before_id"),
+        "parent_run_id": number("parent"),
+        "since": instant("since"),
+        "until": instant("until"),
+    }
+
+
+async def _threaded(fn: Any, *args: Any) -> Any:
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(fn, *args)
