@@ -84,6 +84,9 @@ def main() -> int:
     if command == "lint":
         return run([str(PYTHON), "-m", "ruff", "check", "."]) or run([str(PYTHON), "-m", "mypy"])
     if command == "bench":
+        subprocess.run(
+            [str(PYTHON), "-m", "pip", "install", "-q", "-e", f"{ROOT}[bench]"], check=True
+        )
         return run([str(PYTHON), "-m", "bench", *rest])
     if command == "docs":
         subprocess.run(

@@ -12,6 +12,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import psycopg
 
 from bench import cyclone_bench as cy
 from bench import flows
-from bench.baseline import raw_queue
+from bench.baseline import procrastinate_peer, raw_queue
 from cyclone_dsl import __version__
 from cyclone_dsl.db.embedded import embedded_database
 from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
@@ -38,12 +39,17 @@ SIZES = {
 }
 
 
-def raw(admin: str, jobs: int, batch: int) -> float:
+def in_schema(admin: str, measure: Callable[[str], float]) -> float:
+    """Run ``measure`` with a DSN whose search_path is a fresh, empty schema."""
     name = create_schema(admin, migrated=False)
     try:
-        return raw_queue.noop_throughput(with_search_path(admin, name), jobs, batch)
+        return measure(with_search_path(admin, name))
     finally:
         drop_schema(admin, name)
+
+
+def raw(admin: str, jobs: int, batch: int) -> float:
+    return in_schema(admin, lambda dsn: raw_queue.noop_throughput(dsn, jobs, batch))
 
 
 def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
@@ -78,6 +84,12 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
     add("raw SKIP LOCKED, 100 per tx", raw_100, "jobs/s")
     noop = cy.noop_throughput(admin, size["jobs"])
     add("standalone no-op steps", noop, "steps/s", "raw x100", raw_100, ">= 0.30x raw x100")
+    if procrastinate_peer.available():
+        peer = in_schema(admin, lambda dsn: procrastinate_peer.noop_throughput(dsn, size["jobs"]))
+        add("procrastinate no-op jobs", peer, "jobs/s")
+        add("standalone vs procrastinate", noop, "steps/s", "procrastinate", peer)
+    else:
+        print("  (procrastinate not installed: pip install 'cyclone-dsl[bench]')")
     chain = cy.workflow_throughput(admin, flows.chain, size["runs"], 3)
     add("3-step chains", chain, "steps/s", "standalone", noop)
     diamond = cy.workflow_throughput(admin, flows.diamond, size["runs"], 4)
