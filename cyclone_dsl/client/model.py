@@ -37,6 +37,8 @@ class Step:
     signal_name: str | None
     signal_names: list[str] | None
     wait_count: int | None
+    input: JSONValue  # the static input; see input_from and the input bindings otherwise
+    input_from: str | None
     output: JSONValue
 
     @classmethod

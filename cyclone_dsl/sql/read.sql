@@ -9,7 +9,7 @@ FROM cyclone_runs WHERE id = %(run_id)s
 SELECT id, node, kind, state, attempt, max_attempts, reclaims, queue, priority, error,
        error_kind, panic_stack, scheduled_at, created_at, started_at, completed_at,
        item_of, item_index, lease_owner, lease_expiry, child_workflow, signal_name,
-       signal_names, wait_count, output
+       signal_names, wait_count, input, input_from, output
 FROM cyclone_steps WHERE run_id = %(run_id)s ORDER BY id
 
 -- name: list_runs
