@@ -6,6 +6,7 @@ from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine.submit import insert_run
 from cyclone_dsl.engine.transitions import Hooks, after_completions, after_discards, end_runs
 from cyclone_dsl.errors import CycloneError
+from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.graph.rows import KIND_CHILD
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, RunState, StepState
@@ -36,6 +37,7 @@ def start_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
             after_discards(tx, failed, hooks)
             continue
         insert_run(tx, compiled, parent=(node["run_id"], node["node"]), hooks=hooks)
+        failpoint("child.after_insert")
 
 
 def settle_parents(tx: Tx, ended: list[Row], state: RunState, hooks: Hooks) -> None:

@@ -9,6 +9,7 @@ import attrs
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine import notify
 from cyclone_dsl.engine.transitions import DEFAULT_HOOKS, Hooks, after_completions, after_discards
+from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import StepState
 
@@ -43,6 +44,7 @@ def complete(tx: Tx, results: Sequence[Success], hooks: Hooks = DEFAULT_HOOKS) -
         outputs=[r.output for r in results],
     )
     after_completions(tx, done, hooks)
+    failpoint("complete.before_commit")
     return {r["id"] for r in done}
 
 

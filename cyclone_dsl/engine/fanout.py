@@ -5,6 +5,7 @@ from __future__ import annotations
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import notify
 from cyclone_dsl.engine.transitions import Hooks, after_completions, after_discards
+from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, StepState
 
@@ -20,6 +21,7 @@ def expand_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
         return
     sources = tx.rows(Q.fan_out_sources, ids=ids)
     items = tx.rows(Q.expand_fan_outs, ids=ids)
+    failpoint("fanout.after_expand")
     notify.wake_queues(tx, (i["queue"] for i in items if i["state"] == StepState.AVAILABLE))
     for source in sources:
         if source["list_type"] != "array":

@@ -24,6 +24,7 @@ from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine.submit import insert_run
 from cyclone_dsl.engine.transitions import Hooks
 from cyclone_dsl.errors import CycloneError, ScheduleError, UnknownWorkflow
+from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.graph.rows import CompiledRun
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
@@ -165,6 +166,7 @@ def fire(
                 Q.record_fire, schedule_id=schedule["id"], scheduled_for=slot, run_id=candidate
             ):
                 raise _AlreadyFired
+            failpoint("schedule.after_fire_record")
             run_id = candidate
     except _AlreadyFired:
         run_id = None  # another scanner fired this slot (before a crash, say): no second run

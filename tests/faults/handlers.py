@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from cyclone_dsl import StepContext, step, workflow
+from cyclone_dsl import StepContext, child, for_each, step, workflow
 
 
 def record(ctx: StepContext, event: str) -> None:
@@ -27,3 +27,23 @@ def five(x):  # type: ignore[no-untyped-def]
     first = work(x)
     middle = [work.named(f"branch_{i}")(first) for i in range(3)]
     return work.named("last")(middle)
+
+
+@workflow(name="fault_inner")
+def inner(x):  # type: ignore[no-untyped-def]
+    return work.named("inner_work")(x)
+
+
+@workflow(name="fault_with_child")
+def with_child(x):  # type: ignore[no-untyped-def]
+    return child(inner, work(x))
+
+
+@step(name="fault_list")
+def make_list(n: int) -> list[int]:
+    return list(range(n))
+
+
+@workflow(name="fault_with_fanout")
+def with_fanout(n):  # type: ignore[no-untyped-def]
+    return for_each(work, over=make_list(n))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from datetime import timedelta
 
 from cyclone_dsl import Worker
 from tests.faults import handlers
@@ -19,4 +20,5 @@ if __name__ == "__main__":
         poll_interval=0.1,
         scan_interval=0.2,
         concurrency=8,
+        shift=timedelta(seconds=float(os.environ.get("CYCLONE_FAULT_SHIFT", "0"))),
     ).run()
