@@ -9,7 +9,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import attrs
 
-from cyclone_dsl.dsl.builder import OPTION_NAMES, NodeRef, active_builder, duration
+from cyclone_dsl.dsl.builder import OPTION_NAMES, active_builder, duration
 from cyclone_dsl.dsl.schedule import ScheduleSpec, pending_schedules
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.graph.model import NodeOptions
@@ -53,15 +53,6 @@ class StepDef(Generic[P, R]):
     @property
     def takes_ctx(self) -> bool:
         return "ctx" in inspect.signature(self.fn).parameters
-
-    @property
-    def arity(self) -> int:
-        """Positional parameters, not counting ``ctx``."""
-        return sum(
-            1
-            for p in inspect.signature(self.fn).parameters.values()
-            if p.name != "ctx" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        )
 
     def __repr__(self) -> str:
         return f"<{'step' if self.keep_output else 'action'} {self.name}>"
@@ -228,7 +219,3 @@ def action(
         "on_dep_failure": on_dep_failure,
     }
     return _decorator(False, fn, name, max_reclaims, options)
-
-
-def is_ref(value: object) -> bool:
-    return isinstance(value, NodeRef)

@@ -59,12 +59,6 @@ def activate(tx: Tx, run_nodes: Iterable[tuple[int, str]], hooks: Hooks = DEFAUL
         hook(tx, rows, hooks)
 
 
-def activate_pending_roots(tx: Tx, run_ids: Sequence[int], hooks: Hooks = DEFAULT_HOOKS) -> None:
-    """Activate the pending nodes of these runs that are ready (after submit or resume)."""
-    rows = tx.rows(Q.pending_roots, run_ids=list(run_ids))
-    activate(tx, ((r["run_id"], r["node"]) for r in rows), hooks)
-
-
 def after_completions(tx: Tx, completed: Sequence[Row], hooks: Hooks = DEFAULT_HOOKS) -> None:
     """Follow-ups of completed steps (rows with run_id, node, item_of, has_downstream)."""
     items = [r for r in completed if r.get("item_of") is not None]

@@ -29,7 +29,6 @@ class _Queries:
     fail_steps: LiteralString
     downstream_nodes: LiteralString
     activate_ready: LiteralString
-    pending_roots: LiteralString
     finish_runs: LiteralString
     end_runs: LiteralString
     cancel_open_steps: LiteralString

@@ -102,11 +102,6 @@ WHERE s.id = ready.id AND r.id = s.run_id
 RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.fan_out_parallel,
           s.child_workflow
 
--- name: pending_roots
--- Pending nodes of these runs that have no dependencies (special roots, resumed nodes).
-SELECT s.run_id, s.node
-FROM cyclone_steps AS s
-WHERE s.run_id = ANY(%(run_ids)s::bigint[]) AND s.state = 'pending' AND s.item_of IS NULL
 
 -- name: finish_runs
 -- Complete the runs whose every step is terminal.
