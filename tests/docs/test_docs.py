@@ -39,3 +39,20 @@ def test_every_example_runs(example: Path, cyclone_dsn: str) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_cli_reference_lists_every_command() -> None:
+    from cyclone_dsl.cli import commands  # noqa: F401 - registers the commands
+    from cyclone_dsl.cli.main import cli
+
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    missing = [name for name in cli.commands if f"`cyclone {name}" not in page]
+    assert missing == []
+
+
+def test_the_schema_reference_lists_every_migration() -> None:
+    from cyclone_dsl.migrate import load_migrations
+
+    page = (ROOT / "docs" / "reference" / "schema.md").read_text()
+    rows = {line.split("|")[1].strip() for line in page.splitlines() if line.startswith("| ")}
+    assert {str(m.version) for m in load_migrations()} <= rows
