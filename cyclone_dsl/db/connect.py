@@ -44,9 +44,21 @@ def _merge_options(conninfo: str) -> str:
     return f"{existing} {SESSION_OPTIONS}".strip()
 
 
+#: TCP settings of long-lived connections (LISTEN, heartbeats): a half-open connection
+#: (a failover, a NAT that forgot it) is noticed in seconds instead of hanging forever.
+KEEPALIVE: dict[str, str | int | None] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 3,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 20_000,
+}
+
+
 def connect(conninfo: str, *, name: str, autocommit: bool = True) -> psycopg.Connection[Any]:
+    """A dedicated connection with keepalives (ignored on Unix sockets)."""
     return psycopg.connect(
-        conninfo,
+        psycopg.conninfo.make_conninfo(conninfo, **KEEPALIVE),
         autocommit=autocommit,
         application_name=name,
         options=_merge_options(conninfo),
