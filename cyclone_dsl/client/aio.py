@@ -22,7 +22,7 @@ from cyclone_dsl.client.model import Run
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.db.listen import listen_async
 from cyclone_dsl.dsl.registry import Registry
-from cyclone_dsl.engine.notify import RUN_DONE_CHANNEL
+from cyclone_dsl.engine.notify import RUN_DONE_CHANNEL, names_run
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.errors import RunNotFound
 from cyclone_dsl.payload import JSONValue
@@ -163,5 +163,5 @@ class AsyncClient:
                     raise TimeoutError(f"run {run_id} is still {row[1]} after {timeout}s")
                 wait_for = RECHECK_SECONDS if remaining is None else min(RECHECK_SECONDS, remaining)
                 async for note in conn.notifies(timeout=wait_for):
-                    if note.payload == str(run_id):
+                    if names_run(note.payload, run_id):
                         break

@@ -10,7 +10,7 @@ import attrs
 from cyclone_dsl.db.connect import connect
 from cyclone_dsl.db.listen import listen
 from cyclone_dsl.db.tx import Tx
-from cyclone_dsl.engine.notify import RUN_DONE_CHANNEL
+from cyclone_dsl.engine.notify import RUN_DONE_CHANNEL, names_run
 from cyclone_dsl.errors import NoOutput, RunFailed, RunNotFound
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
@@ -67,7 +67,7 @@ def wait_terminal(dsn: str, run_id: int, timeout: float | None) -> str:
                 raise TimeoutError(f"run {run_id} is still {row['state']} after {timeout}s")
             wait_for = RECHECK_SECONDS if remaining is None else min(RECHECK_SECONDS, remaining)
             for note in conn.notifies(timeout=wait_for):
-                if note.payload == str(run_id):
+                if names_run(note.payload, run_id):
                     break
 
 

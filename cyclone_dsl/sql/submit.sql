@@ -62,8 +62,8 @@ WHERE kind = %(kind)s AND unique_key = %(unique_key)s
 SELECT pg_notify('cyclone_work', q) FROM unnest(%(queues)s::text[]) AS q
 
 -- name: notify_runs_finished
--- Wake RunHandle.wait() callers of these runs.
-SELECT pg_notify('cyclone_run_done', r::text) FROM unnest(%(run_ids)s::bigint[]) AS r
+-- Wake RunHandle.wait() callers: one notification per batch of run ids, comma-separated.
+SELECT pg_notify('cyclone_run_done', p) FROM unnest(%(payloads)s::text[]) AS p
 
 -- name: ping
 -- A round trip that shows a dead connection.

@@ -285,3 +285,11 @@ def test_list_runs_filters_and_pages(client: Client) -> None:
     rest = client.list_runs(workflow="rt_chain", limit=3, before_id=runs[-1].id)
     assert [r.id for r in rest] == ids[::-1][3:]
     assert {r.state for r in client.list_runs(state="running")} == {RunState.RUNNING}
+
+
+def test_run_done_notifications_batch_ids() -> None:
+    from cyclone_dsl.engine.notify import IDS_PER_NOTIFICATION, names_run
+
+    assert names_run("1,22,333", 22)
+    assert not names_run("1,222", 22)
+    assert IDS_PER_NOTIFICATION * len(str(2**63)) < 8000  # under PostgreSQL's payload limit
