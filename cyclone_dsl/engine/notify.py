@@ -18,7 +18,7 @@ def wake_queues(tx: Tx, queues: Iterable[str]) -> None:
 
 
 #: NOTIFY payloads must stay under 8,000 bytes: ids are sent in chunks well below that.
-IDS_PER_NOTIFICATION = 500
+IDS_PER_NOTIFICATION = 300
 
 
 def runs_finished(tx: Tx, run_ids: Iterable[int]) -> None:

@@ -292,4 +292,4 @@ def test_run_done_notifications_batch_ids() -> None:
 
     assert names_run("1,22,333", 22)
     assert not names_run("1,222", 22)
-    assert IDS_PER_NOTIFICATION * len(str(2**63)) < 8000  # under PostgreSQL's payload limit
+    assert IDS_PER_NOTIFICATION * (len(str(2**63)) + 1) < 8000  # PostgreSQL payload limit
