@@ -21,7 +21,7 @@ import psycopg
 
 from bench import cyclone_bench as cy
 from bench import flows
-from bench.baseline import procrastinate_peer, raw_queue
+from bench.baseline import pgqueuer_peer, procrastinate_peer, raw_queue
 from cyclone_dsl import __version__
 from cyclone_dsl.db.embedded import embedded_database
 from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
@@ -84,6 +84,12 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
     add("raw SKIP LOCKED, 100 per tx", raw_100, "jobs/s")
     noop = cy.noop_throughput(admin, size["jobs"])
     add("standalone no-op steps", noop, "steps/s", "raw x100", raw_100, ">= 0.30x raw x100")
+    if pgqueuer_peer.available():
+        peer = in_schema(admin, lambda dsn: pgqueuer_peer.noop_throughput(dsn, size["jobs"]))
+        add("pgqueuer no-op jobs (asyncpg, batch 100)", peer, "jobs/s")
+        add("standalone vs pgqueuer", noop, "steps/s", "pgqueuer", peer, ">= 1.5x pgqueuer")
+    else:
+        print("  (pgqueuer not installed: pip install 'cyclone-dsl[bench]')")
     if procrastinate_peer.available():
         peer = in_schema(admin, lambda dsn: procrastinate_peer.noop_throughput(dsn, size["jobs"]))
         add("procrastinate no-op jobs", peer, "jobs/s")
