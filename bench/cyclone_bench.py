@@ -51,6 +51,33 @@ def noop_throughput(admin: str, jobs: int) -> float:
         return jobs / _drain(_worker(dsn), jobs)
 
 
+PRELOAD_RUNS = """
+WITH runs AS (
+    INSERT INTO cyclone_runs (workflow, def_version, state, finished_at)
+    SELECT 'bench_old', 'v', 'completed', now() FROM generate_series(1, %(count)s)
+    RETURNING id
+)
+INSERT INTO cyclone_steps (run_id, node, kind, state, output, completed_at)
+SELECT id, 'bench_noop', 'bench_noop', 'completed', 'null', now() FROM runs
+"""
+
+
+def noop_throughput_with_history(admin: str, jobs: int, history: int) -> float:
+    """Standalone no-op steps per second with ``history`` completed runs already stored."""
+    import psycopg
+
+    with fresh(admin) as dsn, Client(dsn) as client:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for start in range(0, history, 100_000):
+                conn.execute(PRELOAD_RUNS, {"count": min(100_000, history - start)})
+            conn.execute("VACUUM ANALYZE cyclone_runs")
+            conn.execute("VACUUM ANALYZE cyclone_steps")
+            conn.execute("CHECKPOINT")  # flush the preload before measuring
+        for start in range(0, jobs, 2000):
+            client.enqueue_many(flows.noop, [None] * min(2000, jobs - start))
+        return jobs / _drain(_worker(dsn), jobs)
+
+
 def workflow_throughput(admin: str, workflow: object, runs: int, steps_per_run: int) -> float:
     """Steps per second of ``runs`` runs of ``workflow`` (submitted beforehand)."""
     with fresh(admin) as dsn, Client(dsn) as client:

@@ -55,8 +55,8 @@ SELECT s.id,
         AND NOT EXISTS (SELECT 1 FROM cyclone_step_inputs AS i
                         WHERE i.run_id = s.run_id AND i.node = s.node)
         AND s.input IS NULL) AS no_input
-FROM cyclone_steps AS s
-WHERE s.id = ANY(%(ids)s::bigint[])
+FROM unnest(%(ids)s::bigint[]) AS t(id)
+JOIN cyclone_steps AS s ON s.id = t.id
 
 -- name: heartbeat_steps
 -- Extend the leases still held at the given generations; return the ones extended.

@@ -1,7 +1,8 @@
 -- name: lock_runs_of_steps
 -- Lock the runs of these steps and their ancestor runs, in id order, before any step row.
 WITH RECURSIVE up(id) AS (
-    SELECT DISTINCT s.run_id FROM cyclone_steps AS s WHERE s.id = ANY(%(ids)s::bigint[])
+    SELECT DISTINCT s.run_id
+    FROM unnest(%(ids)s::bigint[]) AS t(id) JOIN cyclone_steps AS s ON s.id = t.id
     UNION
     SELECT r.parent_run_id FROM cyclone_runs AS r JOIN up ON r.id = up.id
     WHERE r.parent_run_id IS NOT NULL
@@ -34,7 +35,9 @@ SET state = 'completed', output = c.output::jsonb,
     lease_owner = NULL, lease_expiry = NULL
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(outputs)s::text[])
     AS c(id, generation, output)
-WHERE s.id = c.id AND s.lease_generation = c.generation AND s.state = 'running'
+-- The CASE keeps the partial index on running steps from driving the plan (see finish_runs).
+WHERE s.id = c.id AND s.lease_generation = c.generation
+  AND CASE WHEN s.state = 'running' THEN true ELSE false END
 RETURNING s.id, s.run_id, s.node, s.item_of,
           EXISTS (SELECT 1 FROM cyclone_deps AS d
                   WHERE d.run_id = s.run_id AND d.dep_node = s.node) AS has_downstream
@@ -104,10 +107,14 @@ RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.fan_out_parallel,
 
 
 -- name: finish_runs
--- Complete the runs whose every step is terminal.
+-- Complete the runs whose every step is terminal. The state guard is written as a CASE so
+-- that no index on state can drive the plan: with stale statistics (a burst of new runs on
+-- a large table) PostgreSQL would otherwise scan every running run for each call, instead
+-- of looking the given ids up by primary key.
 UPDATE cyclone_runs AS r
 SET state = 'completed', finished_at = now() + %(shift)s::interval, updated_at = now()
-WHERE r.id = ANY(%(run_ids)s::bigint[]) AND r.state IN ('running', 'paused')
+FROM unnest(%(run_ids)s::bigint[]) AS t(id)
+WHERE r.id = t.id AND CASE WHEN r.state IN ('running', 'paused') THEN true ELSE false END
   AND NOT EXISTS (
       SELECT 1 FROM cyclone_steps AS s
       WHERE s.run_id = r.id AND s.state NOT IN ('completed', 'discarded', 'cancelled'))
@@ -117,7 +124,8 @@ RETURNING r.id, r.parent_run_id, r.parent_node_id
 -- Fail or cancel runs that are not terminal yet.
 UPDATE cyclone_runs AS r
 SET state = %(state)s, finished_at = now() + %(shift)s::interval, updated_at = now()
-WHERE r.id = ANY(%(run_ids)s::bigint[]) AND r.state IN ('running', 'paused')
+FROM unnest(%(run_ids)s::bigint[]) AS t(id)
+WHERE r.id = t.id AND r.state IN ('running', 'paused')
 RETURNING r.id, r.parent_run_id, r.parent_node_id
 
 -- name: cancel_open_steps
@@ -126,7 +134,8 @@ UPDATE cyclone_steps AS s
 SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
     error = coalesce(s.error, %(error)s), error_kind = coalesce(s.error_kind, %(error_kind)s),
     lease_owner = NULL, lease_expiry = NULL
-WHERE s.run_id = ANY(%(run_ids)s::bigint[])
+FROM unnest(%(run_ids)s::bigint[]) AS t(run_id)
+WHERE s.run_id = t.run_id
   AND s.state NOT IN ('completed', 'discarded', 'cancelled')
 RETURNING s.run_id, s.node, s.kind
 
