@@ -64,7 +64,8 @@ UPDATE cyclone_steps AS s
 SET lease_expiry = now() + %(shift)s::interval + %(lease)s::interval,
     heartbeat_at = now() + %(shift)s::interval
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS h(id, generation)
-WHERE s.id = h.id AND s.lease_generation = h.generation AND s.state = 'running'
+WHERE s.id = h.id AND s.lease_generation = h.generation
+  AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
 RETURNING s.id
 
 -- name: release_steps
@@ -74,6 +75,7 @@ SET state = CASE WHEN r.state = 'paused' THEN 'paused' ELSE 'available' END,
     lease_owner = NULL, lease_expiry = NULL, heartbeat_at = NULL, started_at = NULL,
     scheduled_at = now() + %(shift)s::interval
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS h(id, generation), cyclone_runs AS r
-WHERE s.id = h.id AND s.lease_generation = h.generation AND s.state = 'running'
+WHERE s.id = h.id AND s.lease_generation = h.generation
+  AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
   AND r.id = s.run_id
 RETURNING s.id, s.queue

@@ -64,7 +64,8 @@ FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(retry)s::bool[],
             %(stacks)s::text[])
         AS f(id, generation, retry, delay_s, error, error_kind, panic_stack),
      cyclone_runs AS r
-WHERE s.id = f.id AND s.lease_generation = f.generation AND s.state = 'running'
+WHERE s.id = f.id AND s.lease_generation = f.generation
+  AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
   AND r.id = s.run_id
 RETURNING s.id, s.run_id, s.node, s.state, s.queue, s.item_of, s.error, s.error_kind
 
