@@ -25,7 +25,8 @@ from cyclone_dsl.ui.app import create_app
 from tests.ui.test_ui_api import echo, waits
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "img"
+#: Screenshots go to a temporary folder; CYCLONE_SCREENSHOTS=1 refreshes the ones in docs/img.
+DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "img"
 
 if CHROMIUM is None and os.environ.get("CI"):
     raise RuntimeError("CI needs Debian's chromium for the browser tests (.ci/run installs it)")
@@ -75,9 +76,11 @@ def browser_page() -> Iterator[object]:
 
 
 def test_the_flagship_run_is_steered_from_the_browser(
-    server: str, client: Client, cyclone_dsn: str, browser_page: object
+    server: str, client: Client, cyclone_dsn: str, browser_page: object, tmp_path: Path
 ) -> None:
     from playwright.sync_api import Page, expect
+
+    shots = DOCS_IMAGES if os.environ.get("CYCLONE_SCREENSHOTS") == "1" else tmp_path
 
     page: Page = browser_page  # type: ignore[assignment]
     registry = Registry.from_objects([flagship])
@@ -87,7 +90,7 @@ def test_the_flagship_run_is_steered_from_the_browser(
         other = client.submit(waits, "<script>window.hacked = true</script>")
         page.goto(f"{server}/runs")
         expect(page.locator(f'tr[data-run="{run.id}"]')).to_be_visible()
-        page.screenshot(path=str(SHOTS / "runs.png"))
+        page.screenshot(path=str(shots / "runs.png"))
         page.goto(f"{server}/runs/{run.id}")
         expect(page.locator('g.node[data-node="approved"]')).to_have_attribute(
             "data-state", "waiting_signal", timeout=15_000
@@ -103,7 +106,7 @@ def test_the_flagship_run_is_steered_from_the_browser(
             time.sleep(0.1)
         expect(page.locator("#run-state")).to_have_text("completed")
         expect(page.locator('g.node[data-node="demo_ship_line"]')).to_contain_text("4/4 items")
-        page.screenshot(path=str(SHOTS / "run.png"), full_page=True)
+        page.screenshot(path=str(shots / "run.png"), full_page=True)
         page.goto(f"{server}/runs/{other.id}")
         assert page.evaluate("window.hacked === undefined")
         expect(page.locator("p.meta", has_text="input:")).to_contain_text(
@@ -112,5 +115,5 @@ def test_the_flagship_run_is_steered_from_the_browser(
         page.click("text=Cancel")
         expect(page.locator("#run-state")).to_have_text("cancelled")
         page.goto(f"{server}/queues")
-        page.screenshot(path=str(SHOTS / "queues.png"))
+        page.screenshot(path=str(shots / "queues.png"))
     assert echo  # the module's handlers are registered for the other run
