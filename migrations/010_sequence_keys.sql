@@ -1,4 +1,5 @@
--- FIFO-per-key sequences (WithSequence): one active step per key, gated at claim.
+-- Version 10: FIFO-per-key sequences (WithSequence, standalone enqueues only). The claim
+-- gate lets one step per key be active at a time; the partial index backs it.
 
 ALTER TABLE cyclone_steps ADD COLUMN sequence_key text;
 CREATE INDEX idx_steps_sequence ON cyclone_steps (sequence_key, scheduled_at, id)
@@ -6,5 +7,5 @@ CREATE INDEX idx_steps_sequence ON cyclone_steps (sequence_key, scheduled_at, id
 
 ---- create above / drop below ----
 
-DROP INDEX IF EXISTS idx_steps_sequence;
-ALTER TABLE cyclone_steps DROP COLUMN IF EXISTS sequence_key;
+DROP INDEX idx_steps_sequence;
+ALTER TABLE cyclone_steps DROP COLUMN sequence_key;

@@ -1,22 +1,37 @@
--- Child workflow runs (workflow.Child): the parent link on the child run, the child node's
--- workflow and whether it needs the child's result, and the waiting_child state.
--- There is no foreign key on parent_run_id: a purge may delete a parent before its child.
+-- Version 19: child workflow runs (workflow.Child).
+-- parent_run_id and parent_node_id are written by the insert of a child run, in the
+-- transaction that inserts its graph; NULL for a run with no parent. There is no foreign
+-- key: a purge can delete the parent run before the child run. The reserved column
+-- cyclone_steps.parent_node of version 1 stays reserved.
+-- child_workflow (the workflow a child node starts; its kind is @child) and
+-- child_needs_result (true for ResultWorkflow.Child, false for Workflow.Child) are set on
+-- a child node only. idx_runs_parent keeps one child run per parent node, in every state.
+-- waiting_child joins cyclone_steps_state_check; the new CHECK accepts every old value,
+-- so it is added NOT VALID. cyclone_v_runs is re-issued with the parent link appended.
+-- Every column is nullable with no default: no row is rewritten.
 --
--- Out of band on a large table (then check that the indexes are valid in pg_index):
+-- Each index build scans its table while this migration holds its lock (the indexes
+-- start empty). A large deployment can build the columns and the indexes out of band
+-- first, outside a transaction (IF NOT EXISTS below then keeps them):
+--
 --   ALTER TABLE cyclone_runs ADD COLUMN IF NOT EXISTS parent_run_id bigint;
 --   ALTER TABLE cyclone_runs ADD COLUMN IF NOT EXISTS parent_node_id text;
 --   CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS idx_runs_parent
 --       ON cyclone_runs (parent_run_id, parent_node_id) WHERE parent_run_id IS NOT NULL;
 --   CREATE INDEX CONCURRENTLY IF NOT EXISTS idx_steps_waiting_child
 --       ON cyclone_steps (run_id) WHERE state = 'waiting_child';
+--
+-- Then check that both indexes are valid (indisvalid in pg_index) before migrating.
+--
+-- Down refuses while a step is waiting_child; child runs stay, as runs with no parent.
 
 ALTER TABLE cyclone_runs ADD COLUMN IF NOT EXISTS parent_run_id bigint;
 ALTER TABLE cyclone_runs ADD COLUMN IF NOT EXISTS parent_node_id text;
-ALTER TABLE cyclone_steps ADD COLUMN child_workflow text;
-ALTER TABLE cyclone_steps ADD COLUMN child_needs_result boolean;
+ALTER TABLE cyclone_steps ADD COLUMN IF NOT EXISTS child_workflow text;
+ALTER TABLE cyclone_steps ADD COLUMN IF NOT EXISTS child_needs_result boolean;
 
-CREATE UNIQUE INDEX IF NOT EXISTS idx_runs_parent ON cyclone_runs (parent_run_id, parent_node_id)
-    WHERE parent_run_id IS NOT NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS idx_runs_parent
+    ON cyclone_runs (parent_run_id, parent_node_id) WHERE parent_run_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS idx_steps_waiting_child ON cyclone_steps (run_id)
     WHERE state = 'waiting_child';
 
@@ -49,6 +64,7 @@ BEGIN
 END
 $$;
 
+-- CREATE OR REPLACE VIEW cannot remove a column: the view of version 18 is re-created.
 DROP VIEW cyclone_v_runs;
 CREATE VIEW cyclone_v_runs AS
 SELECT r.id, r.workflow, r.def_version, r.state, r.created_at, r.updated_at, r.finished_at,
@@ -61,13 +77,14 @@ SELECT r.id, r.workflow, r.def_version, r.state, r.created_at, r.updated_at, r.f
 FROM cyclone_runs AS r
 LEFT JOIN cyclone_steps AS s ON s.run_id = r.id
 GROUP BY r.id;
+-- The check of version 18 was NOT VALID: restore it NOT VALID.
 ALTER TABLE cyclone_steps DROP CONSTRAINT cyclone_steps_state_check;
 ALTER TABLE cyclone_steps ADD CONSTRAINT cyclone_steps_state_check CHECK (state IN (
     'pending', 'available', 'running', 'waiting_signal', 'waiting_timer', 'paused',
     'completed', 'discarded', 'cancelled')) NOT VALID;
-DROP INDEX IF EXISTS idx_steps_waiting_child;
-DROP INDEX IF EXISTS idx_runs_parent;
-ALTER TABLE cyclone_steps DROP COLUMN IF EXISTS child_needs_result;
-ALTER TABLE cyclone_steps DROP COLUMN IF EXISTS child_workflow;
-ALTER TABLE cyclone_runs DROP COLUMN IF EXISTS parent_node_id;
-ALTER TABLE cyclone_runs DROP COLUMN IF EXISTS parent_run_id;
+DROP INDEX idx_steps_waiting_child;
+DROP INDEX idx_runs_parent;
+ALTER TABLE cyclone_steps DROP COLUMN child_needs_result;
+ALTER TABLE cyclone_steps DROP COLUMN child_workflow;
+ALTER TABLE cyclone_runs DROP COLUMN parent_node_id;
+ALTER TABLE cyclone_runs DROP COLUMN parent_run_id;

@@ -1,253 +1,104 @@
-"""The schema after all 19 migrations, written from the schema reference (spec/000).
+"""The schema the 19 migrations build, written as data from the schema reference (spec/000)
+and the migrations reference (spec/001).
 
-Columns are (name, data type as information_schema spells it, nullable).
+Every object carries the version that creates it (``since``) and, when a later migration
+replaces it, the version that does (``until``): :func:`expected_at` gives the catalog
+after any version, in the shape :func:`tests.migrations.catalog.read_catalog` returns.
+
+Spelling, which is PostgreSQL's once casts to text are dropped (see ``catalog.plain``):
+
+* a column type is ``format_type()``'s (``bigint``, ``text[]``, ``timestamp with time
+  zone``); a default is its expression (``'running'``, ``now()``, ``0``);
+* an index is its key list and its predicate (``IN`` for ``= ANY (ARRAY[...])``);
+* a constraint is its type letter (``p`` primary key, ``u`` unique, ``f`` foreign key,
+  ``c`` check) and its definition, plus whether it is validated (NOT VALID or not).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
+LATEST = 19
 TS = "timestamp with time zone"
 
-TABLES: dict[str, list[tuple[str, str, bool]]] = {
-    "cyclone_runs": [
-        ("id", "bigint", False),
-        ("workflow", "text", False),
-        ("def_version", "text", False),
-        ("input", "jsonb", True),
-        ("state", "text", False),
-        ("created_at", TS, False),
-        ("updated_at", TS, False),
-        ("finished_at", TS, True),
-        ("deadline_at", TS, True),
-        ("result_node", "text", True),
-        ("submit_key", "text", True),
-        ("has_fan_out", "boolean", False),
-        ("paused_at", TS, True),
-        ("parent_run_id", "bigint", True),
-        ("parent_node_id", "text", True),
-    ],
-    "cyclone_steps": [
-        ("id", "bigint", False),
-        ("run_id", "bigint", False),
-        ("node", "text", False),
-        ("kind", "text", False),
-        ("state", "text", False),
-        ("input", "jsonb", True),
-        ("output", "jsonb", True),
-        ("input_from", "text", True),
-        ("queue", "text", False),
-        ("priority", "integer", False),
-        ("attempt", "integer", False),
-        ("max_attempts", "integer", False),
-        ("scheduled_at", TS, False),
-        ("timeout", "interval", True),
-        ("signal_name", "text", True),
-        ("signal_names", "ARRAY", True),
-        ("wait_for", "interval", True),
-        ("wait_count", "integer", True),
-        ("on_dep_failure", "text", True),
-        ("sequence_key", "text", True),
-        ("unique_key", "text", True),
-        ("parent_node", "text", True),
-        ("unique_until", TS, True),
-        ("lease_owner", "text", True),
-        ("lease_expiry", TS, True),
-        ("heartbeat_at", TS, True),
-        ("lease_generation", "bigint", False),
-        ("reclaims", "integer", False),
-        ("fan_out_parallel", "integer", True),
-        ("fan_out_max_bytes", "bigint", True),
-        ("item_of", "text", True),
-        ("item_index", "integer", True),
-        ("child_workflow", "text", True),
-        ("child_needs_result", "boolean", True),
-        ("error", "text", True),
-        ("error_kind", "text", True),
-        ("panic_stack", "text", True),
-        ("retention", "interval", True),
-        ("created_at", TS, False),
-        ("started_at", TS, True),
-        ("completed_at", TS, True),
-    ],
-    "cyclone_deps": [
-        ("run_id", "bigint", False),
-        ("node", "text", False),
-        ("dep_node", "text", False),
-        ("dep_type", "text", False),
-    ],
-    "cyclone_step_inputs": [
-        ("run_id", "bigint", False),
-        ("node", "text", False),
-        ("slot", "integer", False),
-        ("dep_node", "text", False),
-        ("assembly_mode", "text", False),
-    ],
-    "cyclone_signals": [
-        ("id", "bigint", False),
-        ("run_id", "bigint", False),
-        ("name", "text", False),
-        ("payload", "jsonb", True),
-        ("created_at", TS, False),
-        ("consumed_by", "text", True),
-        ("consumed_at", TS, True),
-    ],
-    "cyclone_schedules": [
-        ("id", "text", False),
-        ("kind", "text", False),
-        ("input", "jsonb", True),
-        ("cron_spec", "text", False),
-        ("location", "text", False),
-        ("next_run_at", TS, False),
-        ("enabled", "boolean", False),
-        ("lease_owner", "text", True),
-        ("lease_expiry", TS, True),
-        ("last_run_id", "bigint", True),
-        ("last_error", "text", True),
-        ("consecutive_failures", "integer", False),
-        ("max_attempts", "integer", False),
-        ("timeout", "interval", True),
-        ("queue", "text", False),
-        ("priority", "integer", False),
-        ("retention", "interval", True),
-        ("def_version", "text", True),
-        ("created_at", TS, False),
-        ("updated_at", TS, False),
-    ],
-    "cyclone_schedule_fires": [
-        ("schedule_id", "text", False),
-        ("scheduled_for", TS, False),
-        ("run_id", "bigint", False),
-        ("created_at", TS, False),
-    ],
-    "cyclone_schema_version": [("version", "integer", False)],
-}
 
-DEFAULTS: dict[tuple[str, str], str] = {
-    ("cyclone_runs", "state"): "'running'::text",
-    ("cyclone_runs", "has_fan_out"): "false",
-    ("cyclone_steps", "state"): "'pending'::text",
-    ("cyclone_steps", "queue"): "'default'::text",
-    ("cyclone_steps", "priority"): "0",
-    ("cyclone_steps", "attempt"): "0",
-    ("cyclone_steps", "max_attempts"): "5",
-    ("cyclone_steps", "lease_generation"): "0",
-    ("cyclone_steps", "reclaims"): "0",
-    ("cyclone_deps", "dep_type"): "'control'::text",
-    ("cyclone_step_inputs", "assembly_mode"): "'tuple'::text",
-    ("cyclone_schedules", "max_attempts"): "5",
-    ("cyclone_schedules", "enabled"): "true",
-    ("cyclone_schedules", "consecutive_failures"): "0",
-}
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    nullable: bool = True
+    default: str | None = None
+    identity: str | None = None  # "by default" for GENERATED BY DEFAULT AS IDENTITY
+    since: int = 1
+    until: int | None = None
 
-PRIMARY_KEYS: dict[str, list[str]] = {
-    "cyclone_runs": ["id"],
-    "cyclone_steps": ["id"],
-    "cyclone_deps": ["run_id", "node", "dep_node"],
-    "cyclone_step_inputs": ["run_id", "node", "slot"],
-    "cyclone_signals": ["id"],
-    "cyclone_schedules": ["id"],
-    "cyclone_schedule_fires": ["schedule_id", "scheduled_for"],
-}
 
-# (table, columns, referenced table, referenced columns, ON DELETE action code)
-# Action codes are pg_constraint.confdeltype: c = cascade, n = set null.
-FOREIGN_KEYS: set[tuple[str, tuple[str, ...], str, tuple[str, ...], str]] = {
-    ("cyclone_steps", ("run_id",), "cyclone_runs", ("id",), "c"),
-    ("cyclone_deps", ("run_id",), "cyclone_runs", ("id",), "c"),
-    ("cyclone_step_inputs", ("run_id", "node"), "cyclone_steps", ("run_id", "node"), "c"),
-    ("cyclone_step_inputs", ("run_id", "dep_node"), "cyclone_steps", ("run_id", "node"), "c"),
-    ("cyclone_signals", ("run_id",), "cyclone_runs", ("id",), "c"),
-    ("cyclone_schedules", ("last_run_id",), "cyclone_runs", ("id",), "n"),
-    ("cyclone_schedule_fires", ("schedule_id",), "cyclone_schedules", ("id",), "c"),
-    ("cyclone_schedule_fires", ("run_id",), "cyclone_runs", ("id",), "c"),
-}
+@dataclass(frozen=True)
+class Index:
+    name: str
+    keys: str
+    where: str | None = None
+    unique: bool = False
+    since: int = 1
+    until: int | None = None
 
-CHECKS = {
-    "cyclone_runs_state_check",
-    "cyclone_steps_state_check",
-    "cyclone_steps_queue_check",
-    "cyclone_schedules_queue_check",
-    "cyclone_steps_max_attempts_check",
-}
 
-# index name -> (table, unique, a fragment its definition must contain)
-INDEXES: dict[str, tuple[str, bool, str]] = {
-    "idx_steps_claim": ("cyclone_steps", False, "(queue, priority DESC, scheduled_at)"),
-    "idx_steps_lease": ("cyclone_steps", False, "(lease_expiry)"),
-    "idx_steps_timer": ("cyclone_steps", False, "'waiting_timer'"),
-    "idx_steps_signal": ("cyclone_steps", False, "(run_id, signal_name)"),
-    "idx_steps_signal_timeout": ("cyclone_steps", False, "wait_for IS NOT NULL"),
-    "idx_steps_timeout": ("cyclone_steps", False, "(started_at)"),
-    "idx_steps_signal_name_unique": ("cyclone_steps", True, "(run_id, signal_name)"),
-    "idx_steps_unique_active": ("cyclone_steps", True, "'paused'"),
-    "idx_steps_sequence": ("cyclone_steps", False, "'paused'"),
-    "idx_signals_unconsumed": ("cyclone_signals", False, "(run_id, name, id)"),
-    "idx_signals_run": ("cyclone_signals", False, "(run_id)"),
-    "idx_schedule_fires_run": ("cyclone_schedule_fires", False, "(run_id)"),
-    "idx_deps_depnode": ("cyclone_deps", False, "(run_id, dep_node)"),
-    "idx_step_inputs_depnode": ("cyclone_step_inputs", False, "(run_id, dep_node)"),
-    "idx_schedules_due": ("cyclone_schedules", False, "(next_run_at)"),
-    "idx_schedules_lease": ("cyclone_schedules", False, "(lease_expiry)"),
-    "idx_runs_state_id": ("cyclone_runs", False, "(state, id DESC)"),
-    "idx_runs_deadline": ("cyclone_runs", False, "(deadline_at)"),
-    "idx_runs_submit_key": ("cyclone_runs", True, "(workflow, submit_key)"),
-    "idx_steps_fan_out": ("cyclone_steps", False, "fan_out_parallel IS NOT NULL"),
-    "idx_steps_items": ("cyclone_steps", False, "(run_id, item_of, state, item_index)"),
-    "idx_runs_parent": ("cyclone_runs", True, "(parent_run_id, parent_node_id)"),
-    "idx_steps_waiting_child": ("cyclone_steps", False, "'waiting_child'"),
-}
+@dataclass(frozen=True)
+class Constraint:
+    name: str
+    type: str
+    definition: str
+    validated: bool = True
+    since: int = 1
+    until: int | None = None
 
-VIEWS: dict[str, set[str]] = {
-    "cyclone_v_runs": {
-        "id",
-        "workflow",
-        "state",
-        "created_at",
-        "updated_at",
-        "finished_at",
-        "steps_total",
-        "steps_completed",
-        "steps_discarded",
-        "steps_running",
-        "steps_waiting_signal",
-        "steps_waiting_timer",
-        "parent_run_id",
-        "parent_node_id",
-    },
-    "cyclone_v_steps": {
-        "id",
-        "run_id",
-        "node",
-        "kind",
-        "state",
-        "attempt",
-        "max_attempts",
-        "error",
-        "error_kind",
-        "lease_owner",
-        "lease_expiry",
-        "lease_expired",
-        "heartbeat_at",
-        "created_at",
-        "started_at",
-        "completed_at",
-        "signal_name",
-        "panic_stack",
-        "reclaims",
-        "item_of",
-        "item_index",
-    },
-    "cyclone_v_kinds": {"kind", "state", "count", "oldest_available_age", "expired_leases"},
-    "cyclone_v_queues": {
-        "queue",
-        "available",
-        "running",
-        "waiting",
-        "oldest_available_age",
-        "expired_leases",
-    },
-}
 
-STEP_STATES = {
+@dataclass(frozen=True)
+class Table:
+    columns: list[Column]
+    constraints: list[Constraint] = field(default_factory=list)
+    indexes: list[Index] = field(default_factory=list)
+    options: dict[str, str] = field(default_factory=dict)
+    since: int = 1
+
+
+@dataclass(frozen=True)
+class View:
+    columns: list[Column]  # name and type only
+    since: int = 1
+
+
+HOT = {"autovacuum_vacuum_scale_factor": "0.02", "autovacuum_analyze_scale_factor": "0.01"}
+
+
+def states(*names: str) -> str:
+    return "state IN (" + ", ".join(f"'{n}'" for n in names) + ")"
+
+
+STEP_STATES_V1 = ("pending", "available", "running", "completed", "discarded", "cancelled")
+STEP_STATES_V2 = (
+    "pending",
+    "available",
+    "running",
+    "waiting_signal",
+    "waiting_timer",
+    "completed",
+    "discarded",
+    "cancelled",
+)
+STEP_STATES_V18 = (
+    "pending",
+    "available",
+    "running",
+    "waiting_signal",
+    "waiting_timer",
+    "paused",
+    "completed",
+    "discarded",
+    "cancelled",
+)
+STEP_STATES_V19 = (
     "pending",
     "available",
     "running",
@@ -258,5 +109,461 @@ STEP_STATES = {
     "completed",
     "discarded",
     "cancelled",
+)
+RUN_STATES_V1 = ("running", "completed", "failed", "cancelled")
+RUN_STATES_V18 = ("running", "paused", "completed", "failed", "cancelled")
+
+# Active standalone work holds its unique key; paused joins at 18.
+ACTIVE_V1 = ("pending", "available", "running", "waiting_signal", "waiting_timer")
+ACTIVE_V18 = (*ACTIVE_V1, "paused")
+
+
+TABLES: dict[str, Table] = {
+    "cyclone_runs": Table(
+        columns=[
+            Column("id", "bigint", False, identity="by default"),
+            Column("workflow", "text", False),
+            Column("def_version", "text", False),
+            Column("input", "jsonb"),
+            Column("state", "text", False, "'running'"),
+            Column("created_at", TS, False, "now()"),
+            Column("updated_at", TS, False, "now()"),
+            Column("finished_at", TS),
+            Column("deadline_at", TS, since=6),
+            Column("result_node", "text", since=15),
+            Column("submit_key", "text", since=16),
+            Column("has_fan_out", "boolean", False, "false", since=17),
+            Column("paused_at", TS, since=18),
+            Column("parent_run_id", "bigint", since=19),
+            Column("parent_node_id", "text", since=19),
+        ],
+        constraints=[
+            Constraint("cyclone_runs_pkey", "p", "PRIMARY KEY (id)"),
+            Constraint("cyclone_runs_state_check", "c", states(*RUN_STATES_V1), until=18),
+            Constraint(
+                "cyclone_runs_state_check",
+                "c",
+                states(*RUN_STATES_V18),
+                validated=False,
+                since=18,
+            ),
+        ],
+        indexes=[
+            Index("idx_runs_state_id", "state, id DESC"),
+            Index(
+                "idx_runs_deadline",
+                "deadline_at",
+                "state = 'running' AND deadline_at IS NOT NULL",
+                since=6,
+            ),
+            Index(
+                "idx_runs_submit_key",
+                "workflow, submit_key",
+                "submit_key IS NOT NULL",
+                unique=True,
+                since=16,
+            ),
+            Index(
+                "idx_runs_parent",
+                "parent_run_id, parent_node_id",
+                "parent_run_id IS NOT NULL",
+                unique=True,
+                since=19,
+            ),
+        ],
+        options=HOT,
+    ),
+    "cyclone_steps": Table(
+        columns=[
+            Column("id", "bigint", False, identity="by default"),
+            Column("run_id", "bigint", False),
+            Column("node", "text", False),
+            Column("kind", "text", False),
+            Column("state", "text", False, "'pending'"),
+            Column("input", "jsonb"),
+            Column("output", "jsonb"),
+            Column("input_from", "text"),
+            Column("queue", "text", False, "'default'"),
+            Column("priority", "integer", False, "0"),
+            Column("attempt", "integer", False, "0"),
+            Column("max_attempts", "integer", False, "25", until=4),
+            Column("max_attempts", "integer", False, "5", since=4),
+            Column("scheduled_at", TS, False, "now()"),
+            Column("timeout", "interval"),
+            Column("signal_name", "text"),
+            Column("unique_key", "text"),
+            Column("parent_node", "text"),
+            Column("unique_until", TS),
+            Column("lease_owner", "text"),
+            Column("lease_expiry", TS),
+            Column("heartbeat_at", TS),
+            Column("error", "text"),
+            Column("error_kind", "text"),
+            Column("retention", "interval"),
+            Column("created_at", TS, False, "now()"),
+            Column("started_at", TS),
+            Column("completed_at", TS),
+            Column("wait_for", "interval", since=2),
+            Column("panic_stack", "text", since=5),
+            Column("wait_count", "integer", since=7),
+            Column("signal_names", "text[]", since=8),
+            Column("on_dep_failure", "text", since=9),
+            Column("sequence_key", "text", since=10),
+            Column("lease_generation", "bigint", False, "0", since=11),
+            Column("reclaims", "integer", False, "0", since=14),
+            Column("fan_out_parallel", "integer", since=17),
+            Column("fan_out_max_bytes", "bigint", since=17),
+            Column("item_of", "text", since=17),
+            Column("item_index", "integer", since=17),
+            Column("child_workflow", "text", since=19),
+            Column("child_needs_result", "boolean", since=19),
+        ],
+        constraints=[
+            Constraint("cyclone_steps_pkey", "p", "PRIMARY KEY (id)"),
+            Constraint("cyclone_steps_run_id_node_key", "u", "UNIQUE (run_id, node)"),
+            Constraint(
+                "cyclone_steps_run_id_fkey",
+                "f",
+                "FOREIGN KEY (run_id) REFERENCES cyclone_runs(id) ON DELETE CASCADE",
+            ),
+            Constraint("cyclone_steps_state_check", "c", states(*STEP_STATES_V1), until=2),
+            Constraint(
+                "cyclone_steps_state_check", "c", states(*STEP_STATES_V2), since=2, until=18
+            ),
+            Constraint(
+                "cyclone_steps_state_check",
+                "c",
+                states(*STEP_STATES_V18),
+                validated=False,
+                since=18,
+                until=19,
+            ),
+            Constraint(
+                "cyclone_steps_state_check",
+                "c",
+                states(*STEP_STATES_V19),
+                validated=False,
+                since=19,
+            ),
+            Constraint("cyclone_steps_queue_check", "c", "octet_length(queue) <= 256", since=11),
+            Constraint(
+                "cyclone_steps_max_attempts_check",
+                "c",
+                "max_attempts >= 1",
+                validated=False,
+                since=13,
+            ),
+        ],
+        indexes=[
+            Index("idx_steps_claim", "queue, priority DESC, scheduled_at", "state = 'available'"),
+            Index("idx_steps_lease", "lease_expiry", "state = 'running'"),
+            Index("idx_steps_timer", "scheduled_at", "state = 'waiting_timer'"),
+            Index("idx_steps_signal", "run_id, signal_name", "state = 'waiting_signal'"),
+            Index("idx_steps_timeout", "started_at", "state = 'running' AND timeout IS NOT NULL"),
+            Index(
+                "idx_steps_unique_active",
+                "kind, unique_key",
+                "unique_key IS NOT NULL AND " + states(*ACTIVE_V1),
+                unique=True,
+                until=18,
+            ),
+            Index(
+                "idx_steps_unique_active",
+                "kind, unique_key",
+                "unique_key IS NOT NULL AND " + states(*ACTIVE_V18),
+                unique=True,
+                since=18,
+            ),
+            Index(
+                "idx_steps_signal_timeout",
+                "scheduled_at",
+                "state = 'waiting_signal' AND wait_for IS NOT NULL",
+                since=2,
+            ),
+            Index(
+                "idx_steps_signal_name_unique",
+                "run_id, signal_name",
+                "signal_name IS NOT NULL",
+                unique=True,
+                since=2,
+            ),
+            Index(
+                "idx_steps_sequence",
+                "sequence_key, scheduled_at, id",
+                "sequence_key IS NOT NULL AND " + states("available", "running"),
+                since=10,
+                until=18,
+            ),
+            Index(
+                "idx_steps_sequence",
+                "sequence_key, scheduled_at, id",
+                "sequence_key IS NOT NULL AND " + states("available", "running", "paused"),
+                since=18,
+            ),
+            Index(
+                "idx_steps_fan_out",
+                "run_id",
+                "fan_out_parallel IS NOT NULL AND state = 'pending'",
+                since=17,
+            ),
+            Index(
+                "idx_steps_items",
+                "run_id, item_of, state, item_index",
+                "item_of IS NOT NULL",
+                since=17,
+            ),
+            Index("idx_steps_waiting_child", "run_id", "state = 'waiting_child'", since=19),
+        ],
+        options={"fillfactor": "80", **HOT},
+    ),
+    "cyclone_deps": Table(
+        columns=[
+            Column("run_id", "bigint", False),
+            Column("node", "text", False),
+            Column("dep_node", "text", False),
+            Column("dep_type", "text", False, "'control'"),
+        ],
+        constraints=[
+            Constraint("cyclone_deps_pkey", "p", "PRIMARY KEY (run_id, node, dep_node)"),
+            Constraint(
+                "cyclone_deps_run_id_fkey",
+                "f",
+                "FOREIGN KEY (run_id) REFERENCES cyclone_runs(id) ON DELETE CASCADE",
+            ),
+        ],
+        indexes=[Index("idx_deps_depnode", "run_id, dep_node")],
+    ),
+    "cyclone_step_inputs": Table(
+        columns=[
+            Column("run_id", "bigint", False),
+            Column("node", "text", False),
+            Column("slot", "integer", False),
+            Column("dep_node", "text", False),
+            Column("assembly_mode", "text", False, "'tuple'", since=3),
+        ],
+        constraints=[
+            Constraint("cyclone_step_inputs_pkey", "p", "PRIMARY KEY (run_id, node, slot)"),
+            Constraint(
+                "cyclone_step_inputs_run_id_node_fkey",
+                "f",
+                "FOREIGN KEY (run_id, node) REFERENCES cyclone_steps(run_id, node) "
+                "ON DELETE CASCADE",
+            ),
+            Constraint(
+                "cyclone_step_inputs_run_id_dep_node_fkey",
+                "f",
+                "FOREIGN KEY (run_id, dep_node) REFERENCES cyclone_steps(run_id, node) "
+                "ON DELETE CASCADE",
+            ),
+        ],
+        indexes=[Index("idx_step_inputs_depnode", "run_id, dep_node")],
+    ),
+    "cyclone_signals": Table(
+        columns=[
+            Column("id", "bigint", False, identity="by default"),
+            Column("run_id", "bigint", False),
+            Column("name", "text", False),
+            Column("payload", "jsonb"),
+            Column("created_at", TS, False, "now()"),
+            Column("consumed_by", "text"),
+            Column("consumed_at", TS, since=2),
+        ],
+        constraints=[
+            Constraint("cyclone_signals_pkey", "p", "PRIMARY KEY (id)"),
+            Constraint(
+                "cyclone_signals_run_id_fkey",
+                "f",
+                "FOREIGN KEY (run_id) REFERENCES cyclone_runs(id) ON DELETE CASCADE",
+            ),
+        ],
+        indexes=[
+            Index("idx_signals_unconsumed", "run_id, name, id", "consumed_by IS NULL", since=2),
+            Index("idx_signals_run", "run_id", since=13),
+        ],
+        options=HOT,
+    ),
+    "cyclone_schedules": Table(
+        columns=[
+            Column("id", "text", False),
+            Column("kind", "text", False),
+            Column("input", "jsonb"),
+            Column("cron_spec", "text", False),
+            Column("location", "text", False, "'Local'"),
+            Column("next_run_at", TS, False),
+            Column("enabled", "boolean", False, "true"),
+            Column("lease_owner", "text"),
+            Column("lease_expiry", TS),
+            Column("last_run_id", "bigint"),
+            Column("last_error", "text"),
+            Column("consecutive_failures", "integer", False, "0"),
+            Column("max_attempts", "integer", False, "25", until=4),
+            Column("max_attempts", "integer", False, "5", since=4),
+            Column("timeout", "interval"),
+            Column("queue", "text", False, "'default'"),
+            Column("priority", "integer", False, "0"),
+            Column("retention", "interval"),
+            Column("created_at", TS, False, "now()"),
+            Column("updated_at", TS, False, "now()"),
+            Column("def_version", "text", since=12),
+        ],
+        constraints=[
+            Constraint("cyclone_schedules_pkey", "p", "PRIMARY KEY (id)"),
+            Constraint(
+                "cyclone_schedules_last_run_id_fkey",
+                "f",
+                "FOREIGN KEY (last_run_id) REFERENCES cyclone_runs(id) ON DELETE SET NULL",
+            ),
+            Constraint(
+                "cyclone_schedules_queue_check", "c", "octet_length(queue) <= 256", since=11
+            ),
+        ],
+        indexes=[
+            Index("idx_schedules_due", "next_run_at", "enabled"),
+            Index("idx_schedules_lease", "lease_expiry", "lease_expiry IS NOT NULL"),
+        ],
+    ),
+    "cyclone_schedule_fires": Table(
+        columns=[
+            Column("schedule_id", "text", False),
+            Column("scheduled_for", TS, False),
+            Column("run_id", "bigint", False),
+            Column("created_at", TS, False, "now()"),
+        ],
+        constraints=[
+            Constraint(
+                "cyclone_schedule_fires_pkey", "p", "PRIMARY KEY (schedule_id, scheduled_for)"
+            ),
+            Constraint(
+                "cyclone_schedule_fires_schedule_id_fkey",
+                "f",
+                "FOREIGN KEY (schedule_id) REFERENCES cyclone_schedules(id) ON DELETE CASCADE",
+            ),
+            Constraint(
+                "cyclone_schedule_fires_run_id_fkey",
+                "f",
+                "FOREIGN KEY (run_id) REFERENCES cyclone_runs(id) ON DELETE CASCADE",
+            ),
+        ],
+        indexes=[Index("idx_schedule_fires_run", "run_id", since=13)],
+    ),
 }
-RUN_STATES = {"running", "paused", "completed", "failed", "cancelled"}
+
+# Created by the migrator (tern's layout), not by a migration file.
+VERSION_TABLE = "cyclone_schema_version"
+VERSION_TABLE_SHAPE = Table(columns=[Column("version", "integer", False)])
+
+
+def _vc(name: str, type_: str, since: int = 1) -> Column:
+    return Column(name, type_, since=since)
+
+
+VIEWS: dict[str, View] = {
+    "cyclone_v_runs": View(
+        [
+            _vc("id", "bigint"),
+            _vc("workflow", "text"),
+            _vc("def_version", "text"),
+            _vc("state", "text"),
+            _vc("created_at", TS),
+            _vc("updated_at", TS),
+            _vc("finished_at", TS),
+            _vc("steps_total", "bigint"),
+            _vc("steps_completed", "bigint"),
+            _vc("steps_discarded", "bigint"),
+            _vc("steps_running", "bigint"),
+            _vc("steps_waiting_signal", "bigint"),
+            _vc("steps_waiting_timer", "bigint"),
+            _vc("parent_run_id", "bigint", since=19),
+            _vc("parent_node_id", "text", since=19),
+        ]
+    ),
+    "cyclone_v_steps": View(
+        [
+            _vc("id", "bigint"),
+            _vc("run_id", "bigint"),
+            _vc("node", "text"),
+            _vc("kind", "text"),
+            _vc("state", "text"),
+            _vc("queue", "text"),
+            _vc("priority", "integer"),
+            _vc("attempt", "integer"),
+            _vc("max_attempts", "integer"),
+            _vc("error", "text"),
+            _vc("error_kind", "text"),
+            _vc("lease_owner", "text"),
+            _vc("lease_expiry", TS),
+            _vc("lease_expired", "boolean"),
+            _vc("heartbeat_at", TS),
+            _vc("scheduled_at", TS),
+            _vc("created_at", TS),
+            _vc("started_at", TS),
+            _vc("completed_at", TS),
+            _vc("signal_name", "text"),
+            _vc("panic_stack", "text", since=5),
+            _vc("reclaims", "integer", since=14),
+            _vc("item_of", "text", since=17),
+            _vc("item_index", "integer", since=17),
+        ]
+    ),
+    "cyclone_v_kinds": View(
+        [
+            _vc("kind", "text"),
+            _vc("state", "text"),
+            _vc("count", "bigint"),
+            _vc("oldest_available_age", "interval"),
+            _vc("expired_leases", "bigint"),
+        ]
+    ),
+    "cyclone_v_queues": View(
+        [
+            _vc("queue", "text"),
+            _vc("available", "bigint"),
+            _vc("running", "bigint"),
+            _vc("waiting", "bigint"),
+            _vc("oldest_available_age", "interval"),
+            _vc("expired_leases", "bigint"),
+        ]
+    ),
+}
+
+
+def _live(obj: Column | Index | Constraint, version: int) -> bool:
+    return obj.since <= version and (obj.until is None or version < obj.until)
+
+
+def _table(table: Table, version: int) -> dict[str, Any]:
+    return {
+        "columns": [
+            (c.name, c.type, c.nullable, c.default, c.identity)
+            for c in table.columns
+            if _live(c, version)
+        ],
+        "constraints": {
+            c.name: (c.type, c.definition, c.validated)
+            for c in table.constraints
+            if _live(c, version)
+        },
+        "indexes": {
+            i.name: (i.unique, i.keys, i.where) for i in table.indexes if _live(i, version)
+        },
+        "options": dict(table.options),
+    }
+
+
+def expected_at(version: int = LATEST, *, with_version_table: bool = True) -> dict[str, Any]:
+    """The catalog after ``version`` (0..19), as ``read_catalog`` returns it.
+
+    ``with_version_table`` adds the migrator's ``cyclone_schema_version``; a schema
+    built by applying the files directly has no such table.
+    """
+    tables = {
+        name: _table(table, version) for name, table in TABLES.items() if table.since <= version
+    }
+    if with_version_table:
+        tables[VERSION_TABLE] = _table(VERSION_TABLE_SHAPE, version)
+    views = {
+        name: [(c.name, c.type) for c in view.columns if _live(c, version)]
+        for name, view in VIEWS.items()
+        if view.since <= version
+    }
+    return {"tables": tables, "views": views}

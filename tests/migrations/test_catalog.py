@@ -1,121 +1,323 @@
-"""After all 19 migrations the catalog is exactly the schema reference's."""
+"""The catalog the migrations build is the schema reference's, at every version.
+
+* After a full migration (the ``cyclone_dsn`` fixture), each table and each view is
+  compared with ``expected_schema``: one assertion per object, listing every difference.
+* The files are also applied directly, without the migrator, in a scratch schema: after
+  each up part the catalog must be the reference's for that version (a migration does
+  what the reference says for its version and no more), each down part must restore
+  the catalog of the version before it exactly, down to an empty schema, and a second
+  pass up must give the same catalog again.
+"""
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from cyclone_dsl import LATEST_SCHEMA_VERSION, migrate
-from cyclone_dsl.migrate import load_migrations
+from cyclone_dsl import LATEST_SCHEMA_VERSION
 from tests.migrations import expected_schema as expected
-from tests.migrations.catalog import read_catalog
+from tests.migrations.catalog import catalog_differences, read_catalog, table_differences
+from tests.migrations.scratch import File, read_files, run_part, scratch_schema
+
+FILES = read_files()
+FINAL = expected.expected_at(expected.LATEST)
 
 
 @pytest.fixture
-def catalog(cyclone_dsn: str, cyclone_schema: str) -> dict[str, Any]:
-    with psycopg.connect(cyclone_dsn) as conn:
-        return read_catalog(conn, cyclone_schema)
-
-
-def test_latest_version_matches_the_files() -> None:
-    assert len(load_migrations()) == LATEST_SCHEMA_VERSION == 19
-
-
-@pytest.mark.parametrize("table", sorted(expected.TABLES))
-def test_table_columns(catalog: dict[str, Any], table: str) -> None:
-    assert catalog["columns"].get(table) is not None, f"{table} is missing"
-    actual = sorted(catalog["columns"][table])
-    assert actual == sorted(expected.TABLES[table])
-
-
-def test_no_extra_tables(catalog: dict[str, Any]) -> None:
-    assert set(catalog["columns"]) == set(expected.TABLES)
-
-
-def test_defaults(catalog: dict[str, Any]) -> None:
-    wrong = {
-        key: (catalog["defaults"].get(key), default)
-        for key, default in expected.DEFAULTS.items()
-        if catalog["defaults"].get(key) != default
-    }
-    assert wrong == {}
-    for table in ("cyclone_runs", "cyclone_steps", "cyclone_signals"):
-        assert "now()" in catalog["defaults"][(table, "created_at")]
-
-
-def test_primary_and_foreign_keys(catalog: dict[str, Any]) -> None:
-    assert catalog["primary_keys"] == expected.PRIMARY_KEYS
-    assert catalog["foreign_keys"] == expected.FOREIGN_KEYS
-    unique = [d for _, (t, _, d) in catalog["constraints"].items() if t == "u"]
-    assert any("UNIQUE (run_id, node)" in d for d in unique)
-
-
-def test_check_constraints(catalog: dict[str, Any]) -> None:
-    checks = {n: d for n, (t, _, d) in catalog["constraints"].items() if t == "c"}
-    assert set(checks) >= expected.CHECKS
-    step_states = set(re.findall(r"'(\w+)'", checks["cyclone_steps_state_check"]))
-    assert step_states == expected.STEP_STATES
-    run_states = set(re.findall(r"'(\w+)'", checks["cyclone_runs_state_check"]))
-    assert run_states == expected.RUN_STATES
-    assert "256" in checks["cyclone_steps_queue_check"]
-    assert "max_attempts >= 1" in checks["cyclone_steps_max_attempts_check"]
-
-
-def test_indexes(catalog: dict[str, Any]) -> None:
-    problems = []
-    for name, (table, unique, fragment) in expected.INDEXES.items():
-        actual = catalog["indexes"].get(name)
-        if actual is None:
-            problems.append(f"{name} missing")
+def admin_dsn(request: pytest.FixtureRequest) -> str:
+    """A DSN of the test server with rights to create schemas (``pg_admin_dsn``, or the
+    plugin's ``cyclone_admin_dsn`` under its other name)."""
+    for name in ("pg_admin_dsn", "cyclone_admin_dsn"):
+        try:
+            return str(request.getfixturevalue(name))
+        except pytest.FixtureLookupError:
             continue
-        actual_table, definition = actual
-        if actual_table != table or ("UNIQUE" in definition) != unique:
-            problems.append(f"{name}: {definition}")
-        if fragment not in definition:
-            problems.append(f"{name} lacks {fragment!r}: {definition}")
-    assert problems == []
+    pytest.fail("no admin DSN fixture (pg_admin_dsn) is available")
 
 
-def test_views(catalog: dict[str, Any]) -> None:
-    assert set(catalog["views"]) == set(expected.VIEWS)
-    for view, columns in expected.VIEWS.items():
-        assert columns <= catalog["views"][view], view
-
-
-def test_hot_tables_have_autovacuum_settings(cyclone_dsn: str) -> None:
+@pytest.fixture
+def catalog(cyclone_dsn: str) -> dict[str, Any]:
+    """The catalog of the migrated schema that ``cyclone_dsn`` points at."""
     with psycopg.connect(cyclone_dsn) as conn:
-        rows = dict(
-            conn.execute(
-                "SELECT relname, reloptions FROM pg_class "
-                "WHERE relnamespace = current_schema()::regnamespace "
-                "AND relname IN ('cyclone_steps', 'cyclone_runs', 'cyclone_signals')"
-            ).fetchall()
-        )
-    for table in ("cyclone_steps", "cyclone_runs", "cyclone_signals"):
-        assert any("autovacuum_vacuum_scale_factor" in o for o in rows[table]), table
+        row = conn.execute("SELECT current_schema()").fetchone()
+        assert row is not None and row[0] is not None, "cyclone_dsn sets no usable search_path"
+        return read_catalog(conn, str(row[0]))
 
 
-def test_migrating_in_two_parts_gives_the_same_catalog(
-    empty_schema: tuple[str, str], catalog: dict[str, Any]
+@pytest.fixture
+def scratch(admin_dsn: str) -> Iterator[tuple[str, psycopg.Connection[Any]]]:
+    """(name, autocommit connection) of an empty scratch schema on the search_path."""
+    with scratch_schema(admin_dsn) as (name, dsn), psycopg.connect(dsn, autocommit=True) as conn:
+        yield name, conn
+
+
+def migrate_files(conn: psycopg.Connection[Any], start: int, goal: int) -> None:
+    """Apply the files' up (or down) parts from version ``start`` to ``goal``."""
+    for version in range(start + 1, goal + 1):
+        run_part(conn, FILES[version - 1].up)
+    for version in range(start, goal, -1):
+        run_part(conn, FILES[version - 1].down)
+
+
+def test_the_files_are_numbered_one_to_nineteen() -> None:
+    assert [f.version for f in FILES] == list(range(1, expected.LATEST + 1))
+    assert LATEST_SCHEMA_VERSION == expected.LATEST
+    for f in FILES:
+        # The runner wraps each part in a transaction; the parts must not manage their own.
+        executed = [line for line in (f.up + f.down).splitlines() if not line.startswith("--")]
+        text = " ".join(executed).upper()
+        for word in ("BEGIN;", "COMMIT", "ROLLBACK", "CONCURRENTLY", "PUBLIC."):
+            assert word not in text, f"{f.version:03d}_{f.name} has {word}"
+
+
+@pytest.mark.parametrize("table", sorted(FINAL["tables"]))
+def test_table_matches_the_reference(catalog: dict[str, Any], table: str) -> None:
+    problems = table_differences(FINAL["tables"][table], catalog["tables"].get(table))
+    assert problems == [], f"{table}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("view", sorted(FINAL["views"]))
+def test_view_matches_the_reference(catalog: dict[str, Any], view: str) -> None:
+    assert catalog["views"].get(view) == FINAL["views"][view], view
+
+
+def test_the_schema_holds_nothing_else(catalog: dict[str, Any]) -> None:
+    assert sorted(catalog["tables"]) == sorted(FINAL["tables"])
+    assert sorted(catalog["views"]) == sorted(FINAL["views"])
+    assert catalog["others"] == []
+
+
+def test_each_version_up_and_down_matches_the_reference(
+    scratch: tuple[str, psycopg.Connection[Any]],
 ) -> None:
-    name, dsn = empty_schema
-    assert migrate(dsn, version=7) == 7
-    assert migrate(dsn) == 19
-    with psycopg.connect(dsn) as conn:
-        assert read_catalog(conn, name) == catalog
+    name, conn = scratch
+    up = {0: read_catalog(conn, name, definitions=True)}
+    problems = [
+        f"version 0: {p}"
+        for p in catalog_differences(expected.expected_at(0, with_version_table=False), up[0])
+    ]
+    seen: set[str] = set()  # a problem is reported at the first version that shows it
+    for f in FILES:
+        run_part(conn, f.up)
+        up[f.version] = read_catalog(conn, name, definitions=True)
+        want = expected.expected_at(f.version, with_version_table=False)
+        found = catalog_differences(want, up[f.version])
+        problems += [f"up to {f.version}: {p}" for p in found if p not in seen]
+        seen = set(found)
+    for f in reversed(FILES):
+        run_part(conn, f.down)
+        now = read_catalog(conn, name, definitions=True)
+        found = catalog_differences(up[f.version - 1], now)
+        problems += [f"down from {f.version}: {p}" for p in found if p not in seen]
+        seen = set(found)
+    migrate_files(conn, 0, expected.LATEST)
+    again = read_catalog(conn, name, definitions=True)
+    problems += [f"second pass: {p}" for p in catalog_differences(up[expected.LATEST], again)]
+    assert problems == [], "\n".join(problems)
 
 
-def test_down_to_zero_and_up_again(empty_schema: tuple[str, str], catalog: dict[str, Any]) -> None:
-    name, dsn = empty_schema
-    migrate(dsn)
-    assert migrate(dsn, version=0) == 0
-    with psycopg.connect(dsn) as conn:
-        leftover = read_catalog(conn, name)
-    assert set(leftover["columns"]) == {"cyclone_schema_version"}
-    assert leftover["views"] == {}
-    migrate(dsn)
-    with psycopg.connect(dsn) as conn:
-        assert read_catalog(conn, name) == catalog
+def test_the_files_build_what_the_migrator_builds(
+    scratch: tuple[str, psycopg.Connection[Any]], catalog: dict[str, Any]
+) -> None:
+    name, conn = scratch
+    migrate_files(conn, 0, expected.LATEST)
+    by_files = read_catalog(conn, name)
+    by_migrator = dict(catalog, tables=dict(catalog["tables"]))
+    by_migrator["tables"].pop(expected.VERSION_TABLE, None)
+    assert catalog_differences(by_migrator, by_files) == []
+
+
+@pytest.mark.parametrize("f", [f for f in FILES if f.out_of_band()], ids=lambda f: f.name)
+def test_the_out_of_band_statements_in_a_comment_work(
+    scratch: tuple[str, psycopg.Connection[Any]], f: File
+) -> None:
+    """Run the comment's statements (CONCURRENTLY, outside a transaction) first: the
+    migration then completes and the catalog is the same as without them."""
+    name, conn = scratch
+    migrate_files(conn, 0, f.version - 1)
+    for statement in f.out_of_band():
+        conn.execute(statement.encode("utf-8"))
+    run_part(conn, f.up)
+    want = expected.expected_at(f.version, with_version_table=False)
+    assert catalog_differences(want, read_catalog(conn, name)) == []
+    run_part(conn, f.down)
+    want = expected.expected_at(f.version - 1, with_version_table=False)
+    assert catalog_differences(want, read_catalog(conn, name)) == []
+
+
+def _run(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "INSERT INTO cyclone_runs (workflow, def_version) VALUES ('w', 'v') RETURNING id"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _step(conn: psycopg.Connection[Any], run_id: int, node: str, state: str) -> None:
+    conn.execute(
+        "INSERT INTO cyclone_steps (run_id, node, kind, state) VALUES (%s, %s, 'k', %s)",
+        (run_id, node, state),
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "table", "state", "message"),
+    [
+        (2, "cyclone_steps", "waiting_timer", "cannot migrate down from 2 while a step is"),
+        (18, "cyclone_runs", "paused", "cannot migrate down from 18 while a run or a step"),
+        (18, "cyclone_steps", "paused", "cannot migrate down from 18 while a run or a step"),
+        (19, "cyclone_steps", "waiting_child", "cannot migrate down from 19 while a step is"),
+    ],
+)
+def test_a_down_part_refuses_while_rows_use_its_state(
+    scratch: tuple[str, psycopg.Connection[Any]],
+    version: int,
+    table: str,
+    state: str,
+    message: str,
+) -> None:
+    name, conn = scratch
+    migrate_files(conn, 0, version)
+    run_id = _run(conn)
+    if table == "cyclone_runs":
+        conn.execute("UPDATE cyclone_runs SET state = %s", (state,))
+    else:
+        _step(conn, run_id, "n", state)
+    before = read_catalog(conn, name, definitions=True)
+    with pytest.raises(psycopg.errors.RaiseException, match=message):
+        run_part(conn, FILES[version - 1].down)
+    assert catalog_differences(before, read_catalog(conn, name, definitions=True)) == []
+    conn.execute("UPDATE cyclone_runs SET state = 'cancelled'")
+    conn.execute("UPDATE cyclone_steps SET state = 'cancelled'")
+    run_part(conn, FILES[version - 1].down)
+    want = expected.expected_at(version - 1, with_version_table=False)
+    assert catalog_differences(want, read_catalog(conn, name)) == []
+
+
+def test_each_version_admits_exactly_its_states(
+    scratch: tuple[str, psycopg.Connection[Any]],
+) -> None:
+    _, conn = scratch
+    step_states = {
+        1: expected.STEP_STATES_V1,
+        2: expected.STEP_STATES_V2,
+        18: expected.STEP_STATES_V18,
+        19: expected.STEP_STATES_V19,
+    }
+    every = set(expected.STEP_STATES_V19)
+    wrong = []
+    current = 0
+    for version, admitted in step_states.items():
+        migrate_files(conn, current, version)
+        current = version
+        run_id = _run(conn)
+        for state in sorted(every):
+            try:
+                with conn.transaction():
+                    _step(conn, run_id, f"{version}-{state}", state)
+                accepted = True
+            except psycopg.errors.CheckViolation:
+                accepted = False
+            if accepted != (state in admitted):
+                wrong.append(f"version {version}: {state} accepted={accepted}")
+        conn.execute("DELETE FROM cyclone_runs")
+    assert wrong == []
+
+
+def test_migration_4_changes_only_the_defaults(
+    scratch: tuple[str, psycopg.Connection[Any]],
+) -> None:
+    _, conn = scratch
+    migrate_files(conn, 0, 3)
+    run_id = _run(conn)
+    _step(conn, run_id, "a", "pending")
+    migrate_files(conn, 3, 4)
+    _step(conn, run_id, "b", "pending")
+    rows = conn.execute("SELECT node, max_attempts FROM cyclone_steps ORDER BY node").fetchall()
+    assert rows == [("a", 25), ("b", 5)]
+
+
+def test_migration_13_repairs_old_rows_then_guards_new_ones(
+    scratch: tuple[str, psycopg.Connection[Any]],
+) -> None:
+    _, conn = scratch
+    migrate_files(conn, 0, 12)
+    run_id = _run(conn)
+    conn.execute(
+        "INSERT INTO cyclone_steps (run_id, node, kind, unique_key, sequence_key, max_attempts) "
+        "VALUES (%s, 'a', 'k', '', '', 0), (%s, 'b', 'k', 'u', 's', -3)",
+        (run_id, run_id),
+    )
+    migrate_files(conn, 12, 13)
+    rows = conn.execute(
+        "SELECT node, unique_key, sequence_key, max_attempts FROM cyclone_steps ORDER BY node"
+    ).fetchall()
+    assert rows == [("a", None, None, 1), ("b", "u", "s", 1)]
+    with pytest.raises(psycopg.errors.CheckViolation, match="cyclone_steps_max_attempts_check"):
+        conn.execute(
+            "INSERT INTO cyclone_steps (run_id, node, kind, max_attempts) VALUES (%s, 'c', 'k', 0)",
+            (run_id,),
+        )
+
+
+def test_queue_names_are_capped_at_256_bytes(
+    scratch: tuple[str, psycopg.Connection[Any]],
+) -> None:
+    _, conn = scratch
+    migrate_files(conn, 0, expected.LATEST)
+    run_id = _run(conn)
+    fits, too_long = "é" * 128, "é" * 128 + "x"  # 256 and 257 bytes
+    conn.execute(
+        "INSERT INTO cyclone_steps (run_id, node, kind, queue) VALUES (%s, 'a', 'k', %s)",
+        (run_id, fits),
+    )
+    with pytest.raises(psycopg.errors.CheckViolation, match="cyclone_steps_queue_check"):
+        conn.execute(
+            "INSERT INTO cyclone_steps (run_id, node, kind, queue) VALUES (%s, 'b', 'k', %s)",
+            (run_id, too_long),
+        )
+    with pytest.raises(psycopg.errors.CheckViolation, match="cyclone_schedules_queue_check"):
+        conn.execute(
+            "INSERT INTO cyclone_schedules (id, kind, cron_spec, next_run_at, queue) "
+            "VALUES ('s', 'k', '* * * * *', now(), %s)",
+            (too_long,),
+        )
+
+
+def test_deleting_a_run_cascades_and_unlinks_its_schedule(
+    scratch: tuple[str, psycopg.Connection[Any]],
+) -> None:
+    _, conn = scratch
+    migrate_files(conn, 0, expected.LATEST)
+    run_id = _run(conn)
+    _step(conn, run_id, "a", "completed")
+    _step(conn, run_id, "b", "pending")
+    conn.execute(
+        "INSERT INTO cyclone_deps (run_id, node, dep_node) VALUES (%s, 'b', 'a')", (run_id,)
+    )
+    conn.execute(
+        "INSERT INTO cyclone_step_inputs (run_id, node, slot, dep_node) VALUES (%s, 'b', 0, 'a')",
+        (run_id,),
+    )
+    conn.execute("INSERT INTO cyclone_signals (run_id, name) VALUES (%s, 'go')", (run_id,))
+    conn.execute(
+        "INSERT INTO cyclone_schedules (id, kind, cron_spec, next_run_at, last_run_id) "
+        "VALUES ('s', 'k', '* * * * *', now(), %s)",
+        (run_id,),
+    )
+    conn.execute(
+        "INSERT INTO cyclone_schedule_fires (schedule_id, scheduled_for, run_id) "
+        "VALUES ('s', now(), %s)",
+        (run_id,),
+    )
+    conn.execute("DELETE FROM cyclone_runs")
+    left = conn.execute(
+        "SELECT (SELECT count(*) FROM cyclone_steps) + (SELECT count(*) FROM cyclone_deps)"
+        " + (SELECT count(*) FROM cyclone_step_inputs) + (SELECT count(*) FROM cyclone_signals)"
+        " + (SELECT count(*) FROM cyclone_schedule_fires),"
+        " (SELECT last_run_id FROM cyclone_schedules WHERE id = 's')"
+    ).fetchone()
+    assert left == (0, None)
