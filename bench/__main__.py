@@ -12,44 +12,42 @@ import json
 import platform
 import sys
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psycopg
 
 from bench import cyclone_bench as cy
-from bench import flows
-from bench.baseline import pgqueuer_peer, procrastinate_peer, raw_queue
+from bench import flows, peers
 from cyclone_dsl import __version__
 from cyclone_dsl.db.embedded import embedded_database
-from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
 
 SIZES = {
-    "quick": {"jobs": 2000, "runs": 300, "fan": 1000, "samples": 20, "submits": 200, "bulk": 2000},
+    "quick": {
+        "jobs": 2000,
+        "runs": 300,
+        "peer_runs": 100,
+        "fan": 1000,
+        "samples": 20,
+        "poll_samples": 4,
+        "submits": 200,
+        "bulk": 2000,
+        "history": 20_000,
+    },
     "full": {
         "jobs": 20000,
         "runs": 5000,
+        "peer_runs": 1000,
         "fan": 10000,
         "samples": 50,
+        "poll_samples": 20,
         "submits": 2000,
         "bulk": 20000,
+        "history": 1_000_000,
     },
 }
-
-
-def in_schema(admin: str, measure: Callable[[str], float]) -> float:
-    """Run ``measure`` with a DSN whose search_path is a fresh, empty schema."""
-    name = create_schema(admin, migrated=False)
-    try:
-        return measure(with_search_path(admin, name))
-    finally:
-        drop_schema(admin, name)
-
-
-def raw(admin: str, jobs: int, batch: int) -> float:
-    return in_schema(admin, lambda dsn: raw_queue.noop_throughput(dsn, jobs, batch))
 
 
 def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
@@ -62,8 +60,11 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
         peer: str | None = None,
         peer_value: float | None = None,
         target: str = "",
+        lower_is_better: bool = False,
     ) -> None:
-        ratio = value / peer_value if peer_value else None
+        ratio = None
+        if peer_value and value:
+            ratio = peer_value / value if lower_is_better else value / peer_value
         rows.append(
             {
                 "scenario": scenario,
@@ -76,41 +77,63 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
             }
         )
         shown = f"{ratio:.2f}x {peer}" if ratio else ""
-        print(f"  {scenario:<34} {value:>10.1f} {unit:<10} {shown}", flush=True)
+        print(f"  {scenario:<40} {value:>10.1f} {unit:<10} {shown}", flush=True)
 
-    raw_1 = raw(admin, size["jobs"], 1)
-    raw_100 = raw(admin, size["jobs"], 100)
+    def peer(name: str) -> ModuleType | None:
+        module = peers.load(name)
+        if module is None:
+            print(f"  ({name} not installed: pip install 'cyclone-dsl[bench]')", flush=True)
+        return module
+
+    raw = peers.load("raw")
+    assert raw is not None
+    raw_1 = raw.noop_throughput(admin, size["jobs"], 1)
+    raw_100 = raw.noop_throughput(admin, size["jobs"], 100)
     add("raw SKIP LOCKED, 1 per tx", raw_1, "jobs/s")
     add("raw SKIP LOCKED, 100 per tx", raw_100, "jobs/s")
     noop = cy.noop_throughput(admin, size["jobs"])
     add("standalone no-op steps", noop, "steps/s", "raw x100", raw_100, ">= 0.30x raw x100")
-    if pgqueuer_peer.available():
-        peer = in_schema(admin, lambda dsn: pgqueuer_peer.noop_throughput(dsn, size["jobs"]))
-        add("pgqueuer no-op jobs (asyncpg, batch 100)", peer, "jobs/s")
-        add("standalone vs pgqueuer", noop, "steps/s", "pgqueuer", peer, ">= 1.5x pgqueuer")
-    else:
-        print("  (pgqueuer not installed: pip install 'cyclone-dsl[bench]')")
-    if procrastinate_peer.available():
-        peer = in_schema(admin, lambda dsn: procrastinate_peer.noop_throughput(dsn, size["jobs"]))
-        add("procrastinate no-op jobs", peer, "jobs/s")
-        add("standalone vs procrastinate", noop, "steps/s", "procrastinate", peer)
-    else:
-        print("  (procrastinate not installed: pip install 'cyclone-dsl[bench]')")
+    queues = [m for m in (peer("pgqueuer"), peer("procrastinate")) if m is not None]
+    for module in queues:
+        name = peers.name_of(module)
+        value = module.noop_throughput(admin, size["jobs"])
+        add(f"{name} no-op jobs", value, "jobs/s")
+        target = ">= 1.5x" if name == "pgqueuer" else ""
+        add(f"standalone vs {name}", noop, "steps/s", name, value, target)
+
     chain = cy.workflow_throughput(admin, flows.chain, size["runs"], 3)
     add("3-step chains", chain, "steps/s", "standalone", noop)
+    engines = [m for m in (peer("dbos"), peer("absurd")) if m is not None]
+    for module in engines:
+        name = peers.name_of(module)
+        value = module.chain_throughput(admin, size["peer_runs"])
+        add(f"{name} 3-step workflows", value, "steps/s")
+        add(f"3-step chains vs {name}", chain, "steps/s", name, value, ">= 10x")
     diamond = cy.workflow_throughput(admin, flows.diamond, size["runs"], 4)
     add("diamonds (4 steps)", diamond, "steps/s", "chain", chain, ">= 0.5x chain")
     wide = cy.workflow_throughput(admin, flows.wide, size["runs"], 7)
     add("wide joins (7 steps)", wide, "steps/s", "chain", chain, ">= 0.5x chain")
     fan = cy.fan_out_throughput(admin, size["fan"])
     add(f"fan-out of {size['fan']} items", fan, "items/s", "standalone", noop, ">= 0.5x")
+
     latencies = cy.wakeup_latency(admin, size["samples"])
-    add("wake-up latency, median", cy.median(latencies) * 1000, "ms", target="<= 5 ms")
+    median = cy.median(latencies) * 1000
+    add("wake-up latency, median", median, "ms", target="<= 5 ms")
     add("wake-up latency, p99", cy.percentile(latencies, 0.99) * 1000, "ms", target="<= 25 ms")
+    for module in [raw, *queues, *engines]:
+        name = peers.name_of(module)
+        polls = name in ("dbos", "absurd")
+        samples = size["poll_samples"] if polls else size["samples"]
+        theirs = cy.median(module.wakeup_latency(admin, samples)) * 1000
+        add(f"{name} wake-up, median", theirs, "ms")
+        add(f"wake-up median vs {name}", median, "ms", name, theirs, "faster", True)
+
     add(
         "submit(), 5-node workflow",
         cy.submit_rate(admin, size["submits"]),
         "runs/s",
+        "raw x1",
+        raw_1,
         target=">= 1000",
     )
     add(
@@ -118,6 +141,15 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
         cy.submit_many_rate(admin, size["bulk"]),
         "runs/s",
         target=">= 10000",
+    )
+    grown = cy.noop_throughput_with_history(admin, size["jobs"], size["history"])
+    add(
+        f"standalone with {size['history']:,} old runs",
+        grown,
+        "steps/s",
+        "standalone",
+        noop,
+        ">= 0.8x",
     )
     return rows
 

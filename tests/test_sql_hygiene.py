@@ -84,3 +84,14 @@ def test_no_sql_is_built_outside_the_sql_package() -> None:
                 if not is_q:
                     offenders.append(f"{path.name}:{node.lineno}")
     assert offenders == []
+
+
+def test_fragments_are_included_and_never_left_behind() -> None:
+    from cyclone_dsl.sql._loader import _include
+
+    assert not [name for name, text in QUERIES.items() if "{{" in text or "}}" in text]
+    shared = "WHEN c.has_slots THEN"
+    assert shared in QUERIES["claim_steps"]
+    assert shared in QUERIES["assemble_inputs"]
+    with pytest.raises(RuntimeError, match="unknown fragment"):
+        _include("SELECT {{missing}}", {})

@@ -28,7 +28,7 @@ def make_pool(
         conninfo,
         min_size=min_size,
         max_size=max_size,
-        kwargs={"application_name": name, "options": _merge_options(conninfo)},
+        kwargs={"application_name": name, "options": _merge_options(conninfo), **KEEPALIVE},
         configure=_configure,
         open=False,
         name=name,
@@ -44,7 +44,7 @@ def _merge_options(conninfo: str) -> str:
     return f"{existing} {SESSION_OPTIONS}".strip()
 
 
-#: TCP settings of long-lived connections (LISTEN, heartbeats): a half-open connection
+#: TCP settings of every connection (pooled ones live long too): a half-open connection
 #: (a failover, a NAT that forgot it) is noticed in seconds instead of hanging forever.
 KEEPALIVE: dict[str, str | int | None] = {
     "keepalives": 1,

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import threading
 from typing import Any
 
 import psycopg
 from psycopg import sql
+
+from cyclone_dsl.sql import Q
+
+#: A listener whose ping gets no answer in this many seconds is cut and reconnected.
+PING_TIMEOUT_S = 5.0
 
 
 def listen(conn: psycopg.Connection[Any], channel: str) -> None:
@@ -14,3 +23,29 @@ def listen(conn: psycopg.Connection[Any], channel: str) -> None:
 
 async def listen_async(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+
+def ping(conn: psycopg.Connection[Any], timeout: float = PING_TIMEOUT_S) -> None:
+    """Round-trip on ``conn``; raise :class:`psycopg.OperationalError` if no answer in time.
+
+    TCP keepalives notice a dead network, but not a peer that still acknowledges
+    packets and never answers (a stuck proxy or pooler: a half-open connection).
+    Without an answer, the socket is shut down under the blocked read, which
+    makes psycopg raise, so the caller reconnects instead of waiting forever.
+    """
+    timer = threading.Timer(timeout, _shut_down, args=(conn,))
+    timer.daemon = True
+    timer.start()
+    try:
+        conn.execute(Q.ping)
+    finally:
+        timer.cancel()
+
+
+def _shut_down(conn: psycopg.Connection[Any]) -> None:
+    try:
+        fd = os.dup(conn.pgconn.socket)
+    except (psycopg.Error, OSError):
+        return  # already closed
+    with socket.socket(fileno=fd) as sock, contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)

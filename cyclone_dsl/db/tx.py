@@ -73,3 +73,15 @@ def in_transaction(
             log.info("transaction conflict (%s), retrying", exc.sqlstate)
             time.sleep(0.01 * attempt)
     raise AssertionError("unreachable")
+
+
+def in_autocommit(
+    pool: ConnectionPool[Any], work: Callable[[Tx], T], *, shift: timedelta = timedelta(0)
+) -> T:
+    """Run ``work`` on a pooled autocommit connection: each statement commits on its own.
+
+    Only for work whose statements are each complete transitions (a claim), where
+    BEGIN and COMMIT would be two more round trips for nothing.
+    """
+    with pool.connection() as conn:
+        return work(Tx(conn, shift))

@@ -42,7 +42,11 @@ def claim(
     limit: int,
     lease: timedelta,
 ) -> list[Claimed]:
-    """Lease up to ``limit`` available steps: queue by queue, priority DESC then scheduled_at."""
+    """Lease up to ``limit`` available steps: queue by queue, priority DESC then scheduled_at.
+
+    Each queue's claim is one statement, complete on its own: ``tx`` may be an
+    autocommit connection (the worker's), so a claim costs one round trip.
+    """
     if limit <= 0 or not kinds or not queues:
         return []
     rows: list[Row] = []
@@ -57,9 +61,6 @@ def claim(
         )
         if len(rows) >= limit:
             break
-    if not rows:
-        return []
-    inputs = {r["id"]: r for r in tx.rows(Q.assemble_inputs, ids=[r["id"] for r in rows])}
     return [
         Claimed(
             id=r["id"],
@@ -74,8 +75,8 @@ def claim(
             lease_s=r["lease_s"],
             item_of=r["item_of"],
             item_index=r["item_index"],
-            input=inputs[r["id"]]["input"],
-            no_input=inputs[r["id"]]["no_input"],
+            input=r["input"],
+            no_input=r["no_input"],
         )
         for r in rows
     ]

@@ -19,9 +19,9 @@ class _Queries:
     child_run_of: LiteralString
     # claim.sql
     claim_steps: LiteralString
-    assemble_inputs: LiteralString
     heartbeat_steps: LiteralString
     release_steps: LiteralString
+    assemble_inputs: LiteralString
     # complete.sql
     lock_runs_of_steps: LiteralString
     lock_runs: LiteralString

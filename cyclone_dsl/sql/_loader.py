@@ -3,6 +3,9 @@
 A file holds queries, each opened by a header line ``-- name: verb_object``
 followed by an optional comment line describing it. Placeholders are
 psycopg's named ``%(name)s``. Names are unique across all files.
+
+A block opened by ``-- fragment: name`` is not a query but a piece of SQL that
+queries of any file include with ``{{name}}`` (an expression two queries share).
 """
 
 from __future__ import annotations
@@ -10,12 +13,14 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-_HEADER = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_HEADER = re.compile(r"^--\s*(name|fragment):\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"\{\{([a-z_][a-z0-9_]*)\}\}")
 
 
 def load_queries(package: str) -> dict[str, str]:
-    """Every named query in the ``.sql`` files of ``package``, by name."""
+    """Every named query in the ``.sql`` files of ``package``, by name, fragments included."""
     queries: dict[str, str] = {}
+    fragments: dict[str, str] = {}
     files = sorted(
         (entry for entry in resources.files(package).iterdir() if entry.name.endswith(".sql")),
         key=lambda entry: entry.name,
@@ -24,12 +29,22 @@ def load_queries(package: str) -> dict[str, str]:
         text = entry.read_text(encoding="utf-8")
         headers = list(_HEADER.finditer(text))
         for header, following in zip(headers, [*headers[1:], None], strict=True):
-            name = header.group(1)
+            what, name = header.group(1), header.group(2)
             end = following.start() if following is not None else len(text)
             body = text[header.end() : end].strip()
-            if name in queries:
-                raise RuntimeError(f"query {name!r} is defined twice ({entry.name})")
+            if name in queries or name in fragments:
+                raise RuntimeError(f"{what} {name!r} is defined twice ({entry.name})")
             if not body:
-                raise RuntimeError(f"query {name!r} in {entry.name} is empty")
-            queries[name] = body
-    return queries
+                raise RuntimeError(f"{what} {name!r} in {entry.name} is empty")
+            (queries if what == "name" else fragments)[name] = body
+    return {name: _include(body, fragments) for name, body in queries.items()}
+
+
+def _include(body: str, fragments: dict[str, str]) -> str:
+    def fragment(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in fragments:
+            raise RuntimeError(f"unknown fragment {{{{{name}}}}}")
+        return fragments[name]
+
+    return _INCLUDE.sub(fragment, body)

@@ -1,7 +1,16 @@
 -- name: claim_steps
--- Claim up to %(limit)s available steps of one queue and the given kinds (CTE, SKIP LOCKED).
+-- Claim up to %(limit)s available steps of one queue and the given kinds, and return each
+-- with its handler input (static, single upstream, tuple {a..d} or array): one statement,
+-- so a claim is one round trip in autocommit mode.
 -- One queue per statement: equality on queue lets idx_steps_claim return rows in order.
-WITH candidates AS (
+-- The claim's COMMIT does not wait for its WAL flush (set_config(..., true)): a claim lost
+-- in a server crash leaves the step available, to run again (at least once, as after a
+-- worker crash), and the claimer's completion is fenced by the lease generation. A
+-- completion commits synchronously, which flushes every earlier claim with it.
+WITH relaxed AS (
+    SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
+),
+candidates AS (
     SELECT s.id
     FROM cyclone_steps AS s
     WHERE s.state = 'available'
@@ -17,46 +26,30 @@ WITH candidates AS (
     ORDER BY s.priority DESC, s.scheduled_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE cyclone_steps AS s
+    SET state = 'running',
+        lease_owner = %(owner)s,
+        lease_generation = s.lease_generation + 1,
+        lease_expiry = now() + %(shift)s::interval + %(lease)s::interval,
+        heartbeat_at = now() + %(shift)s::interval,
+        started_at = now() + %(shift)s::interval
+    FROM candidates
+    WHERE s.id = candidates.id
+    RETURNING s.id, s.run_id, s.node, s.kind, s.queue, s.attempt, s.max_attempts,
+              s.lease_generation, s.input, s.input_from,
+              extract(epoch FROM s.timeout)::float8 AS timeout_s, s.item_of, s.item_index,
+              extract(epoch FROM (s.lease_expiry - now() - %(shift)s::interval))::float8
+                  AS lease_s,
+              EXISTS (SELECT 1 FROM cyclone_step_inputs AS i
+                      WHERE i.run_id = s.run_id AND i.node = s.node) AS has_slots
 )
-UPDATE cyclone_steps AS s
-SET state = 'running',
-    lease_owner = %(owner)s,
-    lease_generation = s.lease_generation + 1,
-    lease_expiry = now() + %(shift)s::interval + %(lease)s::interval,
-    heartbeat_at = now() + %(shift)s::interval,
-    started_at = now() + %(shift)s::interval
-FROM candidates
-WHERE s.id = candidates.id
-RETURNING s.id, s.run_id, s.node, s.kind, s.queue, s.attempt, s.max_attempts, s.lease_generation,
-          extract(epoch FROM s.timeout)::float8 AS timeout_s, s.item_of, s.item_index,
-          extract(epoch FROM (s.lease_expiry - now() - %(shift)s::interval))::float8 AS lease_s
-
--- name: assemble_inputs
--- The handler input of each step: static, single upstream, tuple {a..d} or array.
-SELECT s.id,
-       CASE
-           WHEN s.input_from IS NOT NULL THEN
-               (SELECT u.output FROM cyclone_steps AS u
-                WHERE u.run_id = s.run_id AND u.node = s.input_from)
-           WHEN EXISTS (SELECT 1 FROM cyclone_step_inputs AS i
-                        WHERE i.run_id = s.run_id AND i.node = s.node) THEN
-               (SELECT CASE
-                           WHEN bool_or(i.assembly_mode = 'array') THEN
-                               jsonb_agg(coalesce(u.output, 'null'::jsonb) ORDER BY i.slot)
-                           ELSE coalesce(s.input, '{}'::jsonb)
-                                || jsonb_object_agg(chr(97 + i.slot), coalesce(u.output, 'null'::jsonb))
-                       END
-                FROM cyclone_step_inputs AS i
-                JOIN cyclone_steps AS u ON u.run_id = i.run_id AND u.node = i.dep_node
-                WHERE i.run_id = s.run_id AND i.node = s.node)
-           ELSE s.input
-       END AS input,
-       (s.input_from IS NULL
-        AND NOT EXISTS (SELECT 1 FROM cyclone_step_inputs AS i
-                        WHERE i.run_id = s.run_id AND i.node = s.node)
-        AND s.input IS NULL) AS no_input
-FROM unnest(%(ids)s::bigint[]) AS t(id)
-JOIN cyclone_steps AS s ON s.id = t.id
+SELECT c.id, c.run_id, c.node, c.kind, c.queue, c.attempt, c.max_attempts,
+       c.lease_generation, c.timeout_s, c.item_of, c.item_index, c.lease_s,
+       {{step_input}} AS input,
+       {{no_input}} AS no_input
+FROM claimed AS c CROSS JOIN relaxed
 
 -- name: heartbeat_steps
 -- Extend the leases still held at the given generations; return the ones extended.
@@ -79,3 +72,36 @@ WHERE s.id = h.id AND s.lease_generation = h.generation
   AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
   AND r.id = s.run_id
 RETURNING s.id, s.queue
+
+-- name: assemble_inputs
+-- The handler input of each step (the claim computes the same in its own statement).
+SELECT c.id, {{step_input}} AS input, {{no_input}} AS no_input
+FROM (SELECT s.id, s.run_id, s.node, s.input, s.input_from,
+             EXISTS (SELECT 1 FROM cyclone_step_inputs AS i
+                     WHERE i.run_id = s.run_id AND i.node = s.node) AS has_slots
+      FROM unnest(%(ids)s::bigint[]) AS t(id)
+      JOIN cyclone_steps AS s ON s.id = t.id) AS c
+
+-- fragment: step_input
+-- The handler input of step c (columns run_id, node, input, input_from, has_slots):
+-- static, single upstream output, tuple {a..d} (over the static input) or array.
+CASE
+    WHEN c.input_from IS NOT NULL THEN
+        (SELECT u.output FROM cyclone_steps AS u
+         WHERE u.run_id = c.run_id AND u.node = c.input_from)
+    WHEN c.has_slots THEN
+        (SELECT CASE
+                    WHEN bool_or(i.assembly_mode = 'array') THEN
+                        jsonb_agg(coalesce(u.output, 'null'::jsonb) ORDER BY i.slot)
+                    ELSE coalesce(c.input, '{}'::jsonb)
+                         || jsonb_object_agg(chr(97 + i.slot), coalesce(u.output, 'null'::jsonb))
+                END
+         FROM cyclone_step_inputs AS i
+         JOIN cyclone_steps AS u ON u.run_id = i.run_id AND u.node = i.dep_node
+         WHERE i.run_id = c.run_id AND i.node = c.node)
+    ELSE c.input
+END
+
+-- fragment: no_input
+-- Whether step c's handler is called without an argument.
+(c.input_from IS NULL AND NOT c.has_slots AND c.input IS NULL)

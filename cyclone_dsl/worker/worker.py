@@ -24,7 +24,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -35,8 +35,8 @@ import psycopg
 from cyclone_dsl import payload
 from cyclone_dsl.client.schedules import compiler_for, register_all
 from cyclone_dsl.db.connect import connect, make_pool
-from cyclone_dsl.db.listen import listen
-from cyclone_dsl.db.tx import Tx, in_transaction
+from cyclone_dsl.db.listen import listen, ping
+from cyclone_dsl.db.tx import Tx, in_autocommit, in_transaction
 from cyclone_dsl.dsl.registry import Registry
 from cyclone_dsl.engine import claim as claim_ops
 from cyclone_dsl.engine import complete as complete_ops
@@ -45,7 +45,6 @@ from cyclone_dsl.engine.complete import Failure, Success
 from cyclone_dsl.engine.hooks import engine_hooks
 from cyclone_dsl.engine.notify import WORK_CHANNEL
 from cyclone_dsl.errors import InvalidArgument
-from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind
 from cyclone_dsl.worker import execute
 from cyclone_dsl.worker.context import StepContext
@@ -305,16 +304,7 @@ class Worker:
                         break
             self._wake.clear()
             try:
-                claimed = self._tx(
-                    lambda tx, n=free: claim_ops.claim(
-                        tx,
-                        owner=self.id,
-                        queues=self._rotated_queues(),
-                        kinds=kinds,
-                        limit=n,
-                        lease=self.lease,
-                    )
-                )
+                claimed = in_autocommit(self._pool, self._claimer(kinds, free), shift=self.shift)
                 backoff = 0.0
             except psycopg.OperationalError as exc:
                 claimed = []
@@ -328,6 +318,12 @@ class Worker:
                 self._stopping.wait(backoff)
             elif not claimed or len(claimed) < free:
                 self._wake.wait(self.poll_interval)
+
+    def _claimer(self, kinds: list[str], limit: int) -> Callable[[Tx], list[Claimed]]:
+        queues = self._rotated_queues()
+        return lambda tx: claim_ops.claim(
+            tx, owner=self.id, queues=queues, kinds=kinds, limit=limit, lease=self.lease
+        )
 
     def _rotated_queues(self) -> list[str]:
         """The queues, starting from the next one each claim, so none is starved."""
@@ -536,7 +532,7 @@ class Worker:
                         for note in conn.notifies(timeout=1.0):
                             if note.payload in self.queues:
                                 self._wake.set()
-                        conn.execute(Q.ping)  # a dead connection shows up here
+                        ping(conn)  # a dead or half-open connection shows up here
             except psycopg.Error as exc:
                 if self._stopping.is_set():
                     return

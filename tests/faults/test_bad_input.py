@@ -16,6 +16,7 @@ from cyclone_dsl import (
     UnknownWorkflow,
     Worker,
     step,
+    wait_signal,
     workflow,
 )
 from cyclone_dsl.errors import ScheduleError, SignalNotDeliverable
@@ -155,3 +156,45 @@ def test_an_oversized_output_fails_the_step_without_retry(
     assert row.error_kind == "output_limit"
     assert row.attempt == 1
     assert "over the limit of 1000 bytes" in (row.error or "")
+
+
+FIFTY_MB = 50 * 1024 * 1024
+
+
+@step(name="bi_wait_then_echo")
+def after_signal(x: object) -> object:
+    return x
+
+
+@workflow(name="bi_signalled")
+def signalled(x):  # type: ignore[no-untyped-def]
+    return after_signal(wait_signal("data"))
+
+
+def test_fifty_megabyte_input_and_signal_are_refused_before_any_write(client: Client) -> None:
+    """A 50 MB input or signal: PayloadTooLarge naming the limit and the size; no row written."""
+    big = "x" * FIFTY_MB
+    with pytest.raises(PayloadTooLarge) as caught:
+        client.submit(flow, big)
+    assert "16777216" in str(caught.value).replace(",", "")
+    with pytest.raises(PayloadTooLarge):
+        client.enqueue(echo, big)
+    assert client.list_runs() == []
+
+    handle = client.submit(signalled, 1)
+    with pytest.raises(PayloadTooLarge):
+        client.signal(handle.id, "data", big)
+    assert client.signals_of(handle.id) == []
+    assert client.get_run(handle.id).step("data").state == "waiting_signal"
+
+
+def test_a_fifty_megabyte_output_fails_the_step_and_the_run(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """A step returning 50 MB fails with output_limit (not retried); its run fails, not hangs."""
+    start_worker(huge_output)
+    handle = client.enqueue(huge_output, FIFTY_MB)
+    run = handle.wait(timeout=60)
+    assert run.state == "failed"
+    row = run.step("bi_huge_output")
+    assert (row.state, row.error_kind, row.attempt) == ("discarded", "output_limit", 1)

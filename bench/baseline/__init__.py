@@ -1,1 +1,0 @@
-"""Baselines measured on the same server in the same run: the raw PostgreSQL queue."""
