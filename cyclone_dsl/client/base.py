@@ -9,11 +9,11 @@ from cyclone_dsl.dsl.registry import Registry
 from cyclone_dsl.dsl.step import StepDef, make_options
 from cyclone_dsl.dsl.workflow import WorkflowDef
 from cyclone_dsl.errors import InvalidArgument, UnknownWorkflow
-from cyclone_dsl.graph.compile import compile_run
+from cyclone_dsl.graph.compile import compile_template, instantiate
 from cyclone_dsl.graph.model import NodeOptions
-from cyclone_dsl.graph.rows import CompiledRun, StepRow
+from cyclone_dsl.graph.rows import CompiledRun, RunTemplate, StepRow
 from cyclone_dsl.graph.validate import check_options
-from cyclone_dsl.payload import JSONValue, encode
+from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.states import StepState
 
 MAX_KEY_BYTES = 1024
@@ -46,9 +46,56 @@ def resolve_schedulable(registry: Registry, target: object) -> StepDef[Any, Any]
     raise UnknownWorkflow(f"{target!r} is not a @workflow, @step or @action")
 
 
-def compile_workflow(registry: Registry, workflow: object, run_input: JSONValue) -> CompiledRun:
+def workflow_template(registry: Registry, workflow: object) -> RunTemplate:
+    """The rows every run of ``workflow`` shares (for bulk submits)."""
     definition = resolve_workflow(registry, workflow)
-    return compile_run(definition.graph, run_input, def_version=definition.def_version)
+    return compile_template(definition.graph, def_version=definition.def_version)
+
+
+def compile_workflow(registry: Registry, workflow: object, run_input: JSONValue) -> CompiledRun:
+    return instantiate(workflow_template(registry, workflow), run_input)
+
+
+def standalone_template(
+    registry: Registry,
+    step: object,
+    *,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+    timeout: timedelta | float | None,
+    retention: timedelta | float | None,
+) -> RunTemplate:
+    """Standalone work: one available step whose kind is also the run's workflow name."""
+    definition = resolve_step(registry, step)
+    options = step_options(
+        definition,
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        retention=retention,
+    )
+    row = StepRow(
+        node=definition.name,
+        kind=definition.name,
+        state=StepState.AVAILABLE.value,
+        queue=options.queue,
+        priority=options.priority,
+        max_attempts=options.max_attempts,
+        timeout=options.timeout,
+        retention=options.retention,
+        input_is_run_input=True,
+    )
+    return RunTemplate(
+        workflow=definition.name,
+        def_version="standalone",
+        result_node=definition.name if definition.keep_output else None,
+        has_fan_out=False,
+        steps=(row,),
+        deps=(),
+        inputs=(),
+    )
 
 
 def compile_standalone(
@@ -62,38 +109,17 @@ def compile_standalone(
     timeout: timedelta | float | None,
     retention: timedelta | float | None,
 ) -> CompiledRun:
-    """A standalone run: one available step whose kind is also the run's workflow name."""
-    definition = resolve_step(registry, step)
-    options = step_options(
-        definition,
+    """A standalone run (see :func:`standalone_template`) with its input."""
+    template = standalone_template(
+        registry,
+        step,
         queue=queue,
         priority=priority,
         max_attempts=max_attempts,
         timeout=timeout,
         retention=retention,
     )
-    text = encode(run_input, what="the input")
-    row = StepRow(
-        node=definition.name,
-        kind=definition.name,
-        state=StepState.AVAILABLE.value,
-        input=text,
-        queue=options.queue,
-        priority=options.priority,
-        max_attempts=options.max_attempts,
-        timeout=options.timeout,
-        retention=options.retention,
-    )
-    return CompiledRun(
-        workflow=definition.name,
-        def_version="standalone",
-        input=text,
-        result_node=definition.name if definition.keep_output else None,
-        has_fan_out=False,
-        steps=(row,),
-        deps=(),
-        inputs=(),
-    )
+    return instantiate(template, run_input, what="the input")
 
 
 def step_options(

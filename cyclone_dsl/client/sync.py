@@ -100,9 +100,12 @@ class Client:
         deadline: timedelta | None = None,
     ) -> list[RunHandle]:
         """Start one run per input, all in one transaction (pipelined): for bulk loads."""
-        compiled = [base.compile_workflow(self.registry, workflow, value) for value in inputs]
+        template = base.workflow_template(self.registry, workflow)
+        texts = [encode(value, what="the run input") for value in inputs]
         deadline = base.check_deadline(deadline)
-        ids = self._tx(lambda tx: insert_runs(tx, compiled, deadline=deadline, hooks=self.hooks))
+        ids = self._tx(
+            lambda tx: insert_runs(tx, template, texts, deadline=deadline, hooks=self.hooks)
+        )
         return [RunHandle(run_id, self) for run_id in ids]
 
     def enqueue_many(
@@ -118,22 +121,19 @@ class Client:
         retention: timedelta | float | None = None,
     ) -> list[RunHandle]:
         """Enqueue one standalone step per input, in one transaction (no unique/sequence keys)."""
-        compiled = [
-            base.compile_standalone(
-                self.registry,
-                step,
-                value,
-                queue=queue,
-                priority=priority,
-                max_attempts=max_attempts,
-                timeout=timeout,
-                retention=retention,
-            )
-            for value in inputs
-        ]
+        template = base.standalone_template(
+            self.registry,
+            step,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            retention=retention,
+        )
+        texts = [encode(value, what="the input") for value in inputs]
         if scheduled_at is not None and scheduled_at.tzinfo is None:
             raise InvalidArgument("scheduled_at must be timezone-aware")
-        ids = self._tx(lambda tx: insert_runs(tx, compiled, scheduled_at=scheduled_at))
+        ids = self._tx(lambda tx: insert_runs(tx, template, texts, scheduled_at=scheduled_at))
         return [RunHandle(run_id, self) for run_id in ids]
 
     def submit_tx(

@@ -28,7 +28,11 @@ def make_pool(
         conninfo,
         min_size=min_size,
         max_size=max_size,
-        kwargs={"application_name": name, "options": _merge_options(conninfo), **KEEPALIVE},
+        kwargs={
+            "application_name": name,
+            "options": _merge_options(conninfo),
+            **_tcp_settings(conninfo),
+        },
         configure=_configure,
         open=False,
         name=name,
@@ -45,8 +49,11 @@ def _merge_options(conninfo: str) -> str:
 
 
 #: TCP settings of every connection (pooled ones live long too): a half-open connection
-#: (a failover, a NAT that forgot it) is noticed in seconds instead of hanging forever.
+#: (a failover, a NAT that forgot it) is noticed in seconds instead of hanging forever,
+#: and a connection attempt that gets no answer (a stuck proxy or pooler that accepts the
+#: TCP handshake and stays silent) gives up after ``connect_timeout`` seconds.
 KEEPALIVE: dict[str, str | int | None] = {
+    "connect_timeout": 10,
     "keepalives": 1,
     "keepalives_idle": 10,
     "keepalives_interval": 3,
@@ -58,8 +65,14 @@ KEEPALIVE: dict[str, str | int | None] = {
 def connect(conninfo: str, *, name: str, autocommit: bool = True) -> psycopg.Connection[Any]:
     """A dedicated connection with keepalives (ignored on Unix sockets)."""
     return psycopg.connect(
-        psycopg.conninfo.make_conninfo(conninfo, **KEEPALIVE),
+        psycopg.conninfo.make_conninfo(conninfo, **_tcp_settings(conninfo)),
         autocommit=autocommit,
         application_name=name,
         options=_merge_options(conninfo),
     )
+
+
+def _tcp_settings(conninfo: str) -> dict[str, str | int | None]:
+    """:data:`KEEPALIVE`, except what the connection string sets itself."""
+    given = psycopg.conninfo.conninfo_to_dict(conninfo)
+    return {key: value for key, value in KEEPALIVE.items() if key not in given}

@@ -6,6 +6,7 @@ import contextlib
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -17,8 +18,10 @@ from cyclone_dsl.sql import Q
 PING_TIMEOUT_S = 5.0
 
 
-def listen(conn: psycopg.Connection[Any], channel: str) -> None:
-    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+def listen(conn: psycopg.Connection[Any], channel: str, timeout: float = PING_TIMEOUT_S) -> None:
+    """LISTEN on ``channel``; like :func:`ping`, give up if the server does not answer."""
+    with _answer_within(conn, timeout):
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
 
 async def listen_async(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
@@ -33,11 +36,17 @@ def ping(conn: psycopg.Connection[Any], timeout: float = PING_TIMEOUT_S) -> None
     Without an answer, the socket is shut down under the blocked read, which
     makes psycopg raise, so the caller reconnects instead of waiting forever.
     """
+    with _answer_within(conn, timeout):
+        conn.execute(Q.ping)
+
+
+@contextlib.contextmanager
+def _answer_within(conn: psycopg.Connection[Any], timeout: float) -> Iterator[None]:
     timer = threading.Timer(timeout, _shut_down, args=(conn,))
     timer.daemon = True
     timer.start()
     try:
-        conn.execute(Q.ping)
+        yield
     finally:
         timer.cancel()
 

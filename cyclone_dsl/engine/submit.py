@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 import attrs
@@ -12,7 +12,7 @@ import psycopg
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine.transitions import DEFAULT_HOOKS, Hooks, activate
 from cyclone_dsl.errors import DuplicateSubmit
-from cyclone_dsl.graph.rows import CompiledRun, StepRow
+from cyclone_dsl.graph.rows import CompiledRun, RunTemplate, StepRow
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import StepState
 
@@ -30,47 +30,44 @@ def _seconds(value: timedelta | None) -> float | None:
     return None if value is None else value.total_seconds()
 
 
-def _step_parts(
-    steps: Iterable[StepRow],
-    unique_key: str | None,
-    sequence_key: str | None,
-    run_id: int | None = None,
-) -> list[str]:
-    """One JSON object per step. Inputs are JSON text already: spliced in, not re-encoded."""
-    parts = []
-    for step in steps:
-        fields: dict[str, object] = {} if run_id is None else {"run_id": run_id}
-        fields |= {
-            "node": step.node,
-            "kind": step.kind,
-            "state": step.state,
-            "input_from": step.input_from,
-            "queue": step.queue,
-            "priority": step.priority,
-            "max_attempts": step.max_attempts,
-            "timeout_s": _seconds(step.timeout),
-            "signal_name": step.signal_name,
-            "signal_names": list(step.signal_names) if step.signal_names is not None else None,
-            "wait_for_s": _seconds(step.wait_for),
-            "wait_count": step.wait_count,
-            "on_dep_failure": step.on_dep_failure,
-            "fan_out_parallel": step.fan_out_parallel,
-            "fan_out_max_bytes": step.fan_out_max_bytes,
-            "child_workflow": step.child_workflow,
-            "child_needs_result": step.child_needs_result,
-            "retention_s": _seconds(step.retention),
-            "unique_key": unique_key,
-            "sequence_key": sequence_key,
-        }
-        text = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
-        parts.append(f'{text[:-1]},"input":{step.input or "null"}}}')
-    return parts
+def _step_fields(
+    step: StepRow, unique_key: str | None, sequence_key: str | None
+) -> dict[str, object]:
+    return {
+        "node": step.node,
+        "kind": step.kind,
+        "state": step.state,
+        "input_from": step.input_from,
+        "queue": step.queue,
+        "priority": step.priority,
+        "max_attempts": step.max_attempts,
+        "timeout_s": _seconds(step.timeout),
+        "signal_name": step.signal_name,
+        "signal_names": list(step.signal_names) if step.signal_names is not None else None,
+        "wait_for_s": _seconds(step.wait_for),
+        "wait_count": step.wait_count,
+        "on_dep_failure": step.on_dep_failure,
+        "fan_out_parallel": step.fan_out_parallel,
+        "fan_out_max_bytes": step.fan_out_max_bytes,
+        "child_workflow": step.child_workflow,
+        "child_needs_result": step.child_needs_result,
+        "retention_s": _seconds(step.retention),
+        "unique_key": unique_key,
+        "sequence_key": sequence_key,
+    }
+
+
+def _with_input_text(fields: dict[str, object], input_text: str | None) -> str:
+    """One JSON object: the input is JSON text already, spliced in rather than re-encoded."""
+    text = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+    return f'{text[:-1]},"input":{input_text or "null"}}}'
 
 
 def _steps_document(
     steps: Iterable[StepRow], unique_key: str | None, sequence_key: str | None
 ) -> str:
-    return f"[{','.join(_step_parts(steps, unique_key, sequence_key))}]"
+    parts = (_with_input_text(_step_fields(s, unique_key, sequence_key), s.input) for s in steps)
+    return f"[{','.join(parts)}]"
 
 
 def _run_params(
@@ -102,14 +99,10 @@ def _run_params(
     }
 
 
-def _special_roots(run_id: int, compiled: CompiledRun) -> list[tuple[int, str]]:
+def _special_roots(graph: CompiledRun | RunTemplate) -> list[str]:
     """Pending nodes without dependencies: waits, timers, children, fan-outs to activate."""
-    with_deps = {d.node for d in compiled.deps}
-    return [
-        (run_id, s.node)
-        for s in compiled.steps
-        if s.state == StepState.PENDING and s.node not in with_deps
-    ]
+    with_deps = {d.node for d in graph.deps}
+    return [s.node for s in graph.steps if s.state == StepState.PENDING and s.node not in with_deps]
 
 
 def insert_run(
@@ -137,50 +130,51 @@ def insert_run(
     row = tx.one(Q.insert_run_graph, **params)
     assert row is not None
     run_id: int = row["run_id"]
-    activate(tx, _special_roots(run_id, compiled), hooks)
+    activate(tx, [(run_id, node) for node in _special_roots(compiled)], hooks)
     return run_id
 
 
 def insert_runs(
     tx: Tx,
-    runs: list[CompiledRun],
+    template: RunTemplate,
+    run_inputs: Sequence[str],
     *,
     deadline: timedelta | None = None,
     scheduled_at: datetime | None = None,
     hooks: Hooks = DEFAULT_HOOKS,
 ) -> list[int]:
-    """Insert many runs in two statements: reserve their ids, then insert every row at once."""
-    if not runs:
+    """Insert one run of ``template`` per input (JSON text) in two statements.
+
+    The run ids are reserved first; then the template's rows go once and
+    PostgreSQL multiplies them by the runs, so the cost in Python and in JSON
+    parsing does not grow with the graph times the number of runs.
+    """
+    if not run_inputs:
         return []
-    ids: list[int] = [r["id"] for r in tx.rows(Q.allocate_run_ids, count=len(runs))]
-    run_docs: list[str] = []
-    step_parts: list[str] = []
-    deps: list[dict[str, object]] = []
-    inputs: list[dict[str, object]] = []
-    for run_id, compiled in zip(ids, runs, strict=True):
-        run_docs.append(
-            f'{{"id":{run_id},"workflow":{json.dumps(compiled.workflow)},'
-            f'"def_version":{json.dumps(compiled.def_version)},'
-            f'"result_node":{json.dumps(compiled.result_node)},'
-            f'"has_fan_out":{json.dumps(compiled.has_fan_out)},"input":{compiled.input or "null"}}}'
-        )
-        step_parts.extend(_step_parts(compiled.steps, None, None, run_id))
-        deps.extend({"run_id": run_id, **attrs.asdict(d)} for d in compiled.deps)
-        inputs.extend({"run_id": run_id, **attrs.asdict(i)} for i in compiled.inputs)
+    ids: list[int] = [r["id"] for r in tx.rows(Q.allocate_run_ids, count=len(run_inputs))]
+    steps = []
+    for step in template.steps:
+        fields = _step_fields(step, None, None)
+        fields["input_is_run_input"] = step.input_is_run_input
+        fields["run_input_keys"] = list(step.run_input_keys) or None
+        steps.append(_with_input_text(fields, step.input))
     tx.one(
         Q.insert_run_graphs,
-        runs=f"[{','.join(run_docs)}]",
-        steps=f"[{','.join(step_parts)}]",
-        deps=json.dumps(deps),
-        inputs=json.dumps(inputs),
+        ids=ids,
+        run_inputs=list(run_inputs),
+        workflow=template.workflow,
+        def_version=template.def_version,
+        result_node=template.result_node,
+        has_fan_out=template.has_fan_out,
+        steps=f"[{','.join(steps)}]",
+        deps=json.dumps([attrs.asdict(d) for d in template.deps]),
+        inputs=json.dumps([attrs.asdict(i) for i in template.inputs]),
         deadline=deadline,
         scheduled_at=scheduled_at,
-        wake=sorted({s.queue for c in runs for s in c.steps if s.state == StepState.AVAILABLE}),
+        wake=sorted({s.queue for s in template.steps if s.state == StepState.AVAILABLE}),
     )
-    roots = [
-        root for run_id, c in zip(ids, runs, strict=True) for root in _special_roots(run_id, c)
-    ]
-    activate(tx, roots, hooks)
+    roots = _special_roots(template)
+    activate(tx, [(run_id, node) for run_id in ids for node in roots], hooks)
     return ids
 
 

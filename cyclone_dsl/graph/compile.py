@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
+import attrs
+
 from cyclone_dsl.graph.fingerprint import fingerprint
-from cyclone_dsl.graph.model import Arg, ArgKind, Binding, Graph, Node
+from cyclone_dsl.graph.model import ArgKind, Binding, Graph, Node
 from cyclone_dsl.graph.rows import (
     KIND_CHILD,
     KIND_SIGNAL,
@@ -12,6 +16,7 @@ from cyclone_dsl.graph.rows import (
     CompiledRun,
     DepRow,
     InputRow,
+    RunTemplate,
     StepRow,
 )
 from cyclone_dsl.graph.validate import validate
@@ -19,34 +24,44 @@ from cyclone_dsl.payload import JSONValue, encode
 from cyclone_dsl.states import OnDepFailure, StepState
 
 
-def _value(arg: Arg, run_input: JSONValue) -> JSONValue:
-    return run_input if arg.kind is ArgKind.INPUT else arg.value
+@attrs.frozen
+class _Binding:
+    """How a node gets its input, before the run input is known."""
+
+    input: str | None = None  # JSON text of the static part
+    input_from: str | None = None
+    rows: tuple[InputRow, ...] = ()
+    is_run_input: bool = False
+    run_input_keys: tuple[str, ...] = ()
 
 
-def _input_binding(
-    node: Node, run_input: JSONValue
-) -> tuple[str | None, str | None, list[InputRow]]:
-    """(input JSON text, input_from, input rows) of a node."""
+def _input_binding(node: Node) -> _Binding:
     if node.binding is Binding.NONE:
-        return None, None, []
+        return _Binding()
     if node.binding is Binding.STATIC:
-        return encode(_value(node.args[0], run_input), what=f"the input of {node.id!r}"), None, []
+        arg = node.args[0]
+        if arg.kind is ArgKind.INPUT:
+            return _Binding(is_run_input=True)
+        return _Binding(input=encode(arg.value, what=f"the input of {node.id!r}"))
     if node.binding is Binding.SINGLE:
-        return None, node.args[0].ref, []
+        return _Binding(input_from=node.args[0].ref)
     if node.binding is Binding.ARRAY:
         rows = [
             InputRow(node.id, slot, arg.ref or "", "array") for slot, arg in enumerate(node.args)
         ]
-        return None, None, rows
+        return _Binding(rows=tuple(rows))
     static: dict[str, JSONValue] = {}
+    from_run: list[str] = []
     rows = []
     for slot, arg in enumerate(node.args):
         if arg.kind is ArgKind.REF:
             rows.append(InputRow(node.id, slot, arg.ref or "", "tuple"))
+        elif arg.kind is ArgKind.INPUT:
+            from_run.append(TUPLE_KEYS[slot])
         else:
-            static[TUPLE_KEYS[slot]] = _value(arg, run_input)
+            static[TUPLE_KEYS[slot]] = arg.value
     text = encode(static, what=f"the input of {node.id!r}") if static or not rows else None
-    return text, None, rows
+    return _Binding(input=text, rows=tuple(rows), run_input_keys=tuple(from_run))
 
 
 def _state(node: Node) -> str:
@@ -54,10 +69,8 @@ def _state(node: Node) -> str:
     return StepState.PENDING if special or node.deps else StepState.AVAILABLE
 
 
-def compile_run(
-    graph: Graph, run_input: JSONValue, *, def_version: str | None = None
-) -> CompiledRun:
-    """Validate the graph and produce every row of a run of it with ``run_input``.
+def compile_template(graph: Graph, *, def_version: str | None = None) -> RunTemplate:
+    """Validate the graph and produce the rows every run of it shares.
 
     ``def_version`` passes a fingerprint computed before (a :class:`WorkflowDef`
     caches it, and its graph was validated when it was built).
@@ -65,13 +78,12 @@ def compile_run(
     if def_version is None:
         validate(graph)
         def_version = fingerprint(graph)
-    run_text = encode(run_input, what="the run input")
     steps: list[StepRow] = []
     deps: list[DepRow] = []
     inputs: list[InputRow] = []
     for node in graph.nodes:
-        text, input_from, rows = _input_binding(node, run_input)
-        inputs.extend(rows)
+        binding = _input_binding(node)
+        inputs.extend(binding.rows)
         data = node.data_deps
         deps.extend(DepRow(node.id, dep, "data") for dep in data)
         deps.extend(DepRow(node.id, dep, "control") for dep in node.control_deps if dep not in data)
@@ -81,8 +93,8 @@ def compile_run(
                 node=node.id,
                 kind=node.kind,
                 state=_state(node),
-                input=text,
-                input_from=input_from,
+                input=binding.input,
+                input_from=binding.input_from,
                 queue=options.queue,
                 priority=options.priority,
                 max_attempts=options.max_attempts,
@@ -101,15 +113,51 @@ def compile_run(
                 child_workflow=child.workflow if child else None,
                 child_needs_result=child.needs_result if child else None,
                 retention=options.retention,
+                input_is_run_input=binding.is_run_input,
+                run_input_keys=binding.run_input_keys,
             )
         )
-    return CompiledRun(
+    return RunTemplate(
         workflow=graph.workflow,
         def_version=def_version,
-        input=run_text,
         result_node=graph.result,
         has_fan_out=graph.has_fan_out,
         steps=tuple(steps),
         deps=tuple(deps),
         inputs=tuple(inputs),
     )
+
+
+def instantiate(
+    template: RunTemplate, run_input: JSONValue, *, what: str = "the run input"
+) -> CompiledRun:
+    """The rows of one run: the template with ``run_input`` put where the graph uses it."""
+    run_text = encode(run_input, what=what)
+    return CompiledRun(
+        workflow=template.workflow,
+        def_version=template.def_version,
+        input=run_text,
+        result_node=template.result_node,
+        has_fan_out=template.has_fan_out,
+        steps=tuple(_with_run_input(step, run_input, run_text) for step in template.steps),
+        deps=template.deps,
+        inputs=template.inputs,
+    )
+
+
+def _with_run_input(step: StepRow, run_input: JSONValue, run_text: str) -> StepRow:
+    if step.input_is_run_input:
+        return attrs.evolve(step, input=run_text, input_is_run_input=False)
+    if step.run_input_keys:
+        static = json.loads(step.input) if step.input is not None else {}
+        static |= dict.fromkeys(step.run_input_keys, run_input)
+        text = encode(static, what=f"the input of {step.node!r}")
+        return attrs.evolve(step, input=text, run_input_keys=())
+    return step
+
+
+def compile_run(
+    graph: Graph, run_input: JSONValue, *, def_version: str | None = None
+) -> CompiledRun:
+    """Validate the graph and produce every row of a run of it with ``run_input``."""
+    return instantiate(compile_template(graph, def_version=def_version), run_input)

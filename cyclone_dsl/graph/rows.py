@@ -27,6 +27,11 @@ Conventions the engine relies on:
   - array (a list argument): one :class:`InputRow` per list element with
     ``assembly_mode='array'`` and ``slot`` = the element position; every
     element must be an upstream reference.
+* A :class:`RunTemplate` is the same rows before the run input is known (for
+  bulk submits, where every run shares one graph): a step whose static input is
+  the run input has ``input_is_run_input``; a tuple step whose static arguments
+  include the run input lists their letters in ``run_input_keys``, and its
+  ``input`` holds only the other static arguments.
 * ``DepRow.dep_type`` is ``data`` for an edge that carries input and
   ``control`` for an ``after=`` edge. Every edge, data or control, has a
   ``DepRow``: a node is ready when all of its ``DepRow`` upstreams completed.
@@ -67,6 +72,8 @@ class StepRow:
     child_workflow: str | None = None
     child_needs_result: bool | None = None
     retention: timedelta | None = None
+    input_is_run_input: bool = False  # templates only
+    run_input_keys: tuple[str, ...] = ()  # templates only
 
 
 @attrs.frozen
@@ -89,6 +96,19 @@ class CompiledRun:
     workflow: str
     def_version: str
     input: str | None  # JSON text of the run input
+    result_node: str | None
+    has_fan_out: bool
+    steps: tuple[StepRow, ...]
+    deps: tuple[DepRow, ...]
+    inputs: tuple[InputRow, ...]
+
+
+@attrs.frozen
+class RunTemplate:
+    """The rows of every run of one graph, the run input left out (see the module doc)."""
+
+    workflow: str
+    def_version: str
     result_node: str | None
     has_fan_out: bool
     steps: tuple[StepRow, ...]

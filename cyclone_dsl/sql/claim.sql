@@ -53,22 +53,26 @@ FROM claimed AS c CROSS JOIN relaxed
 
 -- name: heartbeat_steps
 -- Extend the leases still held at the given generations; return the ones extended.
+WITH {{lock_listed_steps}}
 UPDATE cyclone_steps AS s
 SET lease_expiry = now() + %(shift)s::interval + %(lease)s::interval,
     heartbeat_at = now() + %(shift)s::interval
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS h(id, generation)
-WHERE s.id = h.id AND s.lease_generation = h.generation
+WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
+  AND s.id = h.id AND s.lease_generation = h.generation
   AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
 RETURNING s.id
 
 -- name: release_steps
 -- Give leases back at shutdown: available again, the attempt not consumed.
+WITH {{lock_listed_steps}}
 UPDATE cyclone_steps AS s
 SET state = CASE WHEN r.state = 'paused' THEN 'paused' ELSE 'available' END,
     lease_owner = NULL, lease_expiry = NULL, heartbeat_at = NULL, started_at = NULL,
     scheduled_at = now() + %(shift)s::interval
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS h(id, generation), cyclone_runs AS r
-WHERE s.id = h.id AND s.lease_generation = h.generation
+WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
+  AND s.id = h.id AND s.lease_generation = h.generation
   AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
   AND r.id = s.run_id
 RETURNING s.id, s.queue
@@ -105,3 +109,15 @@ END
 -- fragment: no_input
 -- Whether step c's handler is called without an argument.
 (c.input_from IS NULL AND NOT c.has_slots AND c.input IS NULL)
+
+-- fragment: lock_listed_steps
+-- Lock the steps %(ids)s in id order, for a statement that then updates them as
+-- s.id = ANY(ARRAY(SELECT id FROM listed)): the array is built, every lock taken in
+-- order, before the first update. Every write to several possibly running steps takes
+-- their locks in id order, so a heartbeat and a completion never deadlock.
+listed AS (
+    SELECT s.id FROM cyclone_steps AS s
+    WHERE s.id = ANY(%(ids)s::bigint[])
+    ORDER BY s.id
+    FOR NO KEY UPDATE
+)

@@ -9,7 +9,7 @@ WITH RECURSIVE up(id) AS (
 )
 SELECT r.id, r.state, r.has_fan_out, r.paused_at
 FROM cyclone_runs AS r
-WHERE r.id IN (SELECT id FROM up)
+WHERE r.id = ANY(ARRAY(SELECT id FROM up))  -- an id lookup, never a scan of every run
 ORDER BY r.id
 FOR NO KEY UPDATE
 
@@ -23,12 +23,13 @@ WITH RECURSIVE up(id) AS (
 )
 SELECT r.id, r.state, r.has_fan_out, r.paused_at
 FROM cyclone_runs AS r
-WHERE r.id IN (SELECT id FROM up)
+WHERE r.id = ANY(ARRAY(SELECT id FROM up))  -- an id lookup, never a scan of every run
 ORDER BY r.id
 FOR NO KEY UPDATE
 
 -- name: complete_steps
 -- Record outputs of steps still leased at the given generations (a stale generation is fenced).
+WITH {{lock_listed_steps}}
 UPDATE cyclone_steps AS s
 SET state = 'completed', output = c.output::jsonb,
     completed_at = now() + %(shift)s::interval,
@@ -36,7 +37,8 @@ SET state = 'completed', output = c.output::jsonb,
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(outputs)s::text[])
     AS c(id, generation, output)
 -- The CASE keeps the partial index on running steps from driving the plan (see finish_runs).
-WHERE s.id = c.id AND s.lease_generation = c.generation
+WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
+  AND s.id = c.id AND s.lease_generation = c.generation
   AND CASE WHEN s.state = 'running' THEN true ELSE false END
 RETURNING s.id, s.run_id, s.node, s.item_of,
           EXISTS (SELECT 1 FROM cyclone_deps AS d
@@ -44,6 +46,7 @@ RETURNING s.id, s.run_id, s.node, s.item_of,
 
 -- name: fail_steps
 -- Count a failed execution: retry later while attempts remain and it is retryable, else discard.
+WITH {{lock_listed_steps}}
 UPDATE cyclone_steps AS s
 SET attempt = s.attempt + 1,
     state = CASE
@@ -64,7 +67,8 @@ FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(retry)s::bool[],
             %(stacks)s::text[])
         AS f(id, generation, retry, delay_s, error, error_kind, panic_stack),
      cyclone_runs AS r
-WHERE s.id = f.id AND s.lease_generation = f.generation
+WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
+  AND s.id = f.id AND s.lease_generation = f.generation
   AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
   AND r.id = s.run_id
 RETURNING s.id, s.run_id, s.node, s.state, s.queue, s.item_of, s.error, s.error_kind
@@ -131,12 +135,20 @@ RETURNING r.id, r.parent_run_id, r.parent_node_id
 
 -- name: cancel_open_steps
 -- Cancel every non-terminal step of these runs (a late completion is then fenced).
+WITH listed AS (
+    SELECT s.id FROM cyclone_steps AS s
+    WHERE s.run_id = ANY(%(run_ids)s::bigint[])
+      AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+    ORDER BY s.id
+    FOR NO KEY UPDATE
+)
 UPDATE cyclone_steps AS s
 SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
     error = coalesce(s.error, %(error)s), error_kind = coalesce(s.error_kind, %(error_kind)s),
     lease_owner = NULL, lease_expiry = NULL
 FROM unnest(%(run_ids)s::bigint[]) AS t(run_id)
-WHERE s.run_id = t.run_id
+WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
+  AND s.run_id = t.run_id
   AND s.state NOT IN ('completed', 'discarded', 'cancelled')
 RETURNING s.run_id, s.node, s.kind
 

@@ -87,10 +87,18 @@ RETURNING s.id, s.run_id, s.node, s.item_of, true AS has_downstream
 
 -- name: cancel_items
 -- Cancel the unfinished items of a fan-out node.
+WITH listed AS (
+    SELECT s.id FROM cyclone_steps AS s
+    WHERE s.run_id = %(run_id)s AND s.item_of = %(node)s
+      AND s.state IN ('pending', 'available', 'running', 'paused')
+    ORDER BY s.id
+    FOR NO KEY UPDATE
+)
 UPDATE cyclone_steps AS s
 SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
     error = %(error)s, error_kind = 'dep_failed', lease_owner = NULL, lease_expiry = NULL
-WHERE s.run_id = %(run_id)s AND s.item_of = %(node)s
+WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
+  AND s.run_id = %(run_id)s AND s.item_of = %(node)s
   AND s.state IN ('pending', 'available', 'running', 'paused')
 RETURNING s.id
 

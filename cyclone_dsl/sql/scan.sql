@@ -10,6 +10,7 @@ LIMIT %(limit)s
 -- name: reclaim_steps
 -- Take expired leases back (guarded by state, generation and expiry): available, or discarded
 -- with reclaim_limit once a step has been reclaimed more than its kind allows.
+WITH {{lock_listed_steps}}
 UPDATE cyclone_steps AS s
 SET reclaims = s.reclaims + 1,
     state = CASE
@@ -35,7 +36,8 @@ JOIN cyclone_steps AS cur ON cur.id = e.id
 JOIN cyclone_runs AS r ON r.id = cur.run_id
 LEFT JOIN unnest(%(kinds)s::text[], %(limits)s::int[]) AS l(kind, max_reclaims)
     ON l.kind = cur.kind
-WHERE s.id = e.id AND s.lease_generation = e.generation AND s.state = 'running'
+WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
+  AND s.id = e.id AND s.lease_generation = e.generation AND s.state = 'running'
   AND s.lease_expiry < now() + %(shift)s::interval
 RETURNING s.id, s.run_id, s.node, s.state, s.queue, s.item_of, s.error
 

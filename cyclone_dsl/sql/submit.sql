@@ -75,47 +75,59 @@ SELECT nextval(pg_get_serial_sequence('cyclone_runs', 'id')) AS id
 FROM generate_series(1, %(count)s)
 
 -- name: insert_run_graphs
--- Insert many runs with their graphs in one statement (ids allocated beforehand).
-WITH runs AS (
+-- Insert many runs of one graph in one statement (ids allocated beforehand). The graph's
+-- rows come once, as a template, and are multiplied here by the runs' ids and inputs.
+WITH r AS MATERIALIZED (
+    SELECT t.id, nullif(t.input::jsonb, 'null'::jsonb) AS input
+    FROM unnest(%(ids)s::bigint[], %(run_inputs)s::text[]) AS t(id, input)
+), runs AS (
     INSERT INTO cyclone_runs (id, workflow, def_version, input, state, deadline_at, result_node,
                               has_fan_out)
-    SELECT r.id, r.workflow, r.def_version, r.input, 'running',
-           now() + %(shift)s::interval + %(deadline)s::interval, r.result_node, r.has_fan_out
-    FROM jsonb_to_recordset(%(runs)s::jsonb) AS r(
-        id bigint, workflow text, def_version text, input jsonb, result_node text,
-        has_fan_out bool)
+    SELECT r.id, %(workflow)s, %(def_version)s, r.input, 'running',
+           now() + %(shift)s::interval + %(deadline)s::interval, %(result_node)s, %(has_fan_out)s
+    FROM r
     RETURNING id
+), template AS MATERIALIZED (
+    SELECT *
+    FROM jsonb_to_recordset(%(steps)s::jsonb) AS s(
+        node text, kind text, state text, input jsonb, input_from text, queue text,
+        priority int, max_attempts int, timeout_s float8, signal_name text, signal_names text[],
+        wait_for_s float8, wait_count int, on_dep_failure text, fan_out_parallel int,
+        fan_out_max_bytes bigint, child_workflow text, child_needs_result bool,
+        retention_s float8, input_is_run_input bool, run_input_keys text[])
 ), steps AS (
     INSERT INTO cyclone_steps (run_id, node, kind, state, input, input_from, queue, priority,
                                max_attempts, scheduled_at, timeout, signal_name, signal_names,
                                wait_for, wait_count, on_dep_failure, fan_out_parallel,
-                               fan_out_max_bytes, child_workflow, child_needs_result, retention,
-                               unique_key, sequence_key)
-    SELECT s.run_id, s.node, s.kind, s.state, s.input, s.input_from, s.queue, s.priority,
-           s.max_attempts,
+                               fan_out_max_bytes, child_workflow, child_needs_result, retention)
+    SELECT r.id, s.node, s.kind, s.state,
+           CASE
+               WHEN s.input_is_run_input THEN r.input
+               WHEN s.run_input_keys IS NOT NULL THEN
+                   coalesce(s.input, '{}'::jsonb)
+                   || (SELECT jsonb_object_agg(k, coalesce(r.input, 'null'::jsonb))
+                       FROM unnest(s.run_input_keys) AS k)
+               ELSE s.input
+           END,
+           s.input_from, s.queue, s.priority, s.max_attempts,
            coalesce(%(scheduled_at)s::timestamptz, now() + %(shift)s::interval),
            make_interval(secs => s.timeout_s), s.signal_name, s.signal_names,
            make_interval(secs => s.wait_for_s), s.wait_count, s.on_dep_failure, s.fan_out_parallel,
            s.fan_out_max_bytes, s.child_workflow, s.child_needs_result,
-           make_interval(secs => s.retention_s), s.unique_key, s.sequence_key
-    FROM jsonb_to_recordset(%(steps)s::jsonb) AS s(
-        run_id bigint, node text, kind text, state text, input jsonb, input_from text,
-        queue text, priority int, max_attempts int, timeout_s float8, signal_name text,
-        signal_names text[], wait_for_s float8, wait_count int, on_dep_failure text,
-        fan_out_parallel int, fan_out_max_bytes bigint, child_workflow text,
-        child_needs_result bool, retention_s float8, unique_key text, sequence_key text)
+           make_interval(secs => s.retention_s)
+    FROM r CROSS JOIN template AS s
     RETURNING 1
 ), deps AS (
     INSERT INTO cyclone_deps (run_id, node, dep_node, dep_type)
-    SELECT d.run_id, d.node, d.dep_node, d.dep_type
-    FROM jsonb_to_recordset(%(deps)s::jsonb)
-        AS d(run_id bigint, node text, dep_node text, dep_type text)
+    SELECT r.id, d.node, d.dep_node, d.dep_type
+    FROM r CROSS JOIN jsonb_to_recordset(%(deps)s::jsonb)
+        AS d(node text, dep_node text, dep_type text)
     RETURNING 1
 ), inputs AS (
     INSERT INTO cyclone_step_inputs (run_id, node, slot, dep_node, assembly_mode)
-    SELECT i.run_id, i.node, i.slot, i.dep_node, i.assembly_mode
-    FROM jsonb_to_recordset(%(inputs)s::jsonb)
-        AS i(run_id bigint, node text, slot int, dep_node text, assembly_mode text)
+    SELECT r.id, i.node, i.slot, i.dep_node, i.assembly_mode
+    FROM r CROSS JOIN jsonb_to_recordset(%(inputs)s::jsonb)
+        AS i(node text, slot int, dep_node text, assembly_mode text)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM runs) AS runs,
@@ -124,3 +136,4 @@ SELECT (SELECT count(*) FROM runs) AS runs,
        (SELECT count(*) FROM inputs) AS inputs,
        (SELECT count(pg_notify('cyclone_work', q))
         FROM unnest(%(wake)s::text[]) AS q) AS woken
+

@@ -5,7 +5,8 @@ Threads, each with one job:
 * the fetch loop (the caller's thread in :meth:`Worker.run`) claims batches
   while slots are free and sleeps on NOTIFY wake-ups or the poll interval;
 * a thread pool runs sync handlers, one event loop thread runs async ones;
-* the completer commits outcomes in batches (one transaction each);
+* two completers commit outcomes in batches (one transaction each; while one
+  waits for its commit's disk flush, the other fills and sends the next batch);
 * the heartbeater extends leases on its own connection, and fails or drops
   steps whose timeout passed or whose lease was lost;
 * the listener holds the LISTEN connection;
@@ -55,6 +56,9 @@ log = logging.getLogger("cyclone.worker")
 
 #: When every slot was busy, wait this long for more slots before claiming again.
 CLAIM_SETTLE_S = 0.002
+
+#: Completion threads. Their transactions lock runs in id order, so they never deadlock.
+COMPLETERS = 2
 
 
 @attrs.define
@@ -197,7 +201,9 @@ class Worker:
         self._threads.append(thread)
 
     def _start_services(self) -> None:
-        self._pool = make_pool(self._dsn, name=f"cyclone-worker-{os.getpid()}", max_size=4)
+        self._pool = make_pool(
+            self._dsn, name=f"cyclone-worker-{os.getpid()}", max_size=3 + COMPLETERS
+        )
         self._executor = DaemonThreadPool(self.concurrency, "cyclone-handler")
         self._takes_ctx = {kind: step.takes_ctx for kind, step in self.handlers.items()}
         registered = self._tx(lambda tx: register_all(tx, self.registry))
@@ -206,7 +212,8 @@ class Worker:
         if any(step.is_async for step in self.handlers.values()):
             self._loop = asyncio.new_event_loop()
             self._spawn(self._loop.run_forever, "asyncio")
-        self._spawn(self._complete_loop, "complete")
+        for number in range(COMPLETERS):
+            self._spawn(self._complete_loop, f"complete-{number}")
         self._spawn(self._heartbeat_loop, "heartbeat")
         self._spawn(self._listen_loop, "listen")
         if self._with_scanners:
@@ -391,6 +398,7 @@ class Worker:
         while True:
             first = self._outcomes.get()
             if first is None:
+                self._outcomes.put(None)  # for the other completers
                 return
             batch = [first]
             while len(batch) < self.batch_size:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from cyclone_dsl import StepContext, child, for_each, step, workflow
+from cyclone_dsl import StepContext, child, for_each, step, wait_timer, workflow
 
 
 def record(ctx: StepContext, event: str) -> None:
@@ -47,3 +47,38 @@ def make_list(n: int) -> list[int]:
 @workflow(name="fault_with_fanout")
 def with_fanout(n):  # type: ignore[no-untyped-def]
     return for_each(work, over=make_list(n))
+
+
+def record_time(ctx: StepContext, event: str) -> None:
+    """Log an event with the system-wide monotonic clock, which clock-skew tools leave alone."""
+    path = os.environ["CYCLONE_FAULT_TIMES"]
+    with open(path, "a") as log:
+        log.write(
+            f"{os.getpid()} {ctx.run_id} {ctx.node} {event} {ctx.attempt} {time.monotonic()}\n"
+        )
+
+
+@step(name="fault_flaky", max_attempts=3)
+def flaky(x: object, *, ctx: StepContext) -> object:
+    """Fails its first attempt, so its retry waits for a backoff of at least 0.5 s."""
+    record_time(ctx, "start")
+    if ctx.attempt == 0:
+        raise RuntimeError("first attempt fails")
+    record_time(ctx, "end")
+    return x
+
+
+@step(name="fault_slow", max_attempts=1)
+def slow(x: object, *, ctx: StepContext) -> object:
+    """Outlives its lease several times over: only heartbeats keep it."""
+    record_time(ctx, "start")
+    time.sleep(float(os.environ.get("CYCLONE_FAULT_SLEEP", "0")))
+    record_time(ctx, "end")
+    return x
+
+
+@workflow(name="fault_timed")
+def timed(x):  # type: ignore[no-untyped-def]
+    first = flaky(x)
+    timer = wait_timer(2, after=[first])
+    return slow(first, after=[timer])

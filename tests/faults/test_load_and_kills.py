@@ -3,7 +3,9 @@
 Invariants checked from the database afterwards: every run completed; every
 step completed exactly once (one output, state completed) and its handler ran
 at least once; reclaims were counted; no step is left running; PostgreSQL
-reported no deadlock. ``CYCLONE_FULL=1`` runs the full size (100,000 steps and
+reported no deadlock; the claim path's latency stayed flat. Table and index
+sizes and dead rows are reported (``-s`` shows them; they are also attached to
+the test's junit properties). ``CYCLONE_FULL=1`` runs the full size (100,000 steps and
 2,000 five-step runs); CI runs a bounded size.
 """
 
@@ -11,7 +13,9 @@ from __future__ import annotations
 
 import random
 import signal
+import statistics
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -48,8 +52,59 @@ def server_log_tail(admin_dsn: str) -> str:
         return ""
 
 
+#: The claim's index path (the candidates part of the claim, without locking): its
+#: latency must not grow as the table churns and dead index entries pile up.
+CLAIM_PATH_PROBE = (
+    "SELECT id FROM cyclone_steps WHERE state = 'available' AND queue = 'default' "
+    "AND scheduled_at <= now() ORDER BY priority DESC, scheduled_at LIMIT 100"
+)
+
+BLOAT_REPORT = """
+SELECT c.relname AS name, c.relkind AS kind, pg_relation_size(c.oid) AS bytes,
+       s.n_live_tup AS live, s.n_dead_tup AS dead
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'i')
+  AND (c.relname LIKE 'cyclone_steps%%' OR c.relname LIKE 'cyclone_runs%%'
+       OR c.relname LIKE 'idx_steps_%%' OR c.relname LIKE 'idx_runs_%%')
+ORDER BY c.relkind DESC, c.relname
+"""
+
+
+class ClaimPathProbe(threading.Thread):
+    """Times the claim's index path every 100 ms while the load runs."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True)
+        self.dsn = dsn
+        self.samples: list[float] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.done.wait(0.1):
+                started = time.perf_counter()
+                conn.execute(CLAIM_PATH_PROBE).fetchall()
+                self.samples.append(time.perf_counter() - started)
+
+
+def report_bloat(dsn: str, record_property: Callable[[str, object], None]) -> None:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(BLOAT_REPORT).fetchall()
+    print("\nrelation sizes after the load (dead rows as the statistics collector saw them):")
+    for name, kind, size, live, dead in rows:
+        extra = f" live {live} dead {dead}" if kind == "r" else ""
+        print(f"  {name:<40} {size / 1024:>10.0f} KiB{extra}")
+        record_property(f"bytes:{name}", size)
+
+
 def test_load_with_repeated_sigkills_loses_nothing(
-    cyclone_dsn: str, cyclone_admin_dsn: str, spawn_worker: Spawn, fault_log: Path
+    cyclone_dsn: str,
+    cyclone_admin_dsn: str,
+    spawn_worker: Spawn,
+    fault_log: Path,
+    record_property: Callable[[str, object], None],
 ) -> None:
     log_before = len(server_log_tail(cyclone_admin_dsn))
     with Client(cyclone_dsn) as client:
@@ -58,6 +113,8 @@ def test_load_with_repeated_sigkills_loses_nothing(
         for start in range(0, RUNS, 1_000):
             client.submit_many(handlers.five, list(range(start, min(RUNS, start + 1_000))))
     total_runs = STANDALONE + RUNS
+    probe = ClaimPathProbe(cyclone_dsn)
+    probe.start()
     workers = [spawn_worker(CYCLONE_FAULT_LEASE="1", CYCLONE_FAULT_SLEEP="0.005") for _ in range(4)]
     kills = 0
     deadline = time.monotonic() + (1800 if FULL else 150)
@@ -71,6 +128,8 @@ def test_load_with_repeated_sigkills_loses_nothing(
             victim.wait(10)
             kills += 1
             workers.append(spawn_worker(CYCLONE_FAULT_LEASE="1", CYCLONE_FAULT_SLEEP="0.005"))
+    probe.done.set()
+    probe.join(5)
     with psycopg.connect(cyclone_dsn) as conn:
         states = dict(
             conn.execute("SELECT state, count(*) FROM cyclone_runs GROUP BY 1").fetchall()
@@ -96,3 +155,14 @@ def test_load_with_repeated_sigkills_loses_nothing(
     if reclaims == 0:
         assert all(n == 1 for n in started.values())
     assert "deadlock detected" not in server_log_tail(cyclone_admin_dsn)[log_before:]
+
+    third = len(probe.samples) // 3
+    assert third >= 3, "the load ended before the probe could sample it"
+    early = statistics.median(probe.samples[:third])
+    late = statistics.median(probe.samples[-third:])
+    print(f"claim path: median {early * 1000:.2f} ms early, {late * 1000:.2f} ms late")
+    record_property("claim_path_ms_early", round(early * 1000, 3))
+    record_property("claim_path_ms_late", round(late * 1000, 3))
+    # Flat: a claim path that scanned dead entries would grow with every completed step.
+    assert late <= 3 * early + 0.002
+    report_bloat(cyclone_dsn, record_property)

@@ -12,6 +12,14 @@ from tests.faults import handlers
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+    skew = float(os.environ.get("CYCLONE_FAULT_CLOCK_SKEW", "0"))
+    if skew:
+        # This process's wall clock (time.time, datetime.now) runs ``skew`` seconds off.
+        import time
+
+        import time_machine
+
+        time_machine.travel(time.time() + skew, tick=True).start()
     Worker(
         sys.argv[1],
         [handlers],
