@@ -35,6 +35,7 @@ SIZES = {
         "submits": 200,
         "bulk": 2000,
         "history": 20_000,
+        "expired": 10_000,
     },
     "full": {
         "jobs": 20000,
@@ -46,6 +47,7 @@ SIZES = {
         "submits": 2000,
         "bulk": 20000,
         "history": 1_000_000,
+        "expired": 200_000,
     },
 }
 
@@ -150,6 +152,15 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
         "standalone",
         noop,
         ">= 0.8x",
+    )
+    purged = cy.retention_rate(admin, size["expired"])
+    add(
+        f"retention: {size['expired']:,} expired runs deleted",
+        purged,
+        "runs/s",
+        "standalone",
+        noop,
+        ">= 1x (keeps up)",
     )
     return rows
 

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
+
+import psycopg
 
 from bench import flows
 from cyclone_dsl import Client, Worker
+from cyclone_dsl.db.connect import make_pool
+from cyclone_dsl.engine.transitions import DEFAULT_HOOKS
 from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
+from cyclone_dsl.worker.scanner import Scanner
 
 HANDLERS = [flows.noop, flows.mark, flows.inc, flows.add, flows.total, flows.items]
 
@@ -54,28 +61,55 @@ def noop_throughput(admin: str, jobs: int) -> float:
 PRELOAD_RUNS = """
 WITH runs AS (
     INSERT INTO cyclone_runs (workflow, def_version, state, finished_at)
-    SELECT 'bench_old', 'v', 'completed', now() FROM generate_series(1, %(count)s)
+    SELECT 'bench_old', 'v', 'completed', now() - %(age)s::interval
+    FROM generate_series(1, %(count)s)
     RETURNING id
 )
 INSERT INTO cyclone_steps (run_id, node, kind, state, output, completed_at)
-SELECT id, 'bench_noop', 'bench_noop', 'completed', 'null', now() FROM runs
+SELECT id, 'bench_noop', 'bench_noop', 'completed', 'null', now() - %(age)s::interval FROM runs
 """
+
+
+def _preload(dsn: str, history: int, age: timedelta = timedelta(0)) -> None:
+    """Store ``history`` completed one-step runs that ended ``age`` ago, then vacuum."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for start in range(0, history, 100_000):
+            conn.execute(PRELOAD_RUNS, {"count": min(100_000, history - start), "age": age})
+        conn.execute("VACUUM ANALYZE cyclone_runs")
+        conn.execute("VACUUM ANALYZE cyclone_steps")
+        conn.execute("CHECKPOINT")  # flush the preload before measuring
 
 
 def noop_throughput_with_history(admin: str, jobs: int, history: int) -> float:
     """Standalone no-op steps per second with ``history`` completed runs already stored."""
-    import psycopg
-
     with fresh(admin) as dsn, Client(dsn) as client:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for start in range(0, history, 100_000):
-                conn.execute(PRELOAD_RUNS, {"count": min(100_000, history - start)})
-            conn.execute("VACUUM ANALYZE cyclone_runs")
-            conn.execute("VACUUM ANALYZE cyclone_steps")
-            conn.execute("CHECKPOINT")  # flush the preload before measuring
+        _preload(dsn, history)
         for start in range(0, jobs, 2000):
             client.enqueue_many(flows.noop, [None] * min(2000, jobs - start))
         return jobs / _drain(_worker(dsn), jobs)
+
+
+def retention_rate(admin: str, expired: int) -> float:
+    """Runs per second the retention pass deletes, ``expired`` runs past a 7-day retention."""
+    with fresh(admin) as dsn:
+        _preload(dsn, expired, age=timedelta(days=8))
+        with make_pool(dsn, name="bench-retention") as pool:
+            scanner = Scanner(
+                pool,
+                interval=1.0,
+                max_reclaims={},
+                default_max_reclaims=3,
+                hooks=DEFAULT_HOOKS,
+                shift=timedelta(0),
+                stopping=threading.Event(),
+                retention=timedelta(days=7),
+            )
+            started = time.perf_counter()
+            deleted = scanner.expire_runs()
+            elapsed = time.perf_counter() - started
+        if deleted != expired:
+            raise RuntimeError(f"retention deleted {deleted} of {expired} runs")
+        return deleted / elapsed
 
 
 def workflow_throughput(admin: str, workflow: object, runs: int, steps_per_run: int) -> float:

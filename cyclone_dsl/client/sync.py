@@ -17,7 +17,7 @@ from cyclone_dsl.client.model import Run, Step
 from cyclone_dsl.client.schedules import Schedule
 from cyclone_dsl.db.connect import make_pool
 from cyclone_dsl.db.embedded import ENV_URL
-from cyclone_dsl.db.tx import Tx, in_transaction
+from cyclone_dsl.db.tx import Tx, in_autocommit, in_transaction
 from cyclone_dsl.dsl.registry import Registry, default_registry
 from cyclone_dsl.engine import control, signals, waits
 from cyclone_dsl.engine.hooks import engine_hooks
@@ -27,6 +27,7 @@ from cyclone_dsl.engine.submit import (
     insert_run_once,
     insert_runs,
     insert_standalone,
+    is_one_statement,
 )
 from cyclone_dsl.errors import InvalidArgument, RunNotFound, ScheduleError
 from cyclone_dsl.payload import JSONValue, encode
@@ -89,7 +90,12 @@ class Client:
         """Start a run of ``workflow`` with ``input``; the whole graph is written at once."""
         compiled = base.compile_workflow(self.registry, workflow, input)
         deadline = base.check_deadline(deadline)
-        run_id = self._tx(lambda tx: insert_run(tx, compiled, deadline=deadline, hooks=self.hooks))
+        run = in_autocommit if is_one_statement(compiled) else in_transaction
+        run_id = run(
+            self._pool,
+            lambda tx: insert_run(tx, compiled, deadline=deadline, hooks=self.hooks),
+            shift=self.shift,
+        )
         return RunHandle(run_id, self)
 
     def submit_many(
@@ -209,14 +215,18 @@ class Client:
             base.check_key("sequence_key", sequence_key)
         if scheduled_at is not None and scheduled_at.tzinfo is None:
             raise InvalidArgument("scheduled_at must be timezone-aware")
-        submitted = self._tx(
+        # Without a unique key, one statement: autocommit saves BEGIN and COMMIT.
+        run = in_transaction if unique_key is not None else in_autocommit
+        submitted = run(
+            self._pool,
             lambda tx: insert_standalone(
                 tx,
                 compiled,
                 unique_key=unique_key,
                 sequence_key=sequence_key,
                 scheduled_at=scheduled_at,
-            )
+            ),
+            shift=self.shift,
         )
         return RunHandle(submitted.run_id, self, submitted.created)
 

@@ -105,6 +105,15 @@ def _special_roots(graph: CompiledRun | RunTemplate) -> list[str]:
     return [s.node for s in graph.steps if s.state == StepState.PENDING and s.node not in with_deps]
 
 
+def is_one_statement(compiled: CompiledRun) -> bool:
+    """Whether :func:`insert_run` is one statement (no root to activate after the insert).
+
+    Such a submit can run in autocommit mode: atomic on its own, and two round
+    trips (BEGIN, COMMIT) shorter than an explicit transaction.
+    """
+    return not _special_roots(compiled)
+
+
 def insert_run(
     tx: Tx,
     compiled: CompiledRun,
@@ -207,7 +216,13 @@ def insert_standalone(
     sequence_key: str | None,
     scheduled_at: datetime | None,
 ) -> Submitted:
-    """Enqueue standalone work; with a unique key, return the active holder instead."""
+    """Enqueue standalone work; with a unique key, return the active holder instead.
+
+    Without a unique key this is one statement (see :func:`is_one_statement`).
+    """
+    if unique_key is None:
+        run_id = insert_run(tx, compiled, scheduled_at=scheduled_at, sequence_key=sequence_key)
+        return Submitted(run_id, created=True)
     kind = compiled.steps[0].kind
     for _ in range(RACE_ATTEMPTS):
         if unique_key is not None:
