@@ -165,11 +165,35 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
     return rows
 
 
+def markdown(report: dict[str, Any]) -> str:
+    """The report as the Markdown table docs/performance.md shows."""
+    lines = [
+        "| Scenario | Cyclone | Compared with | Ratio | Target |",
+        "|---|---|---|---|---|",
+    ]
+    for row in report["results"]:
+        peer = ""
+        if row["peer"]:
+            peer = f"{row['peer']} ({row['peer_value']:,.1f})" if row["peer_value"] else row["peer"]
+        ratio = f"{row['ratio']:.2f}x" if row["ratio"] else ""
+        lines.append(
+            f"| {row['scenario']} | {row['cyclone']:,.1f} {row['unit']} | {peer} | {ratio} "
+            f"| {row['target']} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes (under 2 minutes)")
     parser.add_argument("--json", type=Path, default=Path("bench/results/latest.json"))
+    parser.add_argument(
+        "--markdown", type=Path, help="print the table of this JSON report as Markdown; no run"
+    )
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(args.markdown.read_text())))
+        return 0
     size = SIZES["quick" if args.quick else "full"]
     started = time.perf_counter()
     with embedded_database() as admin:
