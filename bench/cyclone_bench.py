@@ -31,7 +31,7 @@ def fresh(admin: str) -> Iterator[str]:
 
 
 def _worker(dsn: str, **options: object) -> Worker:
-    options.setdefault("concurrency", 32)
+    options.setdefault("concurrency", 100)
     options.setdefault("batch_size", 100)
     options.setdefault("poll_interval", 0.05)
     return Worker(dsn, HANDLERS, scanners=False, **options)  # type: ignore[arg-type]

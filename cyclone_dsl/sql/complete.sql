@@ -4,8 +4,12 @@ WITH RECURSIVE up(id) AS (
     SELECT DISTINCT s.run_id
     FROM unnest(%(ids)s::bigint[]) AS t(id) JOIN cyclone_steps AS s ON s.id = t.id
     UNION
-    SELECT r.parent_run_id FROM cyclone_runs AS r JOIN up ON r.id = up.id
-    WHERE r.parent_run_id IS NOT NULL
+    -- A correlated lookup by id per run: a join here could scan every run when
+    -- statistics are stale (a seq scan of all runs on each completion batch).
+    SELECT p.id
+    FROM (SELECT (SELECT r.parent_run_id FROM cyclone_runs AS r WHERE r.id = up.id) AS id
+          FROM up) AS p
+    WHERE p.id IS NOT NULL
 )
 SELECT r.id, r.state, r.has_fan_out, r.paused_at
 FROM cyclone_runs AS r
@@ -18,8 +22,12 @@ FOR NO KEY UPDATE
 WITH RECURSIVE up(id) AS (
     SELECT unnest(%(run_ids)s::bigint[])
     UNION
-    SELECT r.parent_run_id FROM cyclone_runs AS r JOIN up ON r.id = up.id
-    WHERE r.parent_run_id IS NOT NULL
+    -- A correlated lookup by id per run: a join here could scan every run when
+    -- statistics are stale (a seq scan of all runs on each completion batch).
+    SELECT p.id
+    FROM (SELECT (SELECT r.parent_run_id FROM cyclone_runs AS r WHERE r.id = up.id) AS id
+          FROM up) AS p
+    WHERE p.id IS NOT NULL
 )
 SELECT r.id, r.state, r.has_fan_out, r.paused_at
 FROM cyclone_runs AS r
@@ -118,19 +126,22 @@ RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.fan_out_parallel,
 -- of looking the given ids up by primary key.
 UPDATE cyclone_runs AS r
 SET state = 'completed', finished_at = now() + %(shift)s::interval, updated_at = now()
-FROM unnest(%(run_ids)s::bigint[]) AS t(id)
-WHERE r.id = t.id AND CASE WHEN r.state IN ('running', 'paused') THEN true ELSE false END
-  AND NOT EXISTS (
-      SELECT 1 FROM cyclone_steps AS s
-      WHERE s.run_id = r.id AND s.state NOT IN ('completed', 'discarded', 'cancelled'))
+-- = ANY: a primary-key lookup; a join with unnest() was planned as a scan of every run.
+WHERE r.id = ANY(%(run_ids)s::bigint[])
+  AND CASE WHEN r.state IN ('running', 'paused') THEN true ELSE false END
+  -- A scalar subquery, probed per run through (run_id, node): written as NOT EXISTS it
+  -- became an anti-join that scanned every open step of every run.
+  AND (SELECT 1 FROM cyclone_steps AS s
+       WHERE s.run_id = r.id AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+       LIMIT 1) IS NULL
 RETURNING r.id, r.parent_run_id, r.parent_node_id
 
 -- name: end_runs
 -- Fail or cancel runs that are not terminal yet.
 UPDATE cyclone_runs AS r
 SET state = %(state)s, finished_at = now() + %(shift)s::interval, updated_at = now()
-FROM unnest(%(run_ids)s::bigint[]) AS t(id)
-WHERE r.id = t.id AND r.state IN ('running', 'paused')
+WHERE r.id = ANY(%(run_ids)s::bigint[])
+  AND CASE WHEN r.state IN ('running', 'paused') THEN true ELSE false END
 RETURNING r.id, r.parent_run_id, r.parent_node_id
 
 -- name: cancel_open_steps
