@@ -1,0 +1,125 @@
+"""The hot path's statements look rows up by key: none scans cyclone_runs or cyclone_steps.
+
+The schema is freshly loaded and never analyzed, which is when the planner's
+guesses are worst (right after a burst of submits) and when a join with
+``unnest()`` or an anti-join used to turn into a scan of every run or step. Both
+the plan for these parameters (custom) and the plan psycopg's prepared
+statements end up with (generic) are checked.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from cyclone_dsl import Client, step, workflow
+from cyclone_dsl.sql import Q
+
+#: The tables that grow with every run. (Small joins against cyclone_deps and
+#: cyclone_step_inputs may be hashed when the planner finds that cheaper; those plans
+#: turn into index probes as the tables grow, which the cost-growth benchmark measures.)
+BIG_TABLES = ("cyclone_runs", "cyclone_steps")
+
+
+@step(name="plan_noop")
+def noop(x: object) -> object:
+    return x
+
+
+@workflow(name="plan_chain")
+def chain(x):  # type: ignore[no-untyped-def]
+    return noop.named("c")(noop.named("b")(noop.named("a")(x)))
+
+
+def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str, object]]]:
+    """Each hot statement with parameters taken from the loaded rows (100 of each)."""
+    steps = conn.execute(
+        "SELECT id, run_id, node, lease_generation FROM cyclone_steps"
+        " WHERE state = 'available' ORDER BY id LIMIT 100"
+    ).fetchall()
+    ids = [r["id"] for r in steps]
+    runs = sorted({r["run_id"] for r in steps})
+    generations = [r["lease_generation"] for r in steps]
+    lease = timedelta(seconds=30)
+    return {
+        "claim_steps": (
+            Q.claim_steps,
+            {
+                "owner": "w",
+                "queue": "default",
+                "kinds": ["plan_noop"],
+                "limit": 100,
+                "lease": lease,
+            },
+        ),
+        "lock_runs_of_steps": (Q.lock_runs_of_steps, {"ids": ids}),
+        "lock_runs": (Q.lock_runs, {"run_ids": runs}),
+        "complete_steps": (
+            Q.complete_steps,
+            {"ids": ids, "generations": generations, "outputs": ["1"] * len(ids)},
+        ),
+        "finish_runs": (Q.finish_runs, {"run_ids": runs}),
+        "end_runs": (Q.end_runs, {"run_ids": runs, "state": "cancelled"}),
+        "heartbeat_steps": (
+            Q.heartbeat_steps,
+            {"ids": ids, "generations": generations, "lease": lease},
+        ),
+        "release_steps": (Q.release_steps, {"ids": ids, "generations": generations}),
+        "assemble_inputs": (Q.assemble_inputs, {"ids": ids}),
+        "downstream_nodes": (
+            Q.downstream_nodes,
+            {"run_ids": [r["run_id"] for r in steps], "nodes": [r["node"] for r in steps]},
+        ),
+        "activate_ready": (
+            Q.activate_ready,
+            {"run_ids": [r["run_id"] for r in steps], "nodes": ["b"] * len(steps)},
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def loaded(cyclone_admin_dsn: str) -> Any:
+    from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
+
+    name = create_schema(cyclone_admin_dsn)
+    dsn = with_search_path(cyclone_admin_dsn, name)
+    with Client(dsn) as client:
+        for start in range(0, 30_000, 5_000):
+            client.enqueue_many(noop, list(range(start, start + 5_000)))
+        for start in range(0, 6_000, 2_000):
+            client.submit_many(chain, list(range(start, start + 2_000)))
+    yield dsn
+    drop_schema(cyclone_admin_dsn, name)
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "claim_steps",
+        "lock_runs_of_steps",
+        "lock_runs",
+        "complete_steps",
+        "finish_runs",
+        "end_runs",
+        "heartbeat_steps",
+        "release_steps",
+        "assemble_inputs",
+        "downstream_nodes",
+        "activate_ready",
+    ],
+)
+def test_hot_statements_never_scan_a_big_table(loaded: str, name: str, mode: str) -> None:
+    with psycopg.connect(loaded, row_factory=dict_row) as conn:
+        query, params = hot_queries(conn)[name]
+        conn.execute(f"SET plan_cache_mode = {mode}")
+        params = {"shift": timedelta(0), **params}
+        rows = conn.execute(f"EXPLAIN {query}", params).fetchall()  # type: ignore[call-overload]
+        conn.rollback()
+    plan = "\n".join(r["QUERY PLAN"] for r in rows)
+    scans = [t for t in BIG_TABLES if f"Seq Scan on {t} " in plan]
+    assert scans == [], plan
