@@ -83,9 +83,15 @@ RETURNING s.id, s.run_id, s.node, s.state, s.queue, s.item_of, s.error, s.error_
 
 -- name: downstream_nodes
 -- The direct dependents of the given nodes, with their failure policy.
+-- The LATERAL probe (OFFSET 0 keeps it from being flattened into a join) reads
+-- idx_deps_depnode per completed node; a join was planned as a scan of every edge.
 SELECT DISTINCT d.run_id, d.node, s.on_dep_failure
 FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[]) AS c(run_id, node)
-JOIN cyclone_deps AS d ON d.run_id = c.run_id AND d.dep_node = c.node
+CROSS JOIN LATERAL (
+    SELECT e.run_id, e.node FROM cyclone_deps AS e
+    WHERE e.run_id = c.run_id AND e.dep_node = c.node
+    OFFSET 0
+) AS d
 JOIN cyclone_steps AS s ON s.run_id = d.run_id AND s.node = d.node
 
 -- name: activate_ready
