@@ -147,6 +147,7 @@ class Worker:
         self._takes_ctx: dict[str, bool] = {}
         self._queue_turn = 0
         self.completed_count = 0
+        self._count_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -450,7 +451,8 @@ class Worker:
         failures = [o for o in group if isinstance(o, Failure)]
         if successes:
             done = self._tx(lambda tx: complete_ops.complete(tx, successes, self.hooks))
-            self.completed_count += len(done)
+            with self._count_lock:  # two completers: += is not atomic
+                self.completed_count += len(done)
             if len(done) < len(successes):
                 log.info(
                     "%d completions fenced out (lease lost or run ended)",
