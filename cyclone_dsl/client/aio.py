@@ -17,17 +17,16 @@ from typing import Any
 import attrs
 import psycopg
 
-from cyclone_dsl.client.handle import RECHECK_SECONDS
+from cyclone_dsl.client.handle import RECONNECT_SECONDS, check_state, recheck_in
 from cyclone_dsl.client.model import Run
 from cyclone_dsl.client.sync import Client
-from cyclone_dsl.db.listen import listen_async
+from cyclone_dsl.db.connect import connect_async
+from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen_async
 from cyclone_dsl.dsl.registry import Registry
 from cyclone_dsl.engine.notify import RUN_DONE_CHANNEL, names_run
 from cyclone_dsl.engine.signals import Delivery
-from cyclone_dsl.errors import RunNotFound
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
-from cyclone_dsl.states import RunState
 
 
 @attrs.frozen
@@ -145,23 +144,31 @@ class AsyncClient:
         await asyncio.to_thread(self.sync.resume, run_id)
 
     async def wait_terminal(self, run_id: int, timeout: float | None) -> str:
-        """Wait on an async LISTEN connection until the run is terminal."""
+        """Wait on an async LISTEN connection until the run is terminal (see the sync one)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        async with await psycopg.AsyncConnection.connect(
-            self.sync.dsn, autocommit=True, application_name="cyclone-wait"
-        ) as conn:
+        while True:
+            try:
+                return await self._wait_on_one_connection(run_id, deadline, timeout)
+            except psycopg.OperationalError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"run {run_id}: no answer from PostgreSQL in {timeout}s"
+                    ) from None
+                await asyncio.sleep(RECONNECT_SECONDS)
+
+    async def _wait_on_one_connection(
+        self, run_id: int, deadline: float | None, timeout: float | None
+    ) -> str:
+        async with await connect_async(self.sync.dsn, name="cyclone-wait") as conn:
             await listen_async(conn, RUN_DONE_CHANNEL)
             while True:
-                cur = await conn.execute(Q.get_run_state, {"run_id": run_id})
-                row = await cur.fetchone()
-                if row is None:
-                    raise RunNotFound(run_id)
-                if RunState(row[1]).is_terminal:
-                    return str(row[1])
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"run {run_id} is still {row[1]} after {timeout}s")
-                wait_for = RECHECK_SECONDS if remaining is None else min(RECHECK_SECONDS, remaining)
-                async for note in conn.notifies(timeout=wait_for):
+                with answer_within(conn, PING_TIMEOUT_S):
+                    cur = await conn.execute(Q.get_run_state, {"run_id": run_id})
+                    row = await cur.fetchone()
+                found = None if row is None else {"state": row[1]}
+                state = check_state(found, run_id, deadline, timeout)
+                if state is not None:
+                    return state
+                async for note in conn.notifies(timeout=recheck_in(deadline)):
                     if names_run(note.payload, run_id):
                         break

@@ -6,9 +6,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import psycopg
 
 from cyclone_dsl.db.connect import connect
-from cyclone_dsl.db.listen import listen
+from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine.notify import RUN_DONE_CHANNEL, names_run
 from cyclone_dsl.errors import NoOutput, RunFailed, RunNotFound
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
 #: Even without a notification (a lost LISTEN connection), state is re-read this often.
 RECHECK_SECONDS = 1.0
+#: Pause before replacing a wait connection that was lost.
+RECONNECT_SECONDS = 0.5
 
 
 @attrs.frozen
@@ -51,24 +54,59 @@ class RunHandle:
 
 
 def wait_terminal(dsn: str, run_id: int, timeout: float | None) -> str:
-    """Wait for a run to be terminal using LISTEN, re-reading its state as a fallback."""
+    """Wait for a run to be terminal using LISTEN, re-reading its state as a fallback.
+
+    A connection lost or left half-open while waiting is replaced: every read
+    is bounded by :data:`~cyclone_dsl.db.listen.PING_TIMEOUT_S`, so ``timeout``
+    holds whatever the network does.
+    """
     deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            return _wait_on_one_connection(dsn, run_id, deadline, timeout)
+        except psycopg.OperationalError:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"run {run_id}: no answer from PostgreSQL in {timeout}s"
+                ) from None
+            time.sleep(RECONNECT_SECONDS)
+
+
+def _wait_on_one_connection(
+    dsn: str, run_id: int, deadline: float | None, timeout: float | None
+) -> str:
     with connect(dsn, name="cyclone-wait") as conn:
         listen(conn, RUN_DONE_CHANNEL)
         tx = Tx(conn)
         while True:
-            row = tx.one(Q.get_run_state, run_id=run_id)
-            if row is None:
-                raise RunNotFound(run_id)
-            if RunState(row["state"]).is_terminal:
-                return str(row["state"])
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"run {run_id} is still {row['state']} after {timeout}s")
-            wait_for = RECHECK_SECONDS if remaining is None else min(RECHECK_SECONDS, remaining)
-            for note in conn.notifies(timeout=wait_for):
+            with answer_within(conn, PING_TIMEOUT_S):
+                row = tx.one(Q.get_run_state, run_id=run_id)
+            state = check_state(row, run_id, deadline, timeout)
+            if state is not None:
+                return state
+            for note in conn.notifies(timeout=recheck_in(deadline)):
                 if names_run(note.payload, run_id):
                     break
+
+
+def check_state(
+    row: dict[str, Any] | None, run_id: int, deadline: float | None, timeout: float | None
+) -> str | None:
+    """The run's state if terminal; None to keep waiting; TimeoutError past ``deadline``."""
+    if row is None:
+        raise RunNotFound(run_id)
+    if RunState(row["state"]).is_terminal:
+        return str(row["state"])
+    if deadline is not None and deadline - time.monotonic() <= 0:
+        raise TimeoutError(f"run {run_id} is still {row['state']} after {timeout}s")
+    return None
+
+
+def recheck_in(deadline: float | None) -> float:
+    """Seconds to wait for a notification before reading the state again."""
+    if deadline is None:
+        return RECHECK_SECONDS
+    return max(0.0, min(RECHECK_SECONDS, deadline - time.monotonic()))
 
 
 def outcome_from_row(row: dict[str, Any] | None, run_id: int) -> JSONValue:

@@ -72,6 +72,16 @@ def connect(conninfo: str, *, name: str, autocommit: bool = True) -> psycopg.Con
     )
 
 
+async def connect_async(conninfo: str, *, name: str) -> psycopg.AsyncConnection[Any]:
+    """An async autocommit connection with the same settings as :func:`connect`."""
+    return await psycopg.AsyncConnection.connect(
+        psycopg.conninfo.make_conninfo(conninfo, **_tcp_settings(conninfo)),
+        autocommit=True,
+        application_name=name,
+        options=_merge_options(conninfo),
+    )
+
+
 def _tcp_settings(conninfo: str) -> dict[str, str | int | None]:
     """:data:`KEEPALIVE`, except what the connection string sets itself."""
     given = psycopg.conninfo.conninfo_to_dict(conninfo)

@@ -20,12 +20,15 @@ PING_TIMEOUT_S = 5.0
 
 def listen(conn: psycopg.Connection[Any], channel: str, timeout: float = PING_TIMEOUT_S) -> None:
     """LISTEN on ``channel``; like :func:`ping`, give up if the server does not answer."""
-    with _answer_within(conn, timeout):
+    with answer_within(conn, timeout):
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
 
-async def listen_async(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
-    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+async def listen_async(
+    conn: psycopg.AsyncConnection[Any], channel: str, timeout: float = PING_TIMEOUT_S
+) -> None:
+    with answer_within(conn, timeout):
+        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
 
 def ping(conn: psycopg.Connection[Any], timeout: float = PING_TIMEOUT_S) -> None:
@@ -36,12 +39,20 @@ def ping(conn: psycopg.Connection[Any], timeout: float = PING_TIMEOUT_S) -> None
     Without an answer, the socket is shut down under the blocked read, which
     makes psycopg raise, so the caller reconnects instead of waiting forever.
     """
-    with _answer_within(conn, timeout):
+    with answer_within(conn, timeout):
         conn.execute(Q.ping)
 
 
 @contextlib.contextmanager
-def _answer_within(conn: psycopg.Connection[Any], timeout: float) -> Iterator[None]:
+def answer_within(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], timeout: float
+) -> Iterator[None]:
+    """Shut ``conn``'s socket down if the block has not ended after ``timeout`` seconds.
+
+    The statement waiting in the block then fails with
+    :class:`psycopg.OperationalError` instead of waiting forever for a peer
+    that acknowledges packets and never answers.
+    """
     timer = threading.Timer(timeout, _shut_down, args=(conn,))
     timer.daemon = True
     timer.start()
@@ -51,7 +62,7 @@ def _answer_within(conn: psycopg.Connection[Any], timeout: float) -> Iterator[No
         timer.cancel()
 
 
-def _shut_down(conn: psycopg.Connection[Any]) -> None:
+def _shut_down(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     try:
         fd = os.dup(conn.pgconn.socket)
     except (psycopg.Error, OSError):

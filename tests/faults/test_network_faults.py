@@ -8,6 +8,7 @@ by a notification: a dead listener cannot hide behind the poll.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import tempfile
@@ -21,7 +22,7 @@ import attrs
 import psycopg
 import pytest
 
-from cyclone_dsl import Client, Worker, migrate, step
+from cyclone_dsl import AsyncClient, Client, Worker, migrate, step
 from cyclone_dsl.client.handle import RunHandle
 from cyclone_dsl.db.connect import KEEPALIVE
 from cyclone_dsl.db.embedded import EmbeddedServer
@@ -257,3 +258,48 @@ def test_a_listener_reconnecting_into_a_silent_network_recovers_once_it_heals(
         delay = start_delay(client.enqueue(echo, 1), timeout=connect_timeout + 10)
         assert delay <= connect_timeout + 5.0, delay
         assert net.proxy.seen(LISTEN) == 3
+
+
+@step(name="nf_slow")
+def slow(x: int) -> int:
+    time.sleep(6)
+    return x
+
+
+@pytest.mark.timeout(120)
+def test_waiting_for_a_run_survives_a_half_open_connection(network: Network) -> None:
+    """Invariant: ``handle.wait(timeout)`` and its async twin return when the run ends, or
+    raise TimeoutError at the timeout, even when their connection goes half-open while
+    they wait: no read waits for an answer longer than the ping timeout."""
+    net = network
+    with (
+        Client(net.direct) as direct,
+        Client(net.through_proxy) as waiter,
+        Worker(net.direct, [slow], poll_interval=0.2),
+    ):
+        run_id = direct.enqueue(slow, 1).id
+        results: dict[str, object] = {}
+
+        def wait_sync() -> None:
+            results["sync"] = waiter.handle(run_id).wait(timeout=40).state
+
+        def wait_async() -> None:
+            async def wait() -> object:
+                async with AsyncClient(net.through_proxy) as async_waiter:
+                    await async_waiter.wait_terminal(run_id, 40)
+                    return (await async_waiter.get_run(run_id)).state
+
+            results["async"] = asyncio.run(wait())
+
+        threads = [threading.Thread(target=wait_sync), threading.Thread(target=wait_async)]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: net.proxy.open_connections(b"cyclone-wait") == 2)
+        assert net.proxy.blackhole(b"cyclone-wait") == 2
+        started = time.monotonic()
+        for thread in threads:
+            thread.join(60)
+        elapsed = time.monotonic() - started
+        assert results == {"sync": RunState.COMPLETED, "async": RunState.COMPLETED}
+        assert elapsed < 6 + PING_TIMEOUT_S + 5, elapsed
+        assert net.proxy.seen(b"cyclone-wait") >= 4  # both waits reconnected
