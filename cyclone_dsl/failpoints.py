@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 POINTS = frozenset(
     {
+        "claim.between_queues",
         "complete.before_commit",
         "child.after_insert",
         "fanout.after_expand",

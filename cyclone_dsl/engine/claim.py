@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import timedelta
 
 import attrs
+import psycopg
+from psycopg.pq import TransactionStatus
 
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import notify
+from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
+
+log = logging.getLogger("cyclone.engine")
 
 
 @attrs.frozen
@@ -49,16 +55,30 @@ def claim(
     """
     if limit <= 0 or not kinds or not queues:
         return []
+    # In autocommit mode each queue's claim commits on its own: if a later one fails,
+    # the steps already claimed are leased to this worker and must be returned to it,
+    # not left to run only after their lease expires.
+    own_commits = tx.conn.info.transaction_status == TransactionStatus.IDLE
     rows: list[Row] = []
     for queue in queues:
-        rows += tx.rows(
-            Q.claim_steps,
-            owner=owner,
-            queue=queue,
-            kinds=list(kinds),
-            limit=limit - len(rows),
-            lease=lease,
-        )
+        try:
+            if rows:
+                failpoint("claim.between_queues")
+            rows += tx.rows(
+                Q.claim_steps,
+                owner=owner,
+                queue=queue,
+                kinds=list(kinds),
+                limit=limit - len(rows),
+                lease=lease,
+            )
+        except psycopg.OperationalError:
+            if rows and own_commits:
+                log.warning(
+                    "claiming queue %r failed; keeping the %d steps claimed", queue, len(rows)
+                )
+                break
+            raise
         if len(rows) >= limit:
             break
     return [

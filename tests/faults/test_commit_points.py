@@ -1,5 +1,6 @@
 """A worker process dies *inside* the transactions that start a child run, expand a
-fan-out or fire a schedule slot (failpoints armed with ``exit``).
+fan-out or fire a schedule slot (failpoints armed with ``exit``); a claim loses its
+connection between two queues (armed with a callable).
 
 Expected: PostgreSQL rolls the transaction back whole — no orphan child run, no
 half-made item set, no fire record — and after the lease expires another
@@ -15,9 +16,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from cyclone_dsl import Client, Worker
+from cyclone_dsl.db.connect import make_pool
+from cyclone_dsl.db.tx import Tx, in_autocommit, in_transaction
+from cyclone_dsl.engine import claim as claim_ops
+from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.states import RunState
+from cyclone_dsl.testing.failpoints import arm, disarm
 from tests.faults import handlers
 
 Spawn = Callable[..., subprocess.Popen[str]]
@@ -83,3 +90,37 @@ def test_crash_while_firing_a_schedule_records_no_fire(
         assert len(client.list_runs()) == 1
     finally:
         survivor.terminate()
+
+
+def _lost_connection() -> None:
+    raise psycopg.OperationalError("the connection was lost between two queue claims")
+
+
+def test_a_claim_failing_on_a_later_queue_keeps_the_steps_already_claimed(
+    client: Client, cyclone_dsn: str
+) -> None:
+    """Autocommit claims commit queue by queue: the steps of queue a, committed as leased to
+    this worker, come back to it even though claiming queue b failed. In a transaction,
+    the failure rolls everything back instead."""
+    first = client.enqueue(handlers.work, 1, queue="a").id
+    client.enqueue(handlers.work, 2, queue="b")
+    lease = timedelta(seconds=30)
+
+    def claim_both(tx: Tx) -> list[Claimed]:
+        return claim_ops.claim(
+            tx, owner="w", queues=["a", "b"], kinds=["fault_work"], limit=10, lease=lease
+        )
+
+    arm("claim.between_queues", _lost_connection)
+    try:
+        with make_pool(cyclone_dsn, name="claim-test") as pool:
+            with pytest.raises(psycopg.OperationalError):
+                in_transaction(pool, claim_both)
+            steps = [s for r in client.list_runs() for s in client.get_run(r.id).steps]
+            assert {s.state for s in steps} == {"available"}  # rolled back whole
+            claimed = in_autocommit(pool, claim_both)
+    finally:
+        disarm("claim.between_queues")
+    assert [c.run_id for c in claimed] == [first]
+    row = client.get_run(first).step("fault_work")
+    assert (row.state, row.lease_owner) == ("running", "w")
