@@ -9,7 +9,7 @@ from cyclone_dsl.dsl.registry import Registry
 from cyclone_dsl.dsl.step import StepDef, make_options
 from cyclone_dsl.dsl.workflow import WorkflowDef
 from cyclone_dsl.errors import InvalidArgument, UnknownWorkflow
-from cyclone_dsl.graph.compile import compile_template, instantiate
+from cyclone_dsl.graph.compile import instantiate
 from cyclone_dsl.graph.model import NodeOptions
 from cyclone_dsl.graph.rows import CompiledRun, RunTemplate, StepRow
 from cyclone_dsl.graph.validate import check_options
@@ -48,8 +48,7 @@ def resolve_schedulable(registry: Registry, target: object) -> StepDef[Any, Any]
 
 def workflow_template(registry: Registry, workflow: object) -> RunTemplate:
     """The rows every run of ``workflow`` shares (for bulk submits)."""
-    definition = resolve_workflow(registry, workflow)
-    return compile_template(definition.graph, def_version=definition.def_version)
+    return resolve_workflow(registry, workflow).template
 
 
 def compile_workflow(registry: Registry, workflow: object, run_input: JSONValue) -> CompiledRun:

@@ -12,8 +12,10 @@ import attrs
 from cyclone_dsl.dsl.builder import RunInputRef, building
 from cyclone_dsl.dsl.schedule import ScheduleSpec, pending_schedules
 from cyclone_dsl.errors import InvalidArgument, InvalidGraph
+from cyclone_dsl.graph.compile import compile_template
 from cyclone_dsl.graph.fingerprint import fingerprint
 from cyclone_dsl.graph.model import Graph
+from cyclone_dsl.graph.rows import RunTemplate
 from cyclone_dsl.graph.validate import problems_of
 
 _building_now: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
@@ -30,6 +32,7 @@ class WorkflowDef:
     schedules: list[ScheduleSpec] = attrs.field(factory=list)
     _graph: Graph | None = None
     _def_version: str | None = None
+    _template: RunTemplate | None = None
     _steps: dict[str, Any] = attrs.field(factory=dict)
     _children: dict[str, WorkflowDef] = attrs.field(factory=dict)
 
@@ -47,6 +50,13 @@ class WorkflowDef:
         if self._def_version is None:
             self._def_version = fingerprint(self.graph)
         return self._def_version
+
+    @property
+    def template(self) -> RunTemplate:
+        """The rows every run of this workflow shares (compiled once)."""
+        if self._template is None:
+            self._template = compile_template(self.graph, def_version=self.def_version)
+        return self._template
 
     @property
     def has_result(self) -> bool:

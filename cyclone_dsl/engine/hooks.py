@@ -5,7 +5,7 @@ from __future__ import annotations
 from cyclone_dsl.dsl.registry import Registry
 from cyclone_dsl.engine import children, fanout, signals
 from cyclone_dsl.engine.transitions import Hooks
-from cyclone_dsl.graph.compile import compile_run
+from cyclone_dsl.graph.compile import instantiate
 from cyclone_dsl.graph.rows import CompiledRun
 from cyclone_dsl.payload import JSONValue
 
@@ -14,8 +14,7 @@ def engine_hooks(registry: Registry) -> Hooks:
     """The hooks every client, worker and scanner of this process runs transitions with."""
 
     def compile_child(workflow: str, run_input: JSONValue) -> CompiledRun:
-        definition = registry.workflow(workflow)
-        return compile_run(definition.graph, run_input, def_version=definition.def_version)
+        return instantiate(registry.workflow(workflow).template, run_input)
 
     return Hooks(
         compile_child=compile_child,
