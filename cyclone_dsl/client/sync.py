@@ -105,7 +105,7 @@ class Client:
         *,
         deadline: timedelta | None = None,
     ) -> list[RunHandle]:
-        """Start one run per input, all in one transaction (pipelined): for bulk loads."""
+        """Start one run per input, all in one transaction (the graph is sent once): bulk loads."""
         template = base.workflow_template(self.registry, workflow)
         texts = [encode(value, what="the run input") for value in inputs]
         deadline = base.check_deadline(deadline)
