@@ -27,6 +27,7 @@ from cyclone_dsl.engine.notify import RUN_DONE_CHANNEL, names_run
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
+from cyclone_dsl.states import RunState
 
 
 @attrs.frozen
@@ -121,6 +122,65 @@ class AsyncClient:
             retention=retention,
         )
         return self._handle(handle.id, handle.created)
+
+    async def submit_many(
+        self,
+        workflow: object,
+        inputs: list[JSONValue],
+        *,
+        deadline: timedelta | None = None,
+    ) -> list[AsyncRunHandle]:
+        """Start one run per input, all in one transaction (see :meth:`Client.submit_many`)."""
+        handles = await asyncio.to_thread(
+            self.sync.submit_many, workflow, inputs, deadline=deadline
+        )
+        return [self._handle(h.id) for h in handles]
+
+    async def enqueue_many(
+        self,
+        step: object,
+        inputs: list[JSONValue],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        scheduled_at: datetime | None = None,
+        max_attempts: int | None = None,
+        timeout: timedelta | float | None = None,
+        retention: timedelta | float | None = None,
+    ) -> list[AsyncRunHandle]:
+        """One standalone step per input, in one transaction (see :meth:`Client.enqueue_many`)."""
+        handles = await asyncio.to_thread(
+            self.sync.enqueue_many,
+            step,
+            inputs,
+            queue=queue,
+            priority=priority,
+            scheduled_at=scheduled_at,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            retention=retention,
+        )
+        return [self._handle(h.id) for h in handles]
+
+    def handle(self, run_id: int) -> AsyncRunHandle:
+        """A handle on an existing run (nothing is read until it is awaited)."""
+        return self._handle(run_id)
+
+    async def purge(
+        self,
+        *,
+        older_than: timedelta = timedelta(0),
+        states: tuple[RunState | str, ...] = (
+            RunState.COMPLETED,
+            RunState.FAILED,
+            RunState.CANCELLED,
+        ),
+        batch_size: int = 1000,
+    ) -> int:
+        """Delete terminal runs in batches (see :meth:`Client.purge`)."""
+        return await asyncio.to_thread(
+            self.sync.purge, older_than=older_than, states=states, batch_size=batch_size
+        )
 
     async def get_run(self, run_id: int) -> Run:
         return await asyncio.to_thread(self.sync.get_run, run_id)

@@ -248,3 +248,25 @@ def test_an_outcome_the_database_refuses_fails_only_its_own_step(
     bad = runs[1].step("wk_maybe_poison")
     assert bad.error_kind == "invalid_output"
     assert "refused" in (bad.error or "")
+
+
+def test_async_client_bulk_purge_and_handles(
+    cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(doubled, async_slow)
+
+    async def scenario() -> tuple[list[object], list[str], int, list[int]]:
+        async with AsyncClient(cyclone_dsn) as aclient:
+            runs = await aclient.submit_many(async_wf, [1, 2, 3])
+            results = [await h.result(timeout=10) for h in runs]
+            steps = await aclient.enqueue_many(doubled, [4, 5])
+            states = [(await aclient.handle(h.id).wait(timeout=10)).state.value for h in steps]
+            purged = await aclient.purge()
+            left = [r.id for r in await aclient.list_runs()]
+            return results, states, purged, left
+
+    results, states, purged, left = asyncio.run(scenario())
+    assert results == [4, 8, 12]
+    assert states == ["completed", "completed"]
+    assert purged == 5
+    assert left == []
