@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import psycopg
 
+from cyclone_dsl.client import base
 from cyclone_dsl.client.handle import RECONNECT_SECONDS, check_state, recheck_in
 from cyclone_dsl.client.model import Run
 from cyclone_dsl.client.sync import Client
@@ -25,6 +26,7 @@ from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen_async
 from cyclone_dsl.dsl.registry import Registry
 from cyclone_dsl.engine.notify import RUN_DONE_CHANNEL, names_run
 from cyclone_dsl.engine.signals import Delivery
+from cyclone_dsl.engine.submit import insert_run_params
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
@@ -80,6 +82,28 @@ class AsyncClient:
     ) -> AsyncRunHandle:
         handle = await asyncio.to_thread(self.sync.submit, workflow, input, deadline=deadline)
         return self._handle(handle.id)
+
+    async def submit_tx(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        workflow: object,
+        input: JSONValue = None,
+        *,
+        deadline: timedelta | None = None,
+    ) -> AsyncRunHandle:
+        """Submit inside the caller's open transaction: the run exists iff the caller commits.
+
+        For workflows that start with steps: one whose root is a wait, timer,
+        child or fan-out needs the engine's activation in the same transaction,
+        which runs on synchronous connections only (:meth:`Client.submit_tx`);
+        it is refused with :class:`InvalidArgument` and nothing is written.
+        """
+        compiled = base.compile_workflow(self.sync.registry, workflow, input)
+        params = insert_run_params(compiled, deadline=base.check_deadline(deadline))
+        cur = await conn.execute(Q.insert_run_graph, {**params, "shift": self.sync.shift})
+        row = await cur.fetchone()
+        assert row is not None
+        return self._handle(row[0])
 
     async def submit_once(
         self,

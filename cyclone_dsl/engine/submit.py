@@ -11,7 +11,7 @@ import psycopg
 
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine.transitions import DEFAULT_HOOKS, Hooks, activate
-from cyclone_dsl.errors import DuplicateSubmit
+from cyclone_dsl.errors import DuplicateSubmit, InvalidArgument
 from cyclone_dsl.graph.rows import CompiledRun, RunTemplate, StepRow
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import StepState
@@ -112,6 +112,24 @@ def is_one_statement(compiled: CompiledRun) -> bool:
     trips (BEGIN, COMMIT) shorter than an explicit transaction.
     """
     return not _special_roots(compiled)
+
+
+def insert_run_params(
+    compiled: CompiledRun, *, deadline: timedelta | None = None
+) -> dict[str, object]:
+    """The parameters of ``Q.insert_run_graph``, the one statement of :func:`insert_run`
+    for a run with no root to activate.
+
+    For callers holding a connection the engine cannot drive (an async one, in
+    the caller's own transaction); the ``shift`` parameter is theirs to add.
+    """
+    if not is_one_statement(compiled):
+        raise InvalidArgument(
+            f"workflow {compiled.workflow!r} starts with a wait, timer, child or fan-out, which "
+            "must be activated in the submit transaction: submit it with Client.submit_tx on a "
+            "synchronous connection, or with submit()"
+        )
+    return _run_params(compiled, deadline=deadline)
 
 
 def insert_run(

@@ -14,10 +14,12 @@ import pytest
 from cyclone_dsl import (
     AsyncClient,
     Client,
+    InvalidArgument,
     RunFailed,
     StepContext,
     Worker,
     step,
+    wait_signal,
     workflow,
 )
 from cyclone_dsl.db.connect import make_pool
@@ -270,3 +272,33 @@ def test_async_client_bulk_purge_and_handles(
     assert states == ["completed", "completed"]
     assert purged == 5
     assert left == []
+
+
+@workflow(name="wk_gated")
+def gated(x):  # type: ignore[no-untyped-def]
+    return doubled(x, after=[wait_signal("go")])
+
+
+def test_async_submit_tx_exists_only_if_the_caller_commits(
+    cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(doubled)
+
+    async def scenario() -> tuple[list[int], object, list[int]]:
+        async with AsyncClient(cyclone_dsn) as aclient:
+            async with await psycopg.AsyncConnection.connect(cyclone_dsn) as conn:
+                await aclient.submit_tx(conn, async_wf, 1)
+                await conn.rollback()
+                after_rollback = [r.id for r in await aclient.list_runs()]
+                committed = await aclient.submit_tx(conn, async_wf, 3)
+                await conn.commit()
+                with pytest.raises(InvalidArgument, match="starts with a wait"):
+                    await aclient.submit_tx(conn, gated, 1)
+                await conn.commit()
+            result = await committed.result(timeout=10)
+            return after_rollback, result, [r.id for r in await aclient.list_runs()]
+
+    after_rollback, result, runs = asyncio.run(scenario())
+    assert after_rollback == []
+    assert result == 12
+    assert len(runs) == 1  # the refused one wrote nothing
