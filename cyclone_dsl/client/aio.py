@@ -194,11 +194,7 @@ class AsyncClient:
         self,
         *,
         older_than: timedelta = timedelta(0),
-        states: tuple[RunState | str, ...] = (
-            RunState.COMPLETED,
-            RunState.FAILED,
-            RunState.CANCELLED,
-        ),
+        states: tuple[RunState | str, ...] = base.ENDED_STATES,
         batch_size: int = 1000,
     ) -> int:
         """Delete terminal runs in batches (see :meth:`Client.purge`)."""

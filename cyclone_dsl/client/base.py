@@ -14,9 +14,12 @@ from cyclone_dsl.graph.model import NodeOptions
 from cyclone_dsl.graph.rows import CompiledRun, RunTemplate, StepRow
 from cyclone_dsl.graph.validate import check_options
 from cyclone_dsl.payload import JSONValue
-from cyclone_dsl.states import StepState
+from cyclone_dsl.states import RunState, StepState
 
 MAX_KEY_BYTES = 1024
+
+#: The run states purge deletes unless told otherwise: every terminal one.
+ENDED_STATES: tuple[RunState, ...] = (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
 
 
 def resolve_workflow(registry: Registry, workflow: object) -> WorkflowDef:

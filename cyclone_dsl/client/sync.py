@@ -79,8 +79,11 @@ class Client:
     ) -> None:
         self.close()
 
-    def _tx(self, work: Callable[[Tx], T]) -> T:
-        return in_transaction(self._pool, work, shift=self.shift)
+    def _tx(self, work: Callable[[Tx], T], *, one_statement: bool = False) -> T:
+        """Run ``work`` in a transaction, or in autocommit mode when it is one statement
+        (atomic on its own, and two round trips shorter without BEGIN and COMMIT)."""
+        run = in_autocommit if one_statement else in_transaction
+        return run(self._pool, work, shift=self.shift)
 
     # -- submitting ----------------------------------------------------------------
 
@@ -90,11 +93,9 @@ class Client:
         """Start a run of ``workflow`` with ``input``; the whole graph is written at once."""
         compiled = base.compile_workflow(self.registry, workflow, input)
         deadline = base.check_deadline(deadline)
-        run = in_autocommit if is_one_statement(compiled) else in_transaction
-        run_id = run(
-            self._pool,
+        run_id = self._tx(
             lambda tx: insert_run(tx, compiled, deadline=deadline, hooks=self.hooks),
-            shift=self.shift,
+            one_statement=is_one_statement(compiled),
         )
         return RunHandle(run_id, self)
 
@@ -215,10 +216,7 @@ class Client:
             base.check_key("sequence_key", sequence_key)
         if scheduled_at is not None and scheduled_at.tzinfo is None:
             raise InvalidArgument("scheduled_at must be timezone-aware")
-        # Without a unique key, one statement: autocommit saves BEGIN and COMMIT.
-        run = in_transaction if unique_key is not None else in_autocommit
-        submitted = run(
-            self._pool,
+        submitted = self._tx(
             lambda tx: insert_standalone(
                 tx,
                 compiled,
@@ -226,7 +224,7 @@ class Client:
                 sequence_key=sequence_key,
                 scheduled_at=scheduled_at,
             ),
-            shift=self.shift,
+            one_statement=unique_key is None,  # a unique key may need a re-read and a retry
         )
         return RunHandle(submitted.run_id, self, submitted.created)
 
@@ -402,11 +400,7 @@ class Client:
         self,
         *,
         older_than: timedelta = timedelta(0),
-        states: tuple[RunState | str, ...] = (
-            RunState.COMPLETED,
-            RunState.FAILED,
-            RunState.CANCELLED,
-        ),
+        states: tuple[RunState | str, ...] = base.ENDED_STATES,
         batch_size: int = 1000,
     ) -> int:
         """Delete terminal runs that ended more than ``older_than`` ago, in batches.
