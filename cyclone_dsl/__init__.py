@@ -3,7 +3,7 @@
 from cyclone_dsl._version import __version__
 from cyclone_dsl.client.aio import AsyncClient, AsyncRunHandle
 from cyclone_dsl.client.handle import RunHandle
-from cyclone_dsl.client.model import Run, Step
+from cyclone_dsl.client.model import Attempt, Run, Step
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.db.embedded import EmbeddedServer, embedded_database
 from cyclone_dsl.dsl.compose import child, define_result, for_each
@@ -16,7 +16,9 @@ from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.errors import (
     AlreadyTerminal,
     CycloneError,
+    DatabaseUnavailable,
     DuplicateSubmit,
+    HandlerConflict,
     InvalidArgument,
     InvalidGraph,
     InvalidPayload,
@@ -29,23 +31,35 @@ from cyclone_dsl.errors import (
     RunNotFound,
     SignalNotDeliverable,
     UnknownWorkflow,
+    WorkerCrashed,
 )
-from cyclone_dsl.migrate import LATEST_SCHEMA_VERSION, SCHEMA_VERSION_TABLE, migrate
+from cyclone_dsl.migrate import (
+    EXTENSION_VERSION_TABLE,
+    LATEST_EXTENSION_VERSION,
+    LATEST_SCHEMA_VERSION,
+    SCHEMA_VERSION_TABLE,
+    migrate,
+)
 from cyclone_dsl.states import RunState, StepState
 from cyclone_dsl.worker.context import StepContext
 from cyclone_dsl.worker.worker import Worker
 
 __all__ = [
+    "EXTENSION_VERSION_TABLE",
+    "LATEST_EXTENSION_VERSION",
     "LATEST_SCHEMA_VERSION",
     "SCHEMA_VERSION_TABLE",
     "AlreadyTerminal",
     "AsyncClient",
     "AsyncRunHandle",
+    "Attempt",
     "Client",
     "CycloneError",
+    "DatabaseUnavailable",
     "Delivery",
     "DuplicateSubmit",
     "EmbeddedServer",
+    "HandlerConflict",
     "InvalidArgument",
     "InvalidGraph",
     "InvalidPayload",
@@ -67,6 +81,7 @@ __all__ = [
     "StepState",
     "UnknownWorkflow",
     "Worker",
+    "WorkerCrashed",
     "WorkflowDef",
     "__version__",
     "action",

@@ -20,12 +20,16 @@ Every error a caller can act on has its own class; all derive from
     ├── RunFailed               a run ended failed or cancelled while a result was awaited
     ├── DuplicateSubmit         a submit key already used (where the API raises)
     ├── StaleLease              internal: a worker's lease was taken over (fenced)
+    ├── HandlerConflict         a live worker serves one of this worker's kinds with other code
+    ├── WorkerCrashed           a worker's internal thread failed; the worker stopped
+    ├── DatabaseUnavailable     the database cannot be reached or refused the session (cause)
     ├── SchemaVersionMismatch   the database is migrated past what this build knows, or not migrated
     ├── MigrationError          a migration file set or a migration failed
     │   └── MigrationLockTimeout  the migration lock is held by another session
     ├── EmbeddedServerError     the embedded PostgreSQL could not be started
     ├── ScheduleError           a bad cron spec, location or schedule id
-    └── Permanent               raised by a handler: fail now, skip the remaining attempts
+    ├── Permanent               raised by a handler: fail now, skip the remaining attempts
+    └── BuildTimeValue          a builder used a reference's value (also a TypeError)
 """
 
 from __future__ import annotations
@@ -169,6 +173,37 @@ class StaleLease(CycloneError):
     """Internal: the worker's lease was taken over; its write was fenced out."""
 
 
+class HandlerConflict(CycloneError):
+    """A live worker on this database serves a kind with a different handler.
+
+    Two applications that share a database and both define ``@step def ship``
+    would run each other's handlers; a worker refuses to start instead.
+    ``conflicts`` holds ``(kind, this worker's handler, the other's handler,
+    the other worker's id)`` for each kind.
+    """
+
+    def __init__(self, conflicts: Sequence[tuple[str, str, str, str]]) -> None:
+        self.conflicts = tuple(conflicts)
+        found = "; ".join(
+            f"kind {kind!r}: this worker has {mine}, live worker {who} has {theirs}"
+            for kind, mine, theirs, who in self.conflicts
+        )
+        super().__init__(
+            f"another application's worker runs other handlers under the same names ({found}):"
+            " rename one application's steps (@step(name=...)) or give it its own schema"
+            " (search_path); if a handler only moved to another module, stop the old workers"
+            " first (see the versioning guide)"
+        )
+
+
+class WorkerCrashed(CycloneError):
+    """An internal thread of a worker failed unexpectedly; the worker stopped.
+
+    Leases it held were released (or expire and are reclaimed); the cause is
+    chained as ``__cause__``.
+    """
+
+
 class SchemaVersionMismatch(CycloneError):
     """The database schema version does not match what this build expects."""
 
@@ -191,3 +226,31 @@ class ScheduleError(InvalidArgument):
 
 class Permanent(CycloneError):
     """Raise from a handler to fail its step at once, without the remaining attempts."""
+
+
+class BuildTimeValue(CycloneError, TypeError):
+    """A ``@workflow`` builder used the value of a reference, which it does not have.
+
+    A builder runs once, to record the graph, not once per run: the run input
+    and node outputs it sees are references. Formatting one (an f-string,
+    ``str()``), testing it (``if``, ``==``, ``<``), iterating, indexing,
+    converting, doing arithmetic with it or reading an attribute of it would
+    freeze a placeholder into the graph, so it raises this instead. Pass the
+    reference to a step and do the work inside the step, where it is the
+    real value.
+    """
+
+
+class DatabaseUnavailable(CycloneError):
+    """The database cannot be reached, or refused the session.
+
+    ``cause`` says why, as a short string: ``unknown_host``, ``connection_refused``,
+    ``timeout``, ``database_missing``, ``authentication_failed``,
+    ``too_many_connections``, ``server_starting_or_stopping``, ``connection_lost``,
+    ``pool_exhausted`` or ``other``. The message names the server (never the password)
+    and what to check.
+    """
+
+    def __init__(self, message: str, cause: str) -> None:
+        self.cause = cause
+        super().__init__(message)

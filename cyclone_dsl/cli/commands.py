@@ -251,7 +251,46 @@ def stats(ctx: click.Context, as_json: bool) -> None:
         f" {q['oldest_available_s'] or 0:>10.1f} {q['expired_leases']:>8}"
         for q in data["queues"]
     ]
+    if data["kinds"]:
+        lines += ["", "kind                 state        steps  oldest(s)  expired"]
+        lines += [
+            f"{k['kind']:<20} {k['state']:<12} {k['count']:>6}"
+            f" {k['oldest_available_s'] or 0:>10.1f} {k['expired_leases']:>8}"
+            for k in data["kinds"]
+        ]
+    if data["unserved"]:
+        lines += ["", "waiting for a worker that has their definition (see the versioning guide):"]
+        lines += [
+            f"  {u['steps']:>6} steps of {u['kind']!r} in queue {u['queue']!r}"
+            + (
+                ""
+                if u["def_version"] == "standalone"
+                else f" (workflow {u['workflow']!r} at {u['def_version']})"
+            )
+            + f", due since {u['oldest']:%Y-%m-%d %H:%M:%S %Z}"
+            for u in data["unserved"]
+        ]
     emit(data, as_json, "\n".join(lines))
+
+
+@cli.command()
+@as_json
+@click.option("--all", "show_all", is_flag=True, help="Also workers that stopped or went silent.")
+@click.pass_context
+def workers(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+    """Live workers: where they run, their queues and the workflow versions they serve."""
+    with client_for(ctx) as client:
+        rows = [w for w in client.workers() if show_all or w["live"]]
+    lines = []
+    for w in rows:
+        state = "live" if w["live"] else ("stopped" if w["stopped_at"] else "silent")
+        lines.append(
+            f"{w['id']}  [{state}]  queues {','.join(w['queues'])}  concurrency {w['concurrency']}"
+            f"  last beat {w['heartbeat_at']:%H:%M:%S}  cyclone {w['package_version']}"
+        )
+        lines += [f"    {v['workflow']} {v['def_version']}" for v in w["versions"]]
+        lines.append(f"    kinds: {', '.join(sorted(w['handlers']))}")
+    emit(rows, as_json, "\n".join(lines) if lines else "no live workers")
 
 
 @cli.command()

@@ -17,8 +17,9 @@ from typing import Any, NoReturn
 import click
 import psycopg
 
+from cyclone_dsl.db import diagnose
 from cyclone_dsl.db.embedded import ENV_URL, embedded_database
-from cyclone_dsl.errors import CycloneError
+from cyclone_dsl.errors import CycloneError, DatabaseUnavailable
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -36,7 +37,7 @@ def database(dsn: str | None) -> Iterator[str]:
 
 def check_reachable(dsn: str) -> None:
     """Fail fast (one connection attempt) instead of waiting for a pool to give up."""
-    psycopg.connect(dsn, connect_timeout=10).close()
+    diagnose.check_reachable(dsn, name="cyclone-cli")
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -63,27 +64,63 @@ def cli(ctx: click.Context, dsn: str | None, verbose: bool) -> None:
 
 @cli.command()
 @click.option("--status", is_flag=True, help="Show the applied and latest versions only.")
-@click.option("--target", type=int, default=None, help="Migrate up or down to this version.")
+@click.option(
+    "--target",
+    type=int,
+    default=None,
+    help="Migrate the core up or down to this version (below the latest, the extension "
+    "track goes to 0 first).",
+)
+@click.option(
+    "--extension-target",
+    type=int,
+    default=None,
+    help="Move the extension track to this version (the core goes to its latest).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def migrate(ctx: click.Context, status: bool, target: int | None, as_json: bool) -> None:
-    """Apply the schema migrations (or step down with --target)."""
-    from cyclone_dsl.migrate import LATEST_SCHEMA_VERSION, migrate, schema_version
+def migrate(
+    ctx: click.Context,
+    status: bool,
+    target: int | None,
+    extension_target: int | None,
+    as_json: bool,
+) -> None:
+    """Apply the schema migrations (or step down with --target / --extension-target)."""
+    from cyclone_dsl.migrate import (
+        LATEST_EXTENSION_VERSION,
+        LATEST_SCHEMA_VERSION,
+        migrate_versions,
+        versions,
+    )
 
     with database(ctx.obj["dsn"]) as dsn:
-        before = schema_version(dsn)
+        before, ext_before = versions(dsn)
         if status:
             emit(
-                {"version": before, "latest": LATEST_SCHEMA_VERSION},
+                {
+                    "version": before,
+                    "latest": LATEST_SCHEMA_VERSION,
+                    "extension_version": ext_before,
+                    "extension_latest": LATEST_EXTENSION_VERSION,
+                },
                 as_json,
-                f"schema version {before} (this build: {LATEST_SCHEMA_VERSION})",
+                f"schema version {before} (this build: {LATEST_SCHEMA_VERSION})\n"
+                f"extension version {ext_before} (this build: {LATEST_EXTENSION_VERSION})",
             )
             return
-        after = migrate(dsn, version=target)
+        after, ext_after = migrate_versions(dsn, version=target, extension_version=extension_target)
+        core_text = f"{before} -> {after}" if before != after else f"at {after}"
+        ext_text = f"{ext_before} -> {ext_after}" if ext_before != ext_after else f"at {ext_after}"
         emit(
-            {"before": before, "version": after},
+            {
+                "before": before,
+                "version": after,
+                "extension_before": ext_before,
+                "extension_version": ext_after,
+            },
             as_json,
-            f"schema version {before} -> {after}" if before != after else f"schema at {after}",
+            f"schema version {core_text}, extension version {ext_text}",
         )
 
 
@@ -134,6 +171,8 @@ def main() -> None:
 
     try:
         cli(standalone_mode=True)
+    except DatabaseUnavailable as exc:
+        fail(str(exc), EXIT_FAILED)
     except CycloneError as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     except psycopg.OperationalError as exc:

@@ -26,8 +26,10 @@ def step_line(step: Step) -> str:
     took = ""
     if step.started_at and step.completed_at:
         took = f" {(step.completed_at - step.started_at).total_seconds():.2f}s"
-    retries = f" attempt {step.attempt + 1}/{step.max_attempts}" if step.attempt else ""
+    retries = f" attempt {step.attempt_label}" if step.attempt or step.attempts else ""
     error = f" — {step.error}" if step.error and step.state != StepState.COMPLETED else ""
+    if step.attempts and step.state == StepState.COMPLETED:
+        error = f" ({len(step.attempts)} earlier attempt(s) failed; see --json)"
     text = f"{mark} {step.node} [{step.state}]{took}{retries}{error}"
     return click.style(text, fg=colour)
 

@@ -212,6 +212,11 @@ class AsyncClient:
         await asyncio.to_thread(self.sync.cancel, run_id)
 
     async def retry(self, run_id: int, node: str) -> None:
+        """Operator retry: run again what the run needs to finish, starting from ``node``.
+
+        The same retry as :meth:`Client.retry` (what runs again, what is refused
+        with :class:`InvalidTransition` and nothing changed), run in a thread.
+        """
         await asyncio.to_thread(self.sync.retry, run_id, node)
 
     async def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
 from cyclone_dsl.dsl.registry import Registry
-from cyclone_dsl.dsl.step import StepDef, make_options
+from cyclone_dsl.dsl.step import (
+    StepDef,
+    call_problem,
+    count_fits,
+    handler_signature,
+    make_options,
+    takes_positional,
+)
 from cyclone_dsl.dsl.workflow import WorkflowDef
 from cyclone_dsl.errors import InvalidArgument, UnknownWorkflow
 from cyclone_dsl.graph.compile import instantiate
@@ -68,8 +76,14 @@ def standalone_template(
     timeout: timedelta | float | None,
     retention: timedelta | float | None,
 ) -> RunTemplate:
-    """Standalone work: one available step whose kind is also the run's workflow name."""
+    """Standalone work: one available step whose kind is also the run's workflow name.
+
+    Refuses (:class:`InvalidArgument`) a handler a worker could not call the
+    standalone way: with the input as its one positional argument, or with no
+    argument when it takes no positional parameter.
+    """
     definition = resolve_step(registry, step)
+    check_standalone_handler(definition)
     options = step_options(
         definition,
         queue=queue,
@@ -121,7 +135,43 @@ def compile_standalone(
         timeout=timeout,
         retention=retention,
     )
+    check_standalone_inputs(resolve_step(registry, step), (run_input,))
     return instantiate(template, run_input, what="the input")
+
+
+def check_standalone_handler(definition: StepDef[Any, Any]) -> None:
+    """Refuse a handler that standalone work cannot call (it would fail at run time)."""
+    signature = handler_signature(definition.fn)
+    if signature is None:
+        return
+    passed = 1 if takes_positional(signature) else 0
+    problem = call_problem(definition.fn, definition.name, passed, "standalone work")
+    if problem is None:
+        return
+    if passed and not count_fits(signature, passed):
+        problem += (
+            " (enqueue() passes its input as the one positional argument): give the handler "
+            "one parameter and pass a dict or a list to carry several values, or call it "
+            "from a @workflow, which can pass 2 to 4 arguments"
+        )
+    raise InvalidArgument(f"cannot enqueue {definition.name!r}: {problem}")
+
+
+def check_standalone_inputs(definition: StepDef[Any, Any], inputs: Iterable[JSONValue]) -> None:
+    """Refuse an input for a handler that takes no positional parameter (it would be dropped)."""
+    signature = handler_signature(definition.fn)
+    if signature is None or takes_positional(signature):
+        return
+    values = list(inputs)
+    for index, value in enumerate(values):
+        if value is not None:
+            which = "an input" if len(values) == 1 else f"an input (inputs[{index}])"
+            raise InvalidArgument(
+                f"cannot enqueue {definition.name!r} with {which}: the handler takes no "
+                "positional argument, so standalone work calls it with none and the input "
+                "would be dropped; enqueue it without an input (None), or give the handler "
+                "a parameter for it"
+            )
 
 
 def step_options(

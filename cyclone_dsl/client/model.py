@@ -12,6 +12,42 @@ from cyclone_dsl.states import RunState, StepState
 
 
 @attrs.frozen
+class Attempt:
+    """One execution of a step that did not complete it: it failed (``outcome``
+    ``retried`` or ``failed``), or its lease expired (``reclaimed``).
+
+    ``number`` counts from 1, like ``StepContext.attempt``; a reclaimed execution
+    keeps its number, and the next run of it has the same one.
+    """
+
+    number: int
+    outcome: str
+    worker: str | None
+    started_at: datetime | None
+    ended_at: datetime
+    error: str | None
+    error_kind: str | None
+    panic_stack: str | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Attempt:
+        return cls(
+            number=row["attempt"],
+            outcome=row["outcome"],
+            worker=row["worker"],
+            started_at=row["started_at"],
+            ended_at=row["ended_at"],
+            error=row["error"],
+            error_kind=row["error_kind"],
+            panic_stack=row["panic_stack"],
+        )
+
+
+#: Outcomes whose execution was counted in ``attempt`` (a failure); a reclaim is not.
+_COUNTED = frozenset({StepState.RUNNING, StepState.COMPLETED})
+
+
+@attrs.frozen
 class Step:
     id: int
     node: str
@@ -40,10 +76,31 @@ class Step:
     input: JSONValue  # the static input; see input_from and the input bindings otherwise
     input_from: str | None
     output: JSONValue
+    attempts: tuple[Attempt, ...] = ()  # the executions that did not complete it
+
+    @property
+    def attempt_number(self) -> int:
+        """The number of the step's latest execution, from 1 (0: it never ran).
+
+        The same number a running handler sees as ``ctx.attempt``, and the one the CLI
+        and the dashboard show as ``attempt N/max_attempts``. The ``attempt`` column
+        counts failed executions, so a running or completed step is on ``attempt + 1``;
+        a step discarded after failures, or waiting for its retry, last ran as
+        ``attempt``; one discarded for its reclaims ran ``attempt + 1`` times.
+        """
+        if self.state in _COUNTED or self.error_kind == "reclaim_limit":
+            return self.attempt + 1
+        return self.attempt
+
+    @property
+    def attempt_label(self) -> str:
+        """``attempt_number/max_attempts``, or ``-`` for a step that never ran."""
+        number = self.attempt_number
+        return f"{number}/{self.max_attempts}" if number else "-"
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Step:
-        return cls(**{**row, "state": StepState(row["state"])})
+    def from_row(cls, row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Step:
+        return cls(**{**row, "state": StepState(row["state"]), "attempts": attempts})
 
 
 @attrs.frozen

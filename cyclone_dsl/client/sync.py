@@ -9,17 +9,19 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg_pool import PoolTimeout
 
 from cyclone_dsl.client import base
 from cyclone_dsl.client import schedules as schedules_api
 from cyclone_dsl.client.handle import RunHandle, outcome_from_row
-from cyclone_dsl.client.model import Run, Step
+from cyclone_dsl.client.model import Attempt, Run, Step
 from cyclone_dsl.client.schedules import Schedule
 from cyclone_dsl.db.connect import make_pool
+from cyclone_dsl.db.diagnose import check_reachable, describe_server, is_connection_loss, parse_dsn
 from cyclone_dsl.db.embedded import ENV_URL
 from cyclone_dsl.db.tx import Tx, in_autocommit, in_transaction
 from cyclone_dsl.dsl.registry import Registry, default_registry
-from cyclone_dsl.engine import control, signals, waits
+from cyclone_dsl.engine import control, signals, waits, workers
 from cyclone_dsl.engine.hooks import engine_hooks
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import (
@@ -29,12 +31,26 @@ from cyclone_dsl.engine.submit import (
     insert_standalone,
     is_one_statement,
 )
-from cyclone_dsl.errors import InvalidArgument, RunNotFound, ScheduleError
+from cyclone_dsl.errors import DatabaseUnavailable, InvalidArgument, RunNotFound, ScheduleError
+from cyclone_dsl.migrate import check_database
 from cyclone_dsl.payload import JSONValue, encode
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
 
 T = TypeVar("T")
+
+
+def _pool_unavailable(dsn: str, exc: PoolTimeout) -> DatabaseUnavailable:
+    """Why the pool gave no connection: the server (named cause), or a busy pool."""
+    try:
+        check_reachable(dsn, name="cyclone-client-check")
+    except DatabaseUnavailable as cause:
+        return cause
+    return DatabaseUnavailable(
+        f"no pooled connection to {describe_server(parse_dsn(dsn))} became free in time "
+        f"({exc}): raise pool_size, or make fewer calls at once",
+        "pool_exhausted",
+    )
 
 
 class Client:
@@ -63,7 +79,11 @@ class Client:
         self.registry = registry if registry is not None else default_registry()
         self.shift = shift
         self.hooks = engine_hooks(self.registry)
-        self._pool = make_pool(resolved, name="cyclone-client", max_size=pool_size)
+        check_database(resolved, name="cyclone-client")
+        try:
+            self._pool = make_pool(resolved, name="cyclone-client", max_size=pool_size)
+        except PoolTimeout as exc:
+            raise _pool_unavailable(resolved, exc) from exc
 
     def close(self) -> None:
         self._pool.close()
@@ -83,7 +103,20 @@ class Client:
         """Run ``work`` in a transaction, or in autocommit mode when it is one statement
         (atomic on its own, and two round trips shorter without BEGIN and COMMIT)."""
         run = in_autocommit if one_statement else in_transaction
-        return run(self._pool, work, shift=self.shift)
+        try:
+            return run(self._pool, work, shift=self.shift)
+        except PoolTimeout as exc:
+            raise _pool_unavailable(self.dsn, exc) from exc
+        except psycopg.OperationalError as exc:
+            if not is_connection_loss(exc):
+                raise
+            server = describe_server(parse_dsn(self.dsn))
+            raise DatabaseUnavailable(
+                f"the connection to {server} was lost: {str(exc).strip().splitlines()[0]}: "
+                "the call did not finish (if it was a write, check whether it happened); "
+                "the next call opens a new connection",
+                "connection_lost",
+            ) from exc
 
     # -- submitting ----------------------------------------------------------------
 
@@ -137,6 +170,7 @@ class Client:
             timeout=timeout,
             retention=retention,
         )
+        base.check_standalone_inputs(base.resolve_step(self.registry, step), inputs)
         texts = [encode(value, what="the input") for value in inputs]
         if scheduled_at is not None and scheduled_at.tzinfo is None:
             raise InvalidArgument("scheduled_at must be timezone-aware")
@@ -241,7 +275,13 @@ class Client:
             row = tx.one(Q.get_run, run_id=run_id)
             if row is None:
                 raise RunNotFound(run_id)
-            steps = tuple(Step.from_row(s) for s in tx.rows(Q.get_run_steps, run_id=run_id))
+            history: dict[int, list[Attempt]] = {}
+            for a in tx.rows(Q.get_run_attempts, run_id=run_id):
+                history.setdefault(a["step_id"], []).append(Attempt.from_row(a))
+            steps = tuple(
+                Step.from_row(s, tuple(history.get(s["id"], ())))
+                for s in tx.rows(Q.get_run_steps, run_id=run_id)
+            )
             return Run.from_row(row, steps)
 
         return self._tx(read)
@@ -319,7 +359,30 @@ class Client:
         self._tx(lambda tx: control.cancel(tx, run_id, self.hooks))
 
     def retry(self, run_id: int, node: str) -> None:
-        """Operator retry of a discarded or cancelled node (fresh attempts, reclaims reset)."""
+        """Operator retry: run again what the run needs to finish, starting from ``node``.
+
+        ``node`` must be discarded or cancelled; an item task ``F[i]`` stands for
+        its fan-out node ``F``. The node and every cancelled step of the run go
+        back to pending with a fresh attempt budget and reclaim count, except the
+        steps that depend on a step that stays discarded. A fan-out keeps its
+        completed items and runs its failed and cancelled ones again; a child
+        node whose child run failed or was cancelled retries that child run
+        (same id, reopened); a signal wait waits again with a fresh timeout
+        (signals sent while it had failed were not stored); a timer runs its
+        full duration. A failed, cancelled or completed run is reopened. A
+        retry of a node that failed the run also retries any node that failed
+        it in the same batch.
+
+        Raises :class:`RunNotFound` or :class:`NodeNotFound`, and
+        :class:`InvalidTransition` (nothing is changed) when the node is not
+        discarded or cancelled, the run is paused (resume it first) or past
+        its deadline, the run is a child run its parent node no longer waits
+        for (retry the parent's child node instead), the node depends on a
+        step that stays discarded, a node that failed the run would stay
+        discarded, or another active step holds a unique key of a step to
+        reset. Each message names what to retry instead.
+        See docs/concepts/runs-and-steps.md, "Retrying failed work".
+        """
         self._tx(lambda tx: control.retry(tx, run_id, node, self.hooks))
 
     def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:
@@ -425,10 +488,26 @@ class Client:
                 return total
 
     def stats(self) -> dict[str, list[dict[str, Any]]]:
-        """Queues and kinds from the ``cyclone_v_queues`` and ``cyclone_v_kinds`` views."""
+        """Queues and kinds (the ``cyclone_v_queues`` and ``cyclone_v_kinds`` views), and the
+        work that no live worker serves.
+
+        ``unserved`` lists due available steps whose queue, kind and run version
+        (``workflow``, ``def_version``) no live worker serves, grouped, with ``steps``
+        and the ``oldest`` due time: work that waits for a worker of another deploy (see
+        the versioning guide). It looks at the first 10,000 due steps at most.
+        """
         return self._tx(
-            lambda tx: {"queues": tx.rows(Q.queue_stats), "kinds": tx.rows(Q.kind_stats)}
+            lambda tx: {
+                "queues": tx.rows(Q.queue_stats),
+                "kinds": tx.rows(Q.kind_stats),
+                "unserved": workers.unserved(tx),
+            }
         )
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Known workers, live ones first: id, host, pid, queues, concurrency, versions
+        served, handler identities, start and last beat, ``live``."""
+        return self._tx(workers.listing)
 
     def pause(self, run_id: int) -> None:
         """Pause a running run: ready and pending steps wait; running steps finish."""

@@ -12,12 +12,12 @@ import contextvars
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 
 from cyclone_dsl import payload
-from cyclone_dsl.errors import InvalidPayload
+from cyclone_dsl.errors import BuildTimeValue, InvalidPayload
 from cyclone_dsl.graph.model import (
     Arg,
     ArgKind,
@@ -70,10 +70,174 @@ class PendingNode:
     keep_output: bool = True
     explicit_id: str | None = None
     final_id: str = ""
+    #: Problems of this call, reported with the node's id once ids are settled.
+    problems: list[str] = attrs.field(factory=list)
+
+
+_ONCE = "a @workflow builder runs once, to build the graph, not once per run"
+_IN_A_STEP = "pass the reference to a step and {what} inside the step, where it is the real value"
+_BRANCH = (
+    "branch inside a step (it gets the real value and can skip its work), or use a child "
+    "workflow for the part that depends on it"
+)
+
+
+class BuildTimeRef:
+    """Base of the references a builder hands out: the run input and node outputs.
+
+    They stand for values that exist only when a run executes, so every
+    operation that needs the value raises :class:`BuildTimeValue` (a
+    ``TypeError``) instead of freezing a placeholder into the graph. ``repr()``,
+    ``is`` and hashing (by identity) keep working.
+    """
+
+    __slots__ = ()
+
+    def _described(self) -> str:
+        raise NotImplementedError
+
+    def _refuse(self, operation: str, advice: str) -> NoReturn:
+        what = self._described()
+        raise BuildTimeValue(
+            f"cannot use {what} in {operation}: {_ONCE}, so the reference ({self!r}) has no "
+            f"value yet. {advice[0].upper()}{advice[1:]}."
+        )
+
+    __hash__ = object.__hash__
+
+    def __str__(self) -> str:
+        self._refuse("str()", _IN_A_STEP.format(what="build the text"))
+
+    def __format__(self, spec: str) -> str:
+        self._refuse("an f-string or format()", _IN_A_STEP.format(what="build the text"))
+
+    def __bool__(self) -> bool:
+        self._refuse("an `if`, `while`, `and`, `or`, `not` or bool()", _BRANCH)
+
+    def __iter__(self) -> NoReturn:
+        self._refuse(
+            "iteration (a `for` loop, unpacking, list())",
+            _IN_A_STEP.format(what="loop")
+            + ", or run a step per element with for_each(handler, over=reference)",
+        )
+
+    def __len__(self) -> int:
+        self._refuse("len()", _IN_A_STEP.format(what="measure it"))
+
+    def __contains__(self, item: object) -> bool:
+        self._refuse("an `in` test", _IN_A_STEP.format(what="test it") + "; " + _BRANCH)
+
+    def __getitem__(self, key: object) -> NoReturn:
+        self._refuse(f"indexing ([{key!r}])", _IN_A_STEP.format(what="read the item"))
+
+    def __int__(self) -> int:
+        self._refuse("int()", _IN_A_STEP.format(what="convert it"))
+
+    def __float__(self) -> float:
+        self._refuse("float()", _IN_A_STEP.format(what="convert it"))
+
+    def __index__(self) -> int:
+        self._refuse(
+            "an integer index (a list index, a slice, range())", _IN_A_STEP.format(what="use it")
+        )
+
+    def _compare(self, symbol: str) -> NoReturn:
+        self._refuse(
+            f"a comparison ({symbol})",
+            _IN_A_STEP.format(what="compare") + "; to act on the outcome, " + _BRANCH,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        self._compare("==")
+
+    def __ne__(self, other: object) -> bool:
+        self._compare("!=")
+
+    def __lt__(self, other: object) -> bool:
+        self._compare("<")
+
+    def __le__(self, other: object) -> bool:
+        self._compare("<=")
+
+    def __gt__(self, other: object) -> bool:
+        self._compare(">")
+
+    def __ge__(self, other: object) -> bool:
+        self._compare(">=")
+
+    def _arithmetic(self, symbol: str) -> NoReturn:
+        self._refuse(f"arithmetic ({symbol})", _IN_A_STEP.format(what="compute"))
+
+    def __add__(self, other: object) -> NoReturn:
+        self._arithmetic("+")
+
+    def __radd__(self, other: object) -> NoReturn:
+        self._arithmetic("+")
+
+    def __sub__(self, other: object) -> NoReturn:
+        self._arithmetic("-")
+
+    def __rsub__(self, other: object) -> NoReturn:
+        self._arithmetic("-")
+
+    def __mul__(self, other: object) -> NoReturn:
+        self._arithmetic("*")
+
+    def __rmul__(self, other: object) -> NoReturn:
+        self._arithmetic("*")
+
+    def __truediv__(self, other: object) -> NoReturn:
+        self._arithmetic("/")
+
+    def __rtruediv__(self, other: object) -> NoReturn:
+        self._arithmetic("/")
+
+    def __floordiv__(self, other: object) -> NoReturn:
+        self._arithmetic("//")
+
+    def __rfloordiv__(self, other: object) -> NoReturn:
+        self._arithmetic("//")
+
+    def __mod__(self, other: object) -> NoReturn:
+        self._arithmetic("%")
+
+    def __rmod__(self, other: object) -> NoReturn:
+        self._arithmetic("%")
+
+    def __pow__(self, other: object) -> NoReturn:
+        self._arithmetic("**")
+
+    def __rpow__(self, other: object) -> NoReturn:
+        self._arithmetic("**")
+
+    def __neg__(self) -> NoReturn:
+        self._arithmetic("unary -")
+
+    def __pos__(self) -> NoReturn:
+        self._arithmetic("unary +")
+
+    def __abs__(self) -> NoReturn:
+        self._arithmetic("abs()")
+
+    def __round__(self, ndigits: int | None = None) -> NoReturn:
+        self._arithmetic("round()")
+
+    if not TYPE_CHECKING:  # hidden from mypy, so a typo on a reference stays a type error
+
+        def __getattr__(self, name: str) -> NoReturn:
+            # Dunder and private names (copy, pickle, attrs, introspection) and the
+            # fields themselves (while an instance is being restored) stay plain misses.
+            if name.startswith("_") or name in _field_names(type(self)):
+                raise AttributeError(name)
+            self._refuse(f"attribute access (.{name})", _IN_A_STEP.format(what=f"read .{name}"))
+
+
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(a.name for a in getattr(cls, "__attrs_attrs__", ()))
 
 
 @attrs.define(eq=False, repr=False)
-class NodeRef:
+class NodeRef(BuildTimeRef):
     """A symbolic reference to a node's output inside a workflow builder."""
 
     builder: Builder
@@ -81,26 +245,34 @@ class NodeRef:
 
     def named(self, node_id: str) -> NodeRef:
         """Give the node an explicit id (unique within the workflow); returns the same ref."""
-        self.node.explicit_id = node_id
+        given: object = node_id  # untyped callers may pass a reference
+        if not isinstance(given, str):
+            self.builder.problems.append(
+                (None, f"a node id is a string fixed when the workflow is built, not {given!r}")
+            )
+            return self
+        self.node.explicit_id = given
         return self
 
     def __repr__(self) -> str:
         return f"<ref {self.node.explicit_id or self.node.default_id} of {self.builder.name}>"
 
-    def __bool__(self) -> bool:
-        raise TypeError(
-            "a node reference has no value while the workflow is built: branch inside a step"
-        )
+    def _described(self) -> str:
+        node_id = self.node.explicit_id or self.node.default_id
+        return f"the output of node {node_id!r} (workflow {self.builder.name!r})"
 
 
 @attrs.define(eq=False, repr=False)
-class RunInputRef:
+class RunInputRef(BuildTimeRef):
     """The run input as seen by the builder (it becomes a literal at submit)."""
 
     builder: Builder
 
     def __repr__(self) -> str:
         return f"<run input of {self.builder.name}>"
+
+    def _described(self) -> str:
+        return f"the run input of workflow {self.builder.name!r}"
 
 
 @attrs.define(eq=False)
@@ -124,7 +296,17 @@ class Builder:
         try:
             payload.check(value)
         except InvalidPayload as exc:
-            self.problems.append((None, f"{where}: a literal argument is not JSON ({exc})"))
+            if _holds_ref(value):
+                self.problems.append(
+                    (
+                        None,
+                        f"{where}: a reference inside a literal ({value!r}) is not replaced by "
+                        "its value: pass references as the call's arguments (up to 4, or one "
+                        "list of node references) and build the structure inside the step",
+                    )
+                )
+            else:
+                self.problems.append((None, f"{where}: a literal argument is not JSON ({exc})"))
             return Arg(ArgKind.STATIC, value=None)
         return Arg(ArgKind.STATIC, value=value)  # type: ignore[arg-type]
 
@@ -195,6 +377,8 @@ class Builder:
                 (None, f"a workflow builder returns a node reference or None, not {returned!r}")
             )
         self._settle_ids()
+        for pending in self.nodes:
+            self.problems.extend((pending.final_id, message) for message in pending.problems)
         nodes = tuple(self._freeze(n) for n in self.nodes)
         result = self.result.node.final_id if self.result is not None else None
         return Graph(self.name, nodes, result)
@@ -235,6 +419,19 @@ class Builder:
             child=node.child,
             keep_output=node.keep_output,
         )
+
+
+def _holds_ref(value: object, depth: int = 0) -> bool:
+    """Whether a literal list, tuple or dict holds a builder reference (to explain the error)."""
+    if isinstance(value, BuildTimeRef):
+        return True
+    if depth > 32:
+        return False
+    if isinstance(value, list | tuple):
+        return any(_holds_ref(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_ref(v, depth + 1) for v in value.values())
+    return False
 
 
 @contextmanager

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
@@ -31,6 +32,117 @@ def make_options(base: NodeOptions, overrides: dict[str, Any]) -> NodeOptions:
         if name in changes:
             changes[name] = duration(changes[name], name)
     return attrs.evolve(base, **changes)
+
+
+#: Keyword arguments a step call in a builder takes: the node options, ``after`` and ``node_id``.
+CALL_KEYWORDS = tuple(sorted({*OPTION_NAMES, "after", "node_id"}))
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def handler_signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """The handler's signature, or None when Python cannot read it (cached: inspect is slow)."""
+    try:
+        return _cached_signature(fn)
+    except TypeError:  # an unhashable callable object: not cached
+        return _signature(fn)
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+_cached_signature = functools.cache(_signature)
+
+
+def takes_positional(signature: inspect.Signature) -> bool:
+    """Whether a handler takes a positional argument (``ctx`` aside): standalone work passes one."""
+    return any(
+        p.name != "ctx" and (p.kind in _POSITIONAL or p.kind is p.VAR_POSITIONAL)
+        for p in signature.parameters.values()
+    )
+
+
+def describe_positional(signature: inspect.Signature) -> str:
+    """``takes 1 positional argument (order)``, ``takes 1 to 2 ...``, ``takes no ...``."""
+    params = [p for p in signature.parameters.values() if p.name != "ctx" and p.kind in _POSITIONAL]
+    varargs = [p for p in signature.parameters.values() if p.kind is p.VAR_POSITIONAL]
+    required = sum(1 for p in params if p.default is p.empty)
+    if not params and not varargs:
+        return "takes no positional argument"
+    if varargs:
+        count = f"at least {required}" if required else "any number of"
+    elif required == len(params):
+        count = str(required)
+    else:
+        count = f"{required} to {len(params)}"
+    noun = "positional argument" if count == "1" else "positional arguments"
+    names = [p.name for p in params] + [f"*{p.name}" for p in varargs]
+    return f"takes {count} {noun} ({', '.join(names)})"
+
+
+def call_problem(fn: Callable[..., Any], name: str, passed: int, who: str) -> str | None:
+    """Why a worker could not call ``fn`` with ``passed`` positional arguments (and ``ctx``).
+
+    None when the call binds (or the signature cannot be read: the worker
+    reports that). ``who`` names the caller in the message (``the workflow``).
+    Uses :meth:`inspect.Signature.bind` with placeholders; cached per function.
+    """
+    try:
+        return _cached_call_problem(fn, name, passed, who)
+    except TypeError:  # an unhashable callable object: not cached
+        return _call_problem(fn, name, passed, who)
+
+
+def _call_problem(fn: Callable[..., Any], name: str, passed: int, who: str) -> str | None:
+    signature = handler_signature(fn)
+    if signature is None:
+        return None
+    keywords = {"ctx": None} if "ctx" in signature.parameters else {}
+    try:
+        signature.bind(*([None] * passed), **keywords)
+    except TypeError as exc:
+        described = describe_positional(signature)
+        fits = count_fits(signature, passed)
+        if not fits:
+            return f"handler {name!r} {described}, but {who} passes {passed}"
+        plural = "" if passed == 1 else "s"
+        with_ctx = " and ctx=" if keywords else ""
+        return (
+            f"handler {name!r} cannot be called with {passed} positional argument{plural}"
+            f"{with_ctx}: {exc}"
+        )
+    return None
+
+
+_cached_call_problem = functools.cache(_call_problem)
+
+
+def count_fits(signature: inspect.Signature, passed: int) -> bool:
+    """Whether ``passed`` positional arguments fit the handler's positional parameters."""
+    params = [p for p in signature.parameters.values() if p.name != "ctx" and p.kind in _POSITIONAL]
+    required = sum(1 for p in params if p.default is p.empty)
+    varargs = any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values())
+    return required <= passed and (varargs or passed <= len(params))
+
+
+def keyword_problem(name: str, unknown: Sequence[str], fn: Callable[..., Any]) -> str:
+    """The message for keyword arguments that are not node options, in a builder."""
+    signature = handler_signature(fn)
+    order = list(unknown)
+    if signature is not None:
+        positional = [p for p in signature.parameters if p in unknown]
+        if len(positional) == len(unknown):
+            order = positional
+    quoted = ", ".join(repr(k) for k in unknown)
+    verdict = "is not an option" if len(unknown) == 1 else "are not options"
+    return (
+        f"call of {name!r}: inside a @workflow, a step's inputs are passed positionally, "
+        f"as in {name}({', '.join(order)}); keyword arguments are node options "
+        f"({', '.join(CALL_KEYWORDS)}); {quoted} {verdict}"
+    )
 
 
 @attrs.define(eq=False, repr=False)
@@ -64,11 +176,20 @@ class StepDef(Generic[P, R]):
         options = {**self._bound, **kwargs}
         after = options.pop("after", None)
         node_id = options.pop("node_id", None)
+        problems = []
+        unknown = [k for k in options if k not in OPTION_NAMES]
+        if unknown:
+            problems.append(keyword_problem(self.name, unknown, self.fn))
+            options = {k: v for k, v in options.items() if k in OPTION_NAMES}
         try:
             node_options = make_options(self.options, options)
         except InvalidArgument as exc:
-            builder.problems.append((None, f"call of {self.name!r}: {exc}"))
+            problems.append(f"call of {self.name!r}: {exc}")
             node_options = self.options
+        if not unknown:  # keywords meant as inputs would make this a second, noisier message
+            arity = call_problem(self.fn, self.name, len(args), "the workflow")
+            if arity is not None:
+                problems.append(arity)
         builder.steps[self.name] = self._origin or self
         ref = builder.add(
             self.name,
@@ -78,6 +199,7 @@ class StepDef(Generic[P, R]):
             options=attrs.asdict(node_options, recurse=False),
             keep_output=self.keep_output,
         )
+        ref.node.problems.extend(problems)
         if node_id is not None:
             ref.named(node_id)
         return ref  # type: ignore[return-value]  # a NodeRef stands for R inside a builder

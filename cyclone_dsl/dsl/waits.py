@@ -6,13 +6,18 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from cyclone_dsl.dsl.builder import duration, require_builder
+from cyclone_dsl.dsl.builder import BuildTimeRef, duration, require_builder
 from cyclone_dsl.graph.model import WaitSpec
 from cyclone_dsl.graph.rows import KIND_SIGNAL, KIND_TIMER
 
 
 def _timeout(value: timedelta | float | None) -> Any:
     return None if value is None else duration(value, "timeout")
+
+
+def _id_of(name: object) -> str:
+    """A wait's default node id; a name that is not a string is reported by validation."""
+    return name if isinstance(name, str) else "signal"
 
 
 def wait_signal(name: str, *, timeout: timedelta | float | None = None, after: Any = None) -> Any:
@@ -23,7 +28,7 @@ def wait_signal(name: str, *, timeout: timedelta | float | None = None, after: A
     """
     builder = require_builder("wait_signal")
     spec = WaitSpec(signal_name=name, duration=_timeout(timeout))
-    return builder.add(str(name), KIND_SIGNAL, (), after=after, wait=spec)
+    return builder.add(_id_of(name), KIND_SIGNAL, (), after=after, wait=spec)
 
 
 def wait_n(
@@ -32,7 +37,7 @@ def wait_n(
     """Wait for ``n`` signals ``name``; the output is the list of payloads in arrival order."""
     builder = require_builder("wait_n")
     spec = WaitSpec(signal_name=name, count=n, duration=_timeout(timeout))
-    return builder.add(str(name), KIND_SIGNAL, (), after=after, wait=spec)
+    return builder.add(_id_of(name), KIND_SIGNAL, (), after=after, wait=spec)
 
 
 def wait_any(
@@ -40,8 +45,9 @@ def wait_any(
 ) -> Any:
     """Wait for the first of several signals; the output is ``{"name": ..., "payload": ...}``."""
     builder = require_builder("wait_any")
-    spec = WaitSpec(signal_names=tuple(names), duration=_timeout(timeout))
-    default_id = "any_" + "_".join(str(n) for n in names)
+    listed: tuple[Any, ...] = (names,) if isinstance(names, BuildTimeRef) else tuple(names)
+    spec = WaitSpec(signal_names=listed, duration=_timeout(timeout))
+    default_id = "any_" + "_".join(_id_of(n) for n in listed)
     return builder.add(default_id, KIND_SIGNAL, (), after=after, wait=spec)
 
 

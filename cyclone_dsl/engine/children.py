@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from cyclone_dsl.db.tx import Row, Tx
+from cyclone_dsl.engine import notify
 from cyclone_dsl.engine.submit import insert_run
 from cyclone_dsl.engine.transitions import Hooks, after_completions, after_discards, end_runs
-from cyclone_dsl.errors import CycloneError
+from cyclone_dsl.errors import CycloneError, UnknownWorkflow
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.graph.rows import KIND_CHILD
 from cyclone_dsl.sql import Q
@@ -14,20 +17,31 @@ from cyclone_dsl.states import ErrorKind, RunState, StepState
 
 def start_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
     """Activation hook: a child node now ``waiting_child`` inserts its child run."""
+    _start(tx, activated, hooks, defer_unknown=True)
+
+
+def _start(tx: Tx, activated: list[Row], hooks: Hooks, *, defer_unknown: bool) -> None:
     nodes = [
         r for r in activated if r["kind"] == KIND_CHILD and r["state"] == StepState.WAITING_CHILD
     ]
     if not nodes:
         return
     inputs = {r["id"]: r for r in tx.rows(Q.assemble_inputs, ids=[n["id"] for n in nodes])}
+    deferred = False
     for node in nodes:
         if tx.one(Q.child_run_of, run_id=node["run_id"], node=node["node"]) is not None:
             continue  # started before (idx_runs_parent keeps one child per parent node)
         try:
             if hooks.compile_child is None:
-                raise CycloneError("this process has no registry to compile child workflows")
+                raise UnknownWorkflow("this process has no registry to compile child workflows")
             compiled = hooks.compile_child(node["child_workflow"], inputs[node["id"]]["input"])
         except CycloneError as exc:
+            if isinstance(exc, UnknownWorkflow) and defer_unknown:
+                # This process (a CLI, another application's scanner) does not have the
+                # child's definition: the node waits, and a worker that serves the run
+                # (so has the definitions it calls) starts the child.
+                deferred = True
+                continue
             failed = tx.rows(
                 Q.discard_node,
                 id=node["id"],
@@ -38,6 +52,43 @@ def start_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
             continue
         insert_run(tx, compiled, parent=(node["run_id"], node["node"]), hooks=hooks)
         failpoint("child.after_insert")
+    if deferred:
+        notify.wake_queues(tx, [CHILD_WAKE])
+
+
+#: The wake-up payload (on the work channel) of a child run left for a worker to start.
+CHILD_WAKE = KIND_CHILD
+
+
+def start_deferred(
+    tx: Tx, *, versions: Sequence[tuple[str, str]], hooks: Hooks, limit: int = 100
+) -> int:
+    """Start the child runs that a process without their definition left waiting, in runs
+    of the given versions (those the caller has); return how many started."""
+    found = tx.rows(
+        Q.unstarted_children,
+        workflows=[w for w, _ in versions],
+        versions=[v for _, v in versions],
+        limit=limit,
+    )
+    if not found:
+        return 0
+    tx.rows(Q.lock_runs, run_ids=sorted({r["run_id"] for r in found}))
+    nodes = tx.rows(Q.waiting_child_nodes, ids=[r["id"] for r in found])
+    _start(tx, nodes, hooks, defer_unknown=False)  # the caller has the run's definitions
+    return len(nodes)
+
+
+def repair_ended(tx: Tx, *, after_id: int, limit: int, hooks: Hooks) -> list[Row]:
+    """Settle parent nodes still waiting for child runs that have ended; return the runs."""
+    ended = tx.rows(Q.ended_children_of_waiting_nodes, after_id=after_id, limit=limit)
+    if ended:
+        tx.rows(Q.lock_runs, run_ids=sorted({r["id"] for r in ended}))
+        for state in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED):
+            rows = [r for r in ended if r["state"] == state]
+            if rows:
+                settle_parents(tx, rows, state, hooks)
+    return ended
 
 
 def settle_parents(tx: Tx, ended: list[Row], state: RunState, hooks: Hooks) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import attrs
 import psycopg
@@ -37,6 +37,9 @@ class Claimed:
     item_index: int | None
     input: JSONValue
     no_input: bool
+    workflow: str
+    def_version: str
+    deadline_at: datetime | None
 
 
 def claim(
@@ -45,15 +48,19 @@ def claim(
     owner: str,
     queues: Sequence[str],
     kinds: Sequence[str],
+    versions: Sequence[tuple[str, str]],
     limit: int,
     lease: timedelta,
 ) -> list[Claimed]:
     """Lease up to ``limit`` available steps: queue by queue, priority DESC then scheduled_at.
 
+    Only steps of the ``kinds`` given, in runs whose ``(workflow, def_version)``
+    is one of ``versions`` (the definitions the claimer has), are taken.
+
     Each queue's claim is one statement, complete on its own: ``tx`` may be an
     autocommit connection (the worker's), so a claim costs one round trip.
     """
-    if limit <= 0 or not kinds or not queues:
+    if limit <= 0 or not kinds or not queues or not versions:
         return []
     # In autocommit mode each queue's claim commits on its own: if a later one fails,
     # the steps already claimed are leased to this worker and must be returned to it,
@@ -69,6 +76,8 @@ def claim(
                 owner=owner,
                 queue=queue,
                 kinds=list(kinds),
+                workflows=[w for w, _ in versions],
+                versions=[v for _, v in versions],
                 limit=limit - len(rows),
                 lease=lease,
             )
@@ -97,6 +106,9 @@ def claim(
             item_index=r["item_index"],
             input=r["input"],
             no_input=r["no_input"],
+            workflow=r["workflow"],
+            def_version=r["def_version"],
+            deadline_at=r["deadline_at"],
         )
         for r in rows
     ]
@@ -122,3 +134,10 @@ def release(tx: Tx, leases: Sequence[tuple[int, int]]) -> set[int]:
     rows = tx.rows(Q.release_steps, ids=[i for i, _ in leases], generations=[g for _, g in leases])
     notify.wake_queues(tx, (r["queue"] for r in rows))
     return {r["id"] for r in rows}
+
+
+def lease_states(tx: Tx, ids: Sequence[int]) -> dict[int, str]:
+    """The current state of each of these steps (a step purged meanwhile is missing)."""
+    if not ids:
+        return {}
+    return {r["id"]: r["state"] for r in tx.rows(Q.lease_states, ids=list(ids))}

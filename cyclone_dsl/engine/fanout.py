@@ -44,10 +44,11 @@ def expand_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
 def items_finished(tx: Tx, items: list[Row], hooks: Hooks) -> None:
     """After item tasks completed: start the next ones, complete finished fan-outs."""
     for run_id, node in sorted({(r["run_id"], r["item_of"]) for r in items}):
-        _advance(tx, run_id, node, hooks)
+        advance(tx, run_id, node, hooks)
 
 
-def _advance(tx: Tx, run_id: int, node: str, hooks: Hooks) -> None:
+def advance(tx: Tx, run_id: int, node: str, hooks: Hooks) -> None:
+    """Start a pending fan-out's next items up to max_parallel; finish it if all completed."""
     queues = tx.rows(Q.activate_next_items, run_id=run_id, node=node)
     notify.wake_queues(tx, (q["queue"] for q in queues))
     done = tx.rows(Q.finish_fan_out, run_id=run_id, node=node)
@@ -75,7 +76,9 @@ def items_discarded(tx: Tx, items: list[Row], hooks: Hooks) -> None:
     for run_id, node in sorted({(r["run_id"], r["item_of"]) for r in items}):
         first = next(r for r in items if r["run_id"] == run_id and r["item_of"] == node)
         error = f"item {first['node']!r} failed: {first.get('error') or 'no detail'}"
-        tx.rows(Q.cancel_items, run_id=run_id, node=node, error=f"cancelled: {error}")
+        cancelled = tx.rows(Q.cancel_items, run_id=run_id, node=node, error=f"cancelled: {error}")
+        if any(c["was_running"] for c in cancelled):
+            notify.steps_cancelled(tx, [run_id])
         fan_out = tx.one(Q.fan_out_node, run_id=run_id, node=node)
         if fan_out is None:
             continue
@@ -89,4 +92,4 @@ def items_discarded(tx: Tx, items: list[Row], hooks: Hooks) -> None:
 def gate_on_resume(tx: Tx, run_id: int, hooks: Hooks) -> None:
     """Resume hook: items set back to pending start again, up to max_parallel."""
     for row in tx.rows(Q.fan_out_nodes_of_run, run_id=run_id):
-        _advance(tx, run_id, row["node"], hooks)
+        advance(tx, run_id, row["node"], hooks)

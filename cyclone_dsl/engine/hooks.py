@@ -10,10 +10,16 @@ from cyclone_dsl.graph.rows import CompiledRun
 from cyclone_dsl.payload import JSONValue
 
 
-def engine_hooks(registry: Registry) -> Hooks:
-    """The hooks every client, worker and scanner of this process runs transitions with."""
+def engine_hooks(registry: Registry, also: Registry | None = None) -> Hooks:
+    """The hooks every client, worker and scanner of this process runs transitions with.
+
+    Child workflows compile from ``registry``, else from ``also``; one neither has is
+    left for a worker that has it (see ``children.start_deferred``).
+    """
 
     def compile_child(workflow: str, run_input: JSONValue) -> CompiledRun:
+        if also is not None and workflow not in registry.workflows:
+            return instantiate(also.workflow(workflow).template, run_input)
         return instantiate(registry.workflow(workflow).template, run_input)
 
     return Hooks(

@@ -87,11 +87,13 @@ def finish_if_done(tx: Tx, run_ids: Iterable[int], hooks: Hooks = DEFAULT_HOOKS)
 
 
 def after_discards(tx: Tx, discarded: Sequence[Row], hooks: Hooks = DEFAULT_HOOKS) -> None:
-    """Apply ``on_dep_failure`` for discarded steps (rows with run_id, node, error)."""
+    """Apply ``on_dep_failure`` for discarded steps (rows with run_id, node, error).
+
+    Nodes first, item tasks after: a contained failure completes its run once nothing is
+    left open, so every other node that failed in the same batch must have been judged
+    (and have failed the run, if it does) before an item's failure settles its fan-out.
+    """
     items = [r for r in discarded if r.get("item_of") is not None]
-    if items:
-        for hook in hooks.on_items_discarded:
-            hook(tx, items, hooks)
     by_run: dict[int, list[Row]] = defaultdict(list)
     for row in discarded:
         if row.get("item_of") is None:
@@ -100,12 +102,17 @@ def after_discards(tx: Tx, discarded: Sequence[Row], hooks: Hooks = DEFAULT_HOOK
     contained: dict[int, list[Row]] = {}
     for run_id, rows in by_run.items():
         dependents = tx.rows(
-            Q.downstream_nodes, run_ids=[run_id] * len(rows), nodes=[r["node"] for r in rows]
+            Q.dependents_of_nodes, run_ids=[run_id] * len(rows), nodes=[r["node"] for r in rows]
         )
-        branch_only = bool(dependents) and all(
-            d["on_dep_failure"] == OnDepFailure.CANCEL_BRANCH for d in dependents
-        )
-        if branch_only:
+        # Each failed node on its own: contained only if it has dependents and all of them
+        # cancel their branch (a leaf's failure, or one dependent that fails the run, fails it).
+        policies: dict[str, list[str | None]] = {r["node"]: [] for r in rows}
+        for d in dependents:
+            policies[d["dep_node"]].append(d["on_dep_failure"])
+        if all(
+            found and all(p == OnDepFailure.CANCEL_BRANCH for p in found)
+            for found in policies.values()
+        ):
             contained[run_id] = rows
         else:
             failed_runs.append(run_id)
@@ -121,13 +128,18 @@ def after_discards(tx: Tx, discarded: Sequence[Row], hooks: Hooks = DEFAULT_HOOK
         )
     for run_id, rows in contained.items():
         nodes = [r["node"] for r in rows]
-        tx.rows(
+        cancelled = tx.rows(
             Q.cancel_downstream,
             run_id=run_id,
             nodes=nodes,
             error=f"cancelled: upstream {', '.join(repr(n) for n in nodes)} failed",
         )
+        if any(c["was_running"] for c in cancelled):
+            notify.steps_cancelled(tx, [run_id])
     finish_if_done(tx, contained.keys(), hooks)
+    if items:
+        for hook in hooks.on_items_discarded:
+            hook(tx, items, hooks)
 
 
 def end_runs(
@@ -142,12 +154,13 @@ def end_runs(
     """Fail or cancel runs and every non-terminal step in them; return the runs ended."""
     ended = tx.rows(Q.end_runs, run_ids=sorted(run_ids), state=state.value)
     if ended:
-        tx.rows(
+        cancelled = tx.rows(
             Q.cancel_open_steps,
             run_ids=[r["id"] for r in ended],
             error=error,
             error_kind=error_kind.value,
         )
+        notify.steps_cancelled(tx, (c["run_id"] for c in cancelled if c["was_running"]))
     _runs_ended(tx, ended, state, hooks)
     return ended
 

@@ -38,7 +38,9 @@ def check_options(options: NodeOptions) -> list[str]:
         value = getattr(options, name)
         if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
             problems.append(f"{name} must be a positive duration, not {value!r}")
-    if options.on_dep_failure not in {p.value for p in OnDepFailure}:
+    if not isinstance(options.on_dep_failure, str) or options.on_dep_failure not in {
+        p.value for p in OnDepFailure
+    }:
         problems.append(
             f"on_dep_failure must be 'fail_run' or 'cancel_branch', not {options.on_dep_failure!r}"
         )
@@ -52,6 +54,14 @@ def _is_int(value: object) -> bool:
 def problems_of(graph: Graph) -> list[Problem]:
     """Every problem of the graph, each with the id of the node it concerns."""
     problems: list[Problem] = []
+    if not graph.nodes:
+        problems.append(
+            (
+                None,
+                "a workflow needs at least one node: its builder must call a @step or @action "
+                "(or wait_*, for_each, child); a run without nodes would never end",
+            )
+        )
     ids = [n.id for n in graph.nodes]
     for node_id, times in Counter(ids).items():
         if times > 1:
@@ -70,7 +80,7 @@ def problems_of(graph: Graph) -> list[Problem]:
 
 def _node_problems(node: Node, known: set[str]) -> list[str]:
     problems = [f"option problem: {p}" for p in check_options(node.options)]
-    if not node.id or not isinstance(node.id, str):
+    if not isinstance(node.id, str) or not node.id:
         problems.append("node ids must be non-empty strings")
     elif "[" in node.id or "]" in node.id:
         problems.append("node ids may not contain '[' or ']' (they name fan-out items)")

@@ -1,4 +1,9 @@
-"""Finds the migration files (shipped in the wheel, or at the repository root) and checks them."""
+"""Finds the migration files (shipped in the wheel, or at the repository root) and checks them.
+
+The core migrations are ``migrations/NNN_name.sql``; the extension track is
+``migrations/ext/NNN_name.sql``, numbered on its own. Both use tern's format: the up
+part, the separator line, the down part.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import attrs
 from cyclone_dsl.errors import MigrationError
 
 SEPARATOR = "---- create above / drop below ----"
+EXTENSION_FOLDER = "ext"
 _NAME = re.compile(r"^(\d+)_([A-Za-z0-9_]+)\.sql$")
 
 
@@ -34,12 +40,29 @@ def migrations_dir() -> Traversable:
     raise MigrationError("the migration files are missing from this installation")
 
 
+def extension_migrations_dir() -> Traversable:
+    """The ``ext`` folder of :func:`migrations_dir`: the extension track's files."""
+    folder = migrations_dir().joinpath(EXTENSION_FOLDER)
+    if not folder.is_dir():
+        raise MigrationError("the extension migration files are missing from this installation")
+    return folder
+
+
 def load_migrations(directory: Traversable | None = None) -> tuple[Migration, ...]:
-    """Every migration in version order; a gap, a duplicate or a malformed file is an error."""
-    folder = directory if directory is not None else migrations_dir()
+    """Every core migration in version order; a gap, a duplicate or a malformed file is an
+    error. Sub-folders (the extension track's ``ext``) are not read."""
+    return _load(directory if directory is not None else migrations_dir())
+
+
+def load_extension_migrations(directory: Traversable | None = None) -> tuple[Migration, ...]:
+    """Every extension migration in version order, checked as :func:`load_migrations` does."""
+    return _load(directory if directory is not None else extension_migrations_dir())
+
+
+def _load(folder: Traversable) -> tuple[Migration, ...]:
     found: dict[int, Migration] = {}
     for entry in folder.iterdir():
-        if not entry.name.endswith(".sql"):
+        if not entry.is_file() or not entry.name.endswith(".sql"):
             continue
         match = _NAME.match(entry.name)
         if match is None:

@@ -1,28 +1,58 @@
 """Applies migrations on one dedicated connection under a session advisory lock.
 
-The lock is taken, the version is read *after* locking, each migration runs
+The lock is taken, the versions are read *after* locking, each migration runs
 in its own transaction together with the version update, and the lock is
 released on the same connection (an unlock that returns false is an error).
 The lock key is (namespace, hash of the schema), so migrations of different
 schemas of one database do not wait for each other.
+
+Two tracks share the lock: the core (``cyclone_schema_version``) and, after it, the
+extension track (``cyclone_ext_schema_version``), which needs the core at its latest
+version. Taking the core below its latest version takes the extension track down to 0
+first.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, LiteralString
+from typing import Any, LiteralString, NamedTuple
 
+import attrs
 import psycopg
 from psycopg.rows import dict_row
 
 from cyclone_dsl.errors import MigrationError, MigrationLockTimeout, SchemaVersionMismatch
-from cyclone_dsl.migrate.files import Migration, load_migrations
+from cyclone_dsl.migrate.files import Migration, load_extension_migrations, load_migrations
 from cyclone_dsl.sql import Q
 
 log = logging.getLogger("cyclone.migrate")
 
 LOCK_NAMESPACE = 0x0C7C10E  # Cyclone's advisory-lock namespace
+
+
+class SchemaVersions(NamedTuple):
+    """The applied versions of the two tracks (a ``tuple[int, int]``)."""
+
+    core: int
+    extension: int
+
+
+@attrs.frozen
+class MigrationOutcome:
+    """The versions of both tracks before and after one :func:`apply_migrations`."""
+
+    before: int
+    version: int
+    extension_before: int
+    extension_version: int
+
+
+@attrs.frozen
+class _Track:
+    label: str  # "" for the core, "extension " for the extension track
+    files: tuple[Migration, ...]
+    update: LiteralString
 
 
 def _one(
@@ -33,13 +63,99 @@ def _one(
         return cur.fetchone() if cur.description else None
 
 
+def _version(conn: psycopg.Connection[Any], query: LiteralString) -> int | None:
+    row = _one(conn, query)
+    return None if row is None else int(str(row["version"]))
+
+
+def read_versions(conn: psycopg.Connection[Any]) -> SchemaVersions:
+    """Both recorded versions (0 for a track with no version table or no row).
+
+    Read-only: creates nothing and takes no lock.
+    """
+    present = _one(conn, Q.version_tables_exist)
+    core = _version(conn, Q.read_version) if present and present["core"] else None
+    ext = _version(conn, Q.read_ext_version) if present and present["extension"] else None
+    return SchemaVersions(core or 0, ext or 0)
+
+
 def applied_version(conn: psycopg.Connection[Any]) -> int:
-    """The schema version recorded in the database (0 when nothing is applied)."""
-    row = _one(conn, Q.version_table_exists)
-    if row is None or not row["present"]:
-        return 0
-    version_row = _one(conn, Q.read_version)
-    return 0 if version_row is None else int(str(version_row["version"]))
+    """The core schema version recorded in the database (0 when nothing is applied)."""
+    return read_versions(conn).core
+
+
+def apply_migrations(
+    conn: psycopg.Connection[Any],
+    *,
+    target: int | None,
+    lock_timeout_s: float,
+    extension_target: int | None = None,
+    migrations: Sequence[Migration] | None = None,
+    extensions: Sequence[Migration] | None = None,
+) -> MigrationOutcome:
+    """Bring the core to ``target`` (default: latest) and the extension track to
+    ``extension_target`` (default: latest when the core goes to its latest, else 0).
+
+    ``migrations`` and ``extensions`` replace the shipped files (tests); a custom core set
+    given without ``extensions`` has an empty extension track.
+    """
+    core_files = tuple(migrations) if migrations is not None else load_migrations()
+    if extensions is not None:
+        ext_files = tuple(extensions)
+    else:
+        ext_files = () if migrations is not None else load_extension_migrations()
+    latest, ext_latest = len(core_files), len(ext_files)
+    goal = latest if target is None else target
+    if not 0 <= goal <= latest:
+        raise MigrationError(f"target version {goal} is outside 0..{latest}")
+    if extension_target is not None:
+        if goal != latest:
+            raise MigrationError(
+                f"an extension version needs the core schema at {latest}, not {goal}: "
+                f"the extension track is applied only on the latest core schema"
+            )
+        if not 0 <= extension_target <= ext_latest:
+            raise MigrationError(
+                f"extension target version {extension_target} is outside 0..{ext_latest}"
+            )
+    ext_goal = extension_target if extension_target is not None else 0
+    if extension_target is None and goal == latest:
+        ext_goal = ext_latest
+    if not conn.autocommit:
+        raise MigrationError("migrate() needs a connection in autocommit mode")
+    core = _Track("", core_files, Q.update_version)
+    ext = _Track("extension ", ext_files, Q.update_ext_version)
+    _lock(conn, lock_timeout_s)
+    try:
+        conn.execute(Q.create_version_table)
+        current = _current(conn, Q.read_version, Q.insert_version)
+        ext_current = _current(conn, Q.read_ext_version, Q.insert_ext_version)
+        if current > latest:
+            raise SchemaVersionMismatch(
+                f"the database is at schema version {current}, newer than this build's "
+                f"{latest}: upgrade cyclone-dsl before running it against this database"
+            )
+        if ext_current > ext_latest:
+            raise SchemaVersionMismatch(
+                f"the database is at extension schema version {ext_current}, newer than this "
+                f"build's {ext_latest}: upgrade cyclone-dsl before running it against this "
+                f"database"
+            )
+        before, ext_before = current, ext_current
+        if goal < latest and ext_current > 0:
+            log.warning(
+                "the core schema goes down to version %d (below %d): taking the extension "
+                "track down from %d to 0 first, which drops its tables",
+                goal,
+                latest,
+                ext_current,
+            )
+            ext_current = _move(conn, ext, ext_current, 0)
+        current = _move(conn, core, current, goal)
+        ext_current = _move(conn, ext, ext_current, ext_goal)
+        return MigrationOutcome(before, current, ext_before, ext_current)
+    finally:
+        _unlock(conn)
 
 
 def run_migrations(
@@ -48,63 +164,65 @@ def run_migrations(
     target: int | None,
     lock_timeout_s: float,
     migrations: Sequence[Migration] | None = None,
+    extension_target: int | None = None,
+    extensions: Sequence[Migration] | None = None,
 ) -> tuple[int, int]:
-    """Bring the schema to ``target`` (default: latest); return (before, after) versions."""
-    files = tuple(migrations) if migrations is not None else load_migrations()
-    latest = len(files)
-    goal = latest if target is None else target
-    if not 0 <= goal <= latest:
-        raise MigrationError(f"target version {goal} is outside 0..{latest}")
-    if not conn.autocommit:
-        raise MigrationError("migrate() needs a connection in autocommit mode")
-    _lock(conn, lock_timeout_s)
-    try:
-        conn.execute(Q.create_version_table)
-        row = _one(conn, Q.read_version)
-        if row is None:
-            conn.execute(Q.insert_version, {"version": 0})
-            current = 0
-        else:
-            current = int(str(row["version"]))
-        if current > latest:
-            raise SchemaVersionMismatch(
-                f"the database is at schema version {current}, newer than this build's "
-                f"{latest}: upgrade cyclone-dsl before running it against this database"
-            )
-        before = current
-        while current < goal:
-            migration = files[current]
-            _apply(conn, migration.up, migration, migration.version)
-            current = migration.version
-        while current > goal:
-            migration = files[current - 1]
-            _apply(conn, migration.down, migration, migration.version - 1)
-            current = migration.version - 1
-        return before, current
-    finally:
-        _unlock(conn)
+    """:func:`apply_migrations`, returning the core's (before, after) versions only."""
+    outcome = apply_migrations(
+        conn,
+        target=target,
+        lock_timeout_s=lock_timeout_s,
+        extension_target=extension_target,
+        migrations=migrations,
+        extensions=extensions,
+    )
+    return outcome.before, outcome.version
 
 
-def _apply(conn: psycopg.Connection[Any], sql: str, migration: Migration, new_version: int) -> None:
+def _current(conn: psycopg.Connection[Any], read: LiteralString, insert: LiteralString) -> int:
+    version = _version(conn, read)
+    if version is None:
+        conn.execute(insert, {"version": 0})
+        return 0
+    return version
+
+
+def _move(conn: psycopg.Connection[Any], track: _Track, current: int, goal: int) -> int:
+    while current < goal:
+        migration = track.files[current]
+        _apply(conn, track, migration.up, migration, migration.version)
+        current = migration.version
+    while current > goal:
+        migration = track.files[current - 1]
+        _apply(conn, track, migration.down, migration, migration.version - 1)
+        current = migration.version - 1
+    return current
+
+
+def _apply(
+    conn: psycopg.Connection[Any], track: _Track, sql: str, migration: Migration, new_version: int
+) -> None:
     direction = "up" if new_version == migration.version else "down"
-    log.info("migration %03d_%s %s", migration.version, migration.name, direction)
+    # The core's lines start with "migration " (tests count them); the extension's with
+    # "extension migration ".
+    log.info("%smigration %03d_%s %s", track.label, migration.version, migration.name, direction)
     try:
         with conn.transaction():
             if sql:
                 # Migration files are trusted text shipped with the package, not user input.
                 conn.execute(sql.encode("utf-8"))
-            conn.execute(Q.update_version, {"version": new_version})
+            conn.execute(track.update, {"version": new_version})
     except psycopg.Error as exc:
         raise MigrationError(
-            f"migration {migration.version:03d}_{migration.name} ({direction}) failed and was "
-            f"rolled back: {exc}"
+            f"{track.label}migration {migration.version:03d}_{migration.name} ({direction}) "
+            f"failed and was rolled back: {exc}"
         ) from exc
 
 
 def _lock(conn: psycopg.Connection[Any], timeout_s: float) -> None:
     conn.execute(Q.set_lock_timeout, {"timeout": f"{max(1, int(timeout_s * 1000))}ms"})
     try:
-        conn.execute(Q.migration_lock_try, {"namespace": LOCK_NAMESPACE})
+        conn.execute(Q.migration_lock, {"namespace": LOCK_NAMESPACE})
     except psycopg.errors.LockNotAvailable:
         holder = _one(conn, Q.migration_lock_holder, {"namespace": LOCK_NAMESPACE})
         pid = holder["pid"] if holder else "unknown"

@@ -17,17 +17,22 @@ class _Queries:
     finish_child_nodes: LiteralString
     open_descendants: LiteralString
     child_run_of: LiteralString
+    unstarted_children: LiteralString
+    waiting_child_nodes: LiteralString
+    ended_children_of_waiting_nodes: LiteralString
     # claim.sql
     claim_steps: LiteralString
     heartbeat_steps: LiteralString
     release_steps: LiteralString
     assemble_inputs: LiteralString
+    lease_states: LiteralString
     # complete.sql
     lock_runs_of_steps: LiteralString
     lock_runs: LiteralString
     complete_steps: LiteralString
     fail_steps: LiteralString
     downstream_nodes: LiteralString
+    dependents_of_nodes: LiteralString
     activate_ready: LiteralString
     finish_runs: LiteralString
     end_runs: LiteralString
@@ -36,9 +41,14 @@ class _Queries:
     # control.sql
     run_tree: LiteralString
     get_run_state: LiteralString
-    retry_node: LiteralString
-    reopen_run: LiteralString
     node_state: LiteralString
+    retry_run: LiteralString
+    retry_child_runs: LiteralString
+    retry_steps: LiteralString
+    retry_deps: LiteralString
+    retry_reset_steps: LiteralString
+    retry_reset_items: LiteralString
+    retry_reopen_run: LiteralString
     # fanout.sql
     expand_fan_outs: LiteralString
     fan_out_sources: LiteralString
@@ -51,7 +61,7 @@ class _Queries:
     fan_out_nodes_of_run: LiteralString
     discard_node_completed: LiteralString
     # migrate.sql
-    migration_lock_try: LiteralString
+    migration_lock: LiteralString
     migration_unlock: LiteralString
     migration_lock_holder: LiteralString
     set_lock_timeout: LiteralString
@@ -59,10 +69,14 @@ class _Queries:
     read_version: LiteralString
     insert_version: LiteralString
     update_version: LiteralString
-    version_table_exists: LiteralString
+    read_ext_version: LiteralString
+    insert_ext_version: LiteralString
+    update_ext_version: LiteralString
+    version_tables_exist: LiteralString
     # read.sql
     get_run: LiteralString
     get_run_steps: LiteralString
+    get_run_attempts: LiteralString
     list_runs: LiteralString
     run_outcome: LiteralString
     run_progress: LiteralString
@@ -105,6 +119,7 @@ class _Queries:
     find_active_unique: LiteralString
     notify_queues: LiteralString
     notify_runs_finished: LiteralString
+    notify_steps_cancelled: LiteralString
     ping: LiteralString
     allocate_run_ids: LiteralString
     insert_run_graphs: LiteralString
@@ -117,6 +132,15 @@ class _Queries:
     runs_past_deadline: LiteralString
     pause_run: LiteralString
     resume_run: LiteralString
+    # workers.sql
+    lock_worker_registry: LiteralString
+    handler_conflicts: LiteralString
+    register_worker: LiteralString
+    beat_worker: LiteralString
+    stop_worker: LiteralString
+    prune_workers: LiteralString
+    list_workers: LiteralString
+    unserved_work: LiteralString
 
     def __init__(self, queries: dict[str, str]) -> None:
         declared = set(type(self).__annotations__)

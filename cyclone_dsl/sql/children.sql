@@ -27,3 +27,39 @@ WHERE r.id IN (SELECT id FROM down) AND r.state IN ('running', 'paused')
 -- name: child_run_of
 -- The child run already started for a parent node, if any.
 SELECT id FROM cyclone_runs WHERE parent_run_id = %(run_id)s AND parent_node_id = %(node)s
+
+-- name: unstarted_children
+-- Child nodes waiting for a child run that was never started (the process that activated
+-- them did not have the child's definition), in runs of the given (workflow, def_version).
+-- Read without locks; start_deferred locks the runs, then checks again.
+SELECT s.id, s.run_id
+FROM cyclone_steps AS s
+JOIN cyclone_runs AS r ON r.id = s.run_id
+WHERE s.state = 'waiting_child' AND s.kind = '@child'
+  AND (r.workflow, r.def_version) IN (
+      SELECT v.workflow, v.def_version
+      FROM unnest(%(workflows)s::text[], %(versions)s::text[]) AS v(workflow, def_version))
+  AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS c
+                  WHERE c.parent_run_id = s.run_id AND c.parent_node_id = s.node)
+ORDER BY s.id
+LIMIT %(limit)s
+
+-- name: waiting_child_nodes
+-- These steps, if they still wait for a child run (the activation rows start_on_activation
+-- takes).
+SELECT s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.fan_out_parallel, s.child_workflow
+FROM cyclone_steps AS s
+WHERE s.id = ANY(%(ids)s::bigint[]) AND s.state = 'waiting_child'
+ORDER BY s.id
+
+-- name: ended_children_of_waiting_nodes
+-- Child runs that ended while their parent node still waits for them (a repair: normally
+-- the child's end settles its parent node in the same transaction).
+SELECT c.id, c.state, c.parent_run_id, c.parent_node_id
+FROM cyclone_steps AS s
+JOIN cyclone_runs AS c ON c.parent_run_id = s.run_id AND c.parent_node_id = s.node
+WHERE s.state = 'waiting_child' AND s.kind = '@child'
+  AND c.state IN ('completed', 'failed', 'cancelled')
+  AND s.id > %(after_id)s
+ORDER BY s.id
+LIMIT %(limit)s

@@ -17,6 +17,14 @@ candidates AS (
       AND s.queue = %(queue)s
       AND s.kind = ANY(%(kinds)s::text[])
       AND s.scheduled_at <= now() + %(shift)s::interval
+      -- Only runs whose definition this worker has: (workflow, def_version) it serves.
+      AND EXISTS (
+            SELECT 1 FROM cyclone_runs AS r
+            WHERE r.id = s.run_id
+              AND (r.workflow, r.def_version) IN (
+                  SELECT v.workflow, v.def_version
+                  FROM unnest(%(workflows)s::text[], %(versions)s::text[])
+                      AS v(workflow, def_version)))
       AND (s.sequence_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM cyclone_steps AS h
             WHERE h.sequence_key = s.sequence_key
@@ -47,9 +55,11 @@ claimed AS (
 )
 SELECT c.id, c.run_id, c.node, c.kind, c.queue, c.attempt, c.max_attempts,
        c.lease_generation, c.timeout_s, c.item_of, c.item_index, c.lease_s,
+       r.workflow, r.def_version, r.deadline_at,
        {{step_input}} AS input,
        {{no_input}} AS no_input
 FROM claimed AS c CROSS JOIN relaxed
+JOIN cyclone_runs AS r ON r.id = c.run_id
 
 -- name: heartbeat_steps
 -- Extend the leases still held at the given generations; return the ones extended.
@@ -121,3 +131,8 @@ listed AS (
     ORDER BY s.id
     FOR NO KEY UPDATE
 )
+
+-- name: lease_states
+-- The state and generation of steps whose heartbeat found no lease (cancelled, or taken).
+SELECT s.id, s.state, s.lease_generation FROM cyclone_steps AS s
+WHERE s.id = ANY(%(ids)s::bigint[])

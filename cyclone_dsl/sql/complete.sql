@@ -41,7 +41,9 @@ WITH {{lock_listed_steps}}
 UPDATE cyclone_steps AS s
 SET state = 'completed', output = c.output::jsonb,
     completed_at = now() + %(shift)s::interval,
-    lease_owner = NULL, lease_expiry = NULL
+    lease_owner = NULL, lease_expiry = NULL,
+    -- A completed step has no error: its failed attempts are in the attempt history.
+    error = NULL, error_kind = NULL, panic_stack = NULL
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(outputs)s::text[])
     AS c(id, generation, output)
 -- The CASE keeps the partial index on running steps from driving the plan (see finish_runs).
@@ -53,33 +55,46 @@ RETURNING s.id, s.run_id, s.node, s.item_of,
                   WHERE d.run_id = s.run_id AND d.dep_node = s.node) AS has_downstream
 
 -- name: fail_steps
--- Count a failed execution: retry later while attempts remain and it is retryable, else discard.
-WITH {{lock_listed_steps}}
-UPDATE cyclone_steps AS s
-SET attempt = s.attempt + 1,
-    state = CASE
-        WHEN f.retry AND s.attempt + 1 < s.max_attempts THEN
-            CASE WHEN r.state = 'paused' THEN 'paused' ELSE 'available' END
-        ELSE 'discarded' END,
-    scheduled_at = CASE
-        WHEN f.retry AND s.attempt + 1 < s.max_attempts
-            THEN now() + %(shift)s::interval + make_interval(secs => f.delay_s)
-        ELSE s.scheduled_at END,
-    completed_at = CASE
-        WHEN f.retry AND s.attempt + 1 < s.max_attempts THEN NULL
-        ELSE now() + %(shift)s::interval END,
-    error = f.error, error_kind = f.error_kind, panic_stack = f.panic_stack,
-    lease_owner = NULL, lease_expiry = NULL
-FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(retry)s::bool[],
-            %(delays)s::float8[], %(errors)s::text[], %(error_kinds)s::text[],
-            %(stacks)s::text[])
-        AS f(id, generation, retry, delay_s, error, error_kind, panic_stack),
-     cyclone_runs AS r
-WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
-  AND s.id = f.id AND s.lease_generation = f.generation
-  AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
-  AND r.id = s.run_id
-RETURNING s.id, s.run_id, s.node, s.state, s.queue, s.item_of, s.error, s.error_kind
+-- Count a failed execution: retry later while attempts remain and it is retryable, else
+-- discard. Each failed execution is kept in the attempt history.
+WITH {{lock_listed_steps}},
+failed AS (
+    UPDATE cyclone_steps AS s
+    SET attempt = s.attempt + 1,
+        state = CASE
+            WHEN f.retry AND s.attempt + 1 < s.max_attempts THEN
+                CASE WHEN r.state = 'paused' THEN 'paused' ELSE 'available' END
+            ELSE 'discarded' END,
+        scheduled_at = CASE
+            WHEN f.retry AND s.attempt + 1 < s.max_attempts
+                THEN now() + %(shift)s::interval + make_interval(secs => f.delay_s)
+            ELSE s.scheduled_at END,
+        completed_at = CASE
+            WHEN f.retry AND s.attempt + 1 < s.max_attempts THEN NULL
+            ELSE now() + %(shift)s::interval END,
+        error = f.error, error_kind = f.error_kind, panic_stack = f.panic_stack,
+        lease_owner = NULL, lease_expiry = NULL
+    FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(retry)s::bool[],
+                %(delays)s::float8[], %(errors)s::text[], %(error_kinds)s::text[],
+                %(stacks)s::text[])
+            AS f(id, generation, retry, delay_s, error, error_kind, panic_stack),
+         cyclone_runs AS r, cyclone_steps AS cur
+    WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
+      AND s.id = f.id AND s.lease_generation = f.generation
+      AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, not state index
+      AND r.id = s.run_id
+      AND cur.id = s.id  -- read in the statement's snapshot: the lease owner before
+    RETURNING s.id, s.run_id, s.node, s.state, s.queue, s.item_of, s.error, s.error_kind,
+              s.attempt, s.started_at, s.panic_stack, cur.lease_owner AS worker
+), history AS (
+    INSERT INTO cyclone_ext_attempts (step_id, run_id, attempt, worker, started_at, ended_at,
+                                      outcome, error, error_kind, panic_stack)
+    SELECT id, run_id, attempt, worker, started_at, now() + %(shift)s::interval,
+           CASE WHEN state = 'discarded' THEN 'failed' ELSE 'retried' END,
+           error, error_kind, panic_stack
+    FROM failed
+)
+SELECT id, run_id, node, state, queue, item_of, error, error_kind FROM failed
 
 -- name: downstream_nodes
 -- The direct dependents of the given nodes, with their failure policy.
@@ -93,6 +108,17 @@ CROSS JOIN LATERAL (
     OFFSET 0
 ) AS d
 JOIN cyclone_steps AS s ON s.run_id = d.run_id AND s.node = d.node
+
+-- name: dependents_of_nodes
+-- The direct dependents of each given node (dep_node), with their failure policy.
+SELECT c.node AS dep_node, d.node, s.on_dep_failure
+FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[]) AS c(run_id, node)
+CROSS JOIN LATERAL (
+    SELECT e.node FROM cyclone_deps AS e
+    WHERE e.run_id = c.run_id AND e.dep_node = c.node
+    OFFSET 0
+) AS d
+JOIN cyclone_steps AS s ON s.run_id = c.run_id AND s.node = d.node
 
 -- name: activate_ready
 -- Activate the pending nodes whose dependencies all completed, by kind and run state.
@@ -153,7 +179,7 @@ RETURNING r.id, r.parent_run_id, r.parent_node_id
 -- name: cancel_open_steps
 -- Cancel every non-terminal step of these runs (a late completion is then fenced).
 WITH listed AS (
-    SELECT s.id FROM cyclone_steps AS s
+    SELECT s.id, s.state FROM cyclone_steps AS s
     WHERE s.run_id = ANY(%(run_ids)s::bigint[])
       AND s.state NOT IN ('completed', 'discarded', 'cancelled')
     ORDER BY s.id
@@ -167,7 +193,8 @@ FROM unnest(%(run_ids)s::bigint[]) AS t(run_id)
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.run_id = t.run_id
   AND s.state NOT IN ('completed', 'discarded', 'cancelled')
-RETURNING s.run_id, s.node, s.kind
+RETURNING s.run_id, s.node, s.kind,
+          s.id = ANY(ARRAY(SELECT id FROM listed WHERE state = 'running')) AS was_running
 
 -- name: cancel_downstream
 -- Cancel the whole downstream branch of the given nodes of one run.
@@ -177,6 +204,11 @@ WITH RECURSIVE down(node) AS (
     UNION
     SELECT d.node FROM cyclone_deps AS d JOIN down ON d.dep_node = down.node
     WHERE d.run_id = %(run_id)s
+), running_before AS (
+    -- Read in the statement's snapshot: the states before the update below.
+    SELECT s.id FROM cyclone_steps AS s, down
+    WHERE s.run_id = %(run_id)s AND (s.node = down.node OR s.item_of = down.node)
+      AND s.state = 'running'
 )
 UPDATE cyclone_steps AS s
 SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
@@ -184,4 +216,4 @@ SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
 FROM down
 WHERE s.run_id = %(run_id)s AND (s.node = down.node OR s.item_of = down.node)
   AND s.state NOT IN ('completed', 'discarded', 'cancelled')
-RETURNING s.node, s.kind
+RETURNING s.node, s.kind, s.id IN (SELECT id FROM running_before) AS was_running

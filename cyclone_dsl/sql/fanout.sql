@@ -88,7 +88,7 @@ RETURNING s.id, s.run_id, s.node, s.item_of, true AS has_downstream
 -- name: cancel_items
 -- Cancel the unfinished items of a fan-out node.
 WITH listed AS (
-    SELECT s.id FROM cyclone_steps AS s
+    SELECT s.id, s.state FROM cyclone_steps AS s
     WHERE s.run_id = %(run_id)s AND s.item_of = %(node)s
       AND s.state IN ('pending', 'available', 'running', 'paused')
     ORDER BY s.id
@@ -100,7 +100,7 @@ SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.run_id = %(run_id)s AND s.item_of = %(node)s
   AND s.state IN ('pending', 'available', 'running', 'paused')
-RETURNING s.id
+RETURNING s.id, s.id = ANY(ARRAY(SELECT id FROM listed WHERE state = 'running')) AS was_running
 
 -- name: fan_out_node
 -- A fan-out node by run and node id.

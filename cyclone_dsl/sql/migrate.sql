@@ -1,5 +1,5 @@
--- name: migration_lock_try
--- Take the session-level migration lock (namespace, schema) within lock_timeout.
+-- name: migration_lock
+-- Take the session-level migration lock (namespace, schema); waits up to lock_timeout.
 SELECT pg_advisory_lock(%(namespace)s, hashtext(current_schema()))
 
 -- name: migration_unlock
@@ -22,21 +22,36 @@ LIMIT 1
 SELECT set_config('lock_timeout', %(timeout)s, false)
 
 -- name: create_version_table
--- tern's version table: one row, one column.
-CREATE TABLE IF NOT EXISTS cyclone_schema_version (version int4 NOT NULL)
+-- tern's version table (one row, one column) for the core, and the same for the extension
+-- track. Two statements, no parameters: sent with the simple query protocol.
+CREATE TABLE IF NOT EXISTS cyclone_schema_version (version int4 NOT NULL);
+CREATE TABLE IF NOT EXISTS cyclone_ext_schema_version (version int4 NOT NULL)
 
 -- name: read_version
--- The highest applied migration, or NULL before the first one.
+-- The highest applied core migration, or NULL before the first one.
 SELECT version FROM cyclone_schema_version LIMIT 1
 
 -- name: insert_version
--- The first row of the version table.
+-- The first row of the core version table.
 INSERT INTO cyclone_schema_version (version) VALUES (%(version)s)
 
 -- name: update_version
--- Record the applied version (within the migration's transaction).
+-- Record the applied core version (within the migration's transaction).
 UPDATE cyclone_schema_version SET version = %(version)s
 
--- name: version_table_exists
--- Whether the version table exists on search_path (read-only probe).
-SELECT to_regclass('cyclone_schema_version') IS NOT NULL AS present
+-- name: read_ext_version
+-- The highest applied extension migration, or NULL before the first one.
+SELECT version FROM cyclone_ext_schema_version LIMIT 1
+
+-- name: insert_ext_version
+-- The first row of the extension version table.
+INSERT INTO cyclone_ext_schema_version (version) VALUES (%(version)s)
+
+-- name: update_ext_version
+-- Record the applied extension version (within the migration's transaction).
+UPDATE cyclone_ext_schema_version SET version = %(version)s
+
+-- name: version_tables_exist
+-- Whether the core and the extension version tables exist on search_path (read-only probe).
+SELECT to_regclass('cyclone_schema_version') IS NOT NULL AS core,
+       to_regclass('cyclone_ext_schema_version') IS NOT NULL AS extension

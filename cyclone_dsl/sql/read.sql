@@ -12,6 +12,15 @@ SELECT id, node, kind, state, attempt, max_attempts, reclaims, queue, priority, 
        signal_names, wait_count, input, input_from, output
 FROM cyclone_steps WHERE run_id = %(run_id)s ORDER BY id
 
+-- name: get_run_attempts
+-- The attempt history of a run's steps (failed, retried, timed out and reclaimed executions).
+SELECT a.step_id, a.attempt, a.worker, a.started_at, a.ended_at, a.outcome, a.error,
+       a.error_kind, a.panic_stack
+FROM cyclone_steps AS s
+JOIN cyclone_ext_attempts AS a ON a.step_id = s.id
+WHERE s.run_id = %(run_id)s
+ORDER BY a.step_id, a.id
+
 -- name: list_runs
 -- Runs newest first, optionally by state and workflow, keyset-paginated by id.
 SELECT id, workflow, def_version, input, state, created_at, updated_at, finished_at,

@@ -9,37 +9,51 @@ LIMIT %(limit)s
 
 -- name: reclaim_steps
 -- Take expired leases back (guarded by state, generation and expiry): available, or discarded
--- with reclaim_limit once a step has been reclaimed more than its kind allows.
-WITH {{lock_listed_steps}}
-UPDATE cyclone_steps AS s
-SET reclaims = s.reclaims + 1,
-    state = CASE
-        WHEN s.reclaims + 1 > coalesce(l.max_reclaims, %(default_max_reclaims)s) THEN 'discarded'
-        WHEN r.state = 'paused' THEN 'paused'
-        ELSE 'available' END,
-    error = CASE
-        WHEN s.reclaims + 1 > coalesce(l.max_reclaims, %(default_max_reclaims)s)
-            THEN 'the lease expired ' || (s.reclaims + 1) || ' times: the worker running it '
-                 || 'crashed or stalled each time (max_reclaims reached)'
-        ELSE s.error END,
-    error_kind = CASE
-        WHEN s.reclaims + 1 > coalesce(l.max_reclaims, %(default_max_reclaims)s)
-            THEN 'reclaim_limit'
-        ELSE s.error_kind END,
-    completed_at = CASE
-        WHEN s.reclaims + 1 > coalesce(l.max_reclaims, %(default_max_reclaims)s)
-            THEN now() + %(shift)s::interval END,
-    scheduled_at = now() + %(shift)s::interval,
-    lease_owner = NULL, lease_expiry = NULL
-FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS e(id, generation)
-JOIN cyclone_steps AS cur ON cur.id = e.id
-JOIN cyclone_runs AS r ON r.id = cur.run_id
-LEFT JOIN unnest(%(kinds)s::text[], %(limits)s::int[]) AS l(kind, max_reclaims)
-    ON l.kind = cur.kind
-WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
-  AND s.id = e.id AND s.lease_generation = e.generation AND s.state = 'running'
-  AND s.lease_expiry < now() + %(shift)s::interval
-RETURNING s.id, s.run_id, s.node, s.state, s.queue, s.item_of, s.error
+-- with reclaim_limit once a step has been reclaimed more than its kind allows. Each reclaim
+-- is kept in the attempt history (the execution it ended, and the worker that held it).
+WITH {{lock_listed_steps}},
+reclaimed AS (
+    UPDATE cyclone_steps AS s
+    SET reclaims = s.reclaims + 1,
+        state = CASE
+            WHEN s.reclaims + 1 > coalesce(l.max_reclaims, %(default_max_reclaims)s)
+                THEN 'discarded'
+            WHEN r.state = 'paused' THEN 'paused'
+            ELSE 'available' END,
+        error = CASE
+            WHEN s.reclaims + 1 > coalesce(l.max_reclaims, %(default_max_reclaims)s)
+                THEN 'the lease expired ' || (s.reclaims + 1) || ' times: the worker running '
+                     || 'it crashed or stalled each time (max_reclaims reached)'
+            ELSE s.error END,
+        error_kind = CASE
+            WHEN s.reclaims + 1 > coalesce(l.max_reclaims, %(default_max_reclaims)s)
+                THEN 'reclaim_limit'
+            ELSE s.error_kind END,
+        completed_at = CASE
+            WHEN s.reclaims + 1 > coalesce(l.max_reclaims, %(default_max_reclaims)s)
+                THEN now() + %(shift)s::interval END,
+        scheduled_at = now() + %(shift)s::interval,
+        lease_owner = NULL, lease_expiry = NULL
+    FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS e(id, generation)
+    JOIN cyclone_steps AS cur ON cur.id = e.id
+    JOIN cyclone_runs AS r ON r.id = cur.run_id
+    LEFT JOIN unnest(%(kinds)s::text[], %(limits)s::int[]) AS l(kind, max_reclaims)
+        ON l.kind = cur.kind
+    WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
+      AND s.id = e.id AND s.lease_generation = e.generation AND s.state = 'running'
+      AND s.lease_expiry < now() + %(shift)s::interval
+    -- cur is read in the statement's snapshot: the lease owner before this update
+    RETURNING s.id, s.run_id, s.node, s.state, s.queue, s.item_of, s.error, s.attempt,
+              s.started_at, cur.lease_owner AS worker
+), history AS (
+    INSERT INTO cyclone_ext_attempts (step_id, run_id, attempt, worker, started_at, ended_at,
+                                      outcome, error, error_kind)
+    SELECT id, run_id, attempt + 1, worker, started_at, now() + %(shift)s::interval,
+           'reclaimed', 'the lease expired: its worker crashed, stalled or lost the database',
+           'reclaimed'
+    FROM reclaimed
+)
+SELECT id, run_id, node, state, queue, item_of, error FROM reclaimed
 
 -- name: timed_out_steps
 -- Running steps past their own timeout plus a grace (the worker enforces it first).

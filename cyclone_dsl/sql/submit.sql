@@ -65,6 +65,11 @@ SELECT pg_notify('cyclone_work', q) FROM unnest(%(queues)s::text[]) AS q
 -- Wake RunHandle.wait() callers: one notification per batch of run ids, comma-separated.
 SELECT pg_notify('cyclone_run_done', p) FROM unnest(%(payloads)s::text[]) AS p
 
+-- name: notify_steps_cancelled
+-- Tell workers that running steps of these runs were cancelled (comma-separated run ids):
+-- each checks its leases of those runs at once instead of at its next heartbeat.
+SELECT pg_notify('cyclone_cancel', p) FROM unnest(%(payloads)s::text[]) AS p
+
 -- name: ping
 -- A round trip that shows a dead connection.
 SELECT 1 AS ok

@@ -159,7 +159,7 @@ def create_app(client: Client, *, read_only: bool = False, token: str | None = N
         return back(url, message=f"{action}: done")
 
     def queues(request: Request) -> HTMLResponse:
-        return page(request, "queues.html", stats=client.stats())
+        return page(request, "queues.html", stats=client.stats(), workers=client.workers())
 
     def schedules(request: Request) -> HTMLResponse:
         return page(request, "schedules.html", schedules=client.list_schedules())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import datetime
 
 import attrs
 
@@ -12,17 +13,29 @@ import attrs
 class StepContext:
     """What a running handler may know and do.
 
+    ``attempt`` is the number of this execution, from 1: the first try is
+    attempt 1 of ``max_attempts``, the first retry attempt 2. A reclaim (the
+    worker died or lost its lease) runs the same attempt again. The CLI and the
+    dashboard show the same number (``attempt 2/5``).
+
     ``idempotency_key`` is stable across retries and reclaims of the same
     step (``"<run_id>:<node>"``): pass it to external systems so that a
     re-executed handler does not repeat an effect.
+
+    ``deadline`` is the run's deadline (``None`` without one), from the
+    database clock.
     """
 
     run_id: int
     node: str
     step_id: int
     attempt: int
+    max_attempts: int
     kind: str
     item_index: int | None
+    workflow: str
+    def_version: str
+    deadline: datetime | None = None
     _cancelled: threading.Event = attrs.field(factory=threading.Event, alias="cancelled_event")
     _heartbeat: Callable[[], bool] = attrs.field(default=lambda: True, alias="heartbeat_fn")
 
@@ -32,8 +45,19 @@ class StepContext:
 
     @property
     def cancelled(self) -> bool:
-        """True once the step's lease is lost, its run cancelled, or its timeout passed."""
+        """True once the step should stop: its run or branch was cancelled, its timeout
+        passed, or its lease was lost (the result would be ignored).
+
+        A sync handler cannot be interrupted from outside: one that runs long should
+        check this between units of work and return (or raise) when it is set. Its
+        worker slot stays busy until it does. An async handler is cancelled instead
+        (``asyncio.CancelledError`` at its next ``await``).
+        """
         return self._cancelled.is_set()
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Block up to ``timeout`` seconds until :attr:`cancelled` is set; return it."""
+        return self._cancelled.wait(timeout)
 
     def heartbeat(self) -> bool:
         """Extend the lease now; False when it is lost (stop working: the result is ignored)."""

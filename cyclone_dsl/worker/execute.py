@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -15,38 +13,22 @@ from cyclone_dsl.engine.complete import Failure, Success
 from cyclone_dsl.errors import InvalidPayload, PayloadTooLarge, Permanent
 from cyclone_dsl.states import ErrorKind
 from cyclone_dsl.worker.context import StepContext
-
-TUPLE_KEYS = ("a", "b", "c", "d")
-
-
-@functools.cache
-def positional_count(fn: Callable[..., Any]) -> int:
-    """Positional parameters of a handler, not counting ``ctx`` (cached: inspect is slow)."""
-    return sum(
-        1
-        for p in inspect.signature(fn).parameters.values()
-        if p.name != "ctx" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    )
+from cyclone_dsl.worker.serving import STANDALONE, Serving, arguments, standalone_arguments
 
 
-def call_arguments(fn: Callable[..., Any], step: Claimed) -> list[Any]:
-    """The positional arguments of a handler call, from the assembled input.
+def call_arguments(serving: Serving, fn: Callable[..., Any], step: Claimed) -> list[Any]:
+    """The positional arguments of a handler call, from the binding the workflow compiled.
 
-    No input means no argument. A tuple binding arrives as the object
-    ``{"a": .., "b": ..}`` and is spread over a handler that takes two or
-    more positional parameters; any other input is the single argument.
+    The node's binding (no argument, one value, a tuple of 2..4 arguments
+    assembled as ``{"a": .., "b": ..}``, or a list) comes from this worker's
+    definition of the run's ``(workflow, def_version)``, never from the
+    input's shape: a single dict argument with keys ``a`` and ``b`` stays one
+    argument.
     """
-    if step.no_input:
-        return []
-    count = positional_count(fn)
-    if not count:
-        return []
-    value = step.input
-    if count >= 2 and isinstance(value, dict) and 2 <= len(value) <= 4:
-        keys = list(value)
-        if sorted(keys) == list(TUPLE_KEYS[: len(keys)]):
-            return [value[k] for k in TUPLE_KEYS[: len(keys)]]
-    return [value]
+    if step.def_version == STANDALONE:
+        return standalone_arguments(fn, step.input)
+    call = serving.call_of(step.workflow, step.def_version, step.node, step.item_of)
+    return arguments(call, step.input)
 
 
 def one_line(exc: BaseException) -> str:
@@ -109,8 +91,12 @@ def make_context(step: Claimed, heartbeat: Callable[[], bool]) -> StepContext:
         run_id=step.run_id,
         node=step.node,
         step_id=step.id,
-        attempt=step.attempt,
+        attempt=step.attempt + 1,
+        max_attempts=step.max_attempts,
         kind=step.kind,
         item_index=step.item_index,
+        workflow=step.workflow,
+        def_version=step.def_version,
+        deadline=step.deadline_at,
         heartbeat_fn=heartbeat,
     )

@@ -12,7 +12,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from cyclone_dsl.db.tx import Row, Tx, in_transaction
-from cyclone_dsl.engine import scan, schedules, waits
+from cyclone_dsl.engine import children, scan, schedules, waits
 from cyclone_dsl.engine.transitions import Hooks
 from cyclone_dsl.sql import Q
 
@@ -73,6 +73,7 @@ class Scanner:
         changed += self._paginate("timers", self._timer_page)
         changed += self._paginate("signal_timeouts", self._signal_timeout_page)
         changed += self._paginate("deadlines", self._deadline_page)
+        changed += self._paginate("children", self._child_repair_page)
         if self.compile_target is not None:
             changed += self.fire_schedules()
         if self.retention is not None:
@@ -129,6 +130,12 @@ class Scanner:
     def _deadline_page(self, tx: Tx, after: int) -> tuple[int, int | None]:
         page = tx.rows(Q.expired_deadlines, after_id=after, limit=PAGE)
         return waits.fail_past_deadline(tx, page, self.hooks), _next_cursor(page)
+
+    def _child_repair_page(self, tx: Tx, after: int) -> tuple[int, int | None]:
+        ended = children.repair_ended(tx, after_id=after, limit=PAGE, hooks=self.hooks)
+        if ended:
+            log.warning("settled %d parent nodes whose child run had ended", len(ended))
+        return len(ended), None  # settled rows leave the page: the next pass starts over
 
     def fire_schedules(self) -> int:
         """Lease due schedules, then fire each in its own transaction."""

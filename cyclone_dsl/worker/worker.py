@@ -8,10 +8,19 @@ Threads, each with one job:
 * two completers commit outcomes in batches (one transaction each; while one
   waits for its commit's disk flush, the other fills and sends the next batch);
 * the heartbeater extends leases on its own connection, and fails or drops
-  steps whose timeout passed or whose lease was lost;
-* the listener holds the LISTEN connection;
+  steps whose timeout passed, whose lease was lost or whose run or branch was
+  cancelled (at once when the listener hears of a cancel);
+* the listener holds the LISTEN connection (new work, cancellations);
+* the housekeeper records the worker as live in the worker registry and warns
+  about work on its queues that no live worker serves;
 * the scanner runs the maintenance passes (expired leases, timeouts, timers…)
   under a per-pass advisory lock so that many workers do not repeat them.
+
+A handler slot is free only once its handler has returned: a sync handler
+past its timeout is failed at once (its step retries elsewhere), but its
+thread keeps its slot until it ends, so no step is ever claimed without a
+thread ready to run it. An internal thread that fails unexpectedly stops the
+whole worker with :class:`~cyclone_dsl.errors.WorkerCrashed`, never silently.
 """
 
 from __future__ import annotations
@@ -38,18 +47,23 @@ from cyclone_dsl.client.schedules import compiler_for, register_all
 from cyclone_dsl.db.connect import connect, make_pool
 from cyclone_dsl.db.listen import listen, ping
 from cyclone_dsl.db.tx import Tx, in_autocommit, in_transaction
-from cyclone_dsl.dsl.registry import Registry
+from cyclone_dsl.dsl.registry import Registry, default_registry
+from cyclone_dsl.engine import children as children_ops
 from cyclone_dsl.engine import claim as claim_ops
 from cyclone_dsl.engine import complete as complete_ops
+from cyclone_dsl.engine import workers as registry_ops
+from cyclone_dsl.engine.children import CHILD_WAKE
 from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.engine.complete import Failure, Success
 from cyclone_dsl.engine.hooks import engine_hooks
-from cyclone_dsl.engine.notify import WORK_CHANNEL
-from cyclone_dsl.errors import InvalidArgument
+from cyclone_dsl.engine.notify import CANCEL_CHANNEL, WORK_CHANNEL, run_ids_of
+from cyclone_dsl.errors import InvalidArgument, WorkerCrashed
+from cyclone_dsl.migrate import check_database
 from cyclone_dsl.states import ErrorKind
 from cyclone_dsl.worker import execute
 from cyclone_dsl.worker.context import StepContext
 from cyclone_dsl.worker.scanner import Scanner
+from cyclone_dsl.worker.serving import serving_of
 from cyclone_dsl.worker.threads import DaemonThreadPool
 
 log = logging.getLogger("cyclone.worker")
@@ -60,13 +74,23 @@ CLAIM_SETTLE_S = 0.002
 #: Completion threads. Their transactions lock runs in id order, so they never deadlock.
 COMPLETERS = 2
 
+#: How often a worker tells the registry it is alive (see engine.workers.LIVE_FOR).
+REGISTRY_BEAT_S = 5.0
+#: How often a worker looks for work on its queues that no live worker serves.
+UNSERVED_CHECK_S = 60.0
+#: A sync handler still running this long past its timeout is reported (once).
+STUCK_REPORT_S = 10.0
+
 
 @attrs.define
 class _Inflight:
     step: Claimed
     ctx: StepContext
     deadline: float | None  # monotonic time the handler's timeout passes
-    settled: bool = False
+    settled: bool = False  # the outcome is decided (or abandoned): nothing more to record
+    returned: bool = False  # the handler has returned: its slot is free
+    task: asyncio.Task[Any] | None = None  # an async handler's task, to cancel it
+    stuck_reported: bool = False
 
 
 class Worker:
@@ -108,6 +132,16 @@ class Worker:
             raise InvalidArgument("a worker needs at least one queue")
         self.registry = registry if registry is not None else Registry.from_objects(objects)
         self.handlers = dict(self.registry.handlers())
+        if not self.handlers:
+            raise InvalidArgument(
+                "this worker has no handlers: pass the modules (or the @workflow, @step and "
+                "@action objects) whose steps it runs"
+            )
+        # A worker given objects also knows every workflow this process defined (a step
+        # given alone serves the workflows that call it); an explicit registry is exact.
+        self._also = default_registry() if registry is None else None
+        self.serving = serving_of(self.registry, also=self._also)
+        self._also_count = len(self._also.workflows) if self._also is not None else 0
         self.queues = list(queues)
         self.concurrency = concurrency
         self.lease = timedelta(seconds=lease)
@@ -117,7 +151,7 @@ class Worker:
         self.max_output_bytes = max_output_bytes
         self.shift = shift
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
-        self.hooks = engine_hooks(self.registry)
+        self.hooks = engine_hooks(self.registry, also=self._also)
         self._dsn = dsn
         self._max_reclaims = {
             kind: step.max_reclaims
@@ -136,7 +170,8 @@ class Worker:
         self._closing = threading.Event()  # set once no lease is held: heartbeats end
         self._wake = threading.Event()
         self._slots = threading.Semaphore(concurrency)
-        self._inflight: dict[int, _Inflight] = {}
+        self._inflight: dict[int, _Inflight] = {}  # claimed, outcome not decided yet
+        self._running: dict[int, _Inflight] = {}  # handler started and not returned yet
         self._inflight_lock = threading.Lock()
         self._outcomes: queue.Queue[Success | Failure | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
@@ -148,6 +183,18 @@ class Worker:
         self._queue_turn = 0
         self.completed_count = 0
         self._count_lock = threading.Lock()
+        self._check_now = threading.Event()  # a cancel was heard: check leases at once
+        self._children_due = threading.Event()  # a child run was left for a worker to start
+        self._cancel_runs: set[int] = set()
+        self._crash: BaseException | None = None
+        self._crash_reported = False
+        self._registered = False
+        self._unserved_reported: dict[tuple[str, str, str, str], float] = {}
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the worker stopped on its own (an internal thread failed), or ``None``."""
+        return self._crash
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -159,11 +206,16 @@ class Worker:
                 previous[sig] = signal.signal(sig, self._on_signal)
         try:
             self._start_services()
-            self._fetch_loop()
+            try:
+                self._fetch_loop()
+            except Exception as exc:  # noqa: BLE001 - any failure stops the worker, loudly
+                self._crashed("fetch", exc)
+            finally:
+                self._shutdown()
         finally:
-            self._shutdown()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        self._raise_if_crashed()
 
     def start(self) -> Worker:
         """Run in background threads of this process; stop with :meth:`stop`."""
@@ -176,6 +228,29 @@ class Worker:
         self._stopping.set()
         self._wake.set()
         self._stopped.wait(timeout if timeout is not None else self.grace + 30)
+        self._raise_if_crashed()
+
+    def _raise_if_crashed(self) -> None:
+        """Raise :class:`WorkerCrashed` once, to the first caller of ``run`` or ``stop``."""
+        if self._crash is not None and not self._crash_reported:
+            self._crash_reported = True
+            raise WorkerCrashed(
+                f"worker {self.id} stopped: an internal thread failed: "
+                f"{type(self._crash).__name__}: {self._crash}"
+            ) from self._crash
+
+    def _crashed(self, name: str, exc: BaseException) -> None:
+        log.critical(
+            "worker %s: internal thread %s failed; stopping the worker",
+            self.id,
+            name,
+            exc_info=exc,
+        )
+        if self._crash is None:
+            self._crash = exc
+        self._stopping.set()
+        self._wake.set()
+        self._slots.release()  # a fetch loop waiting for a slot notices the stop
 
     def __enter__(self) -> Worker:
         return self.start()
@@ -196,20 +271,33 @@ class Worker:
         self._stopping.set()
         self._wake.set()
 
-    def _spawn(self, target: Any, name: str) -> None:
-        thread = threading.Thread(target=target, name=f"cyclone-{name}", daemon=True)
+    def _spawn(self, target: Callable[[], object], name: str) -> None:
+        def guarded() -> None:
+            try:
+                target()
+            except BaseException as exc:  # noqa: BLE001 - no thread may die silently
+                self._crashed(name, exc)
+
+        thread = threading.Thread(target=guarded, name=f"cyclone-{name}", daemon=True)
         thread.start()
         self._threads.append(thread)
 
     def _start_services(self) -> None:
+        """Check the database, register, start every thread; on failure nothing is left open."""
+        check_database(self._dsn, name=f"cyclone-worker-{os.getpid()}")
         self._pool = make_pool(
             self._dsn, name=f"cyclone-worker-{os.getpid()}", max_size=3 + COMPLETERS
         )
-        self._executor = DaemonThreadPool(self.concurrency, "cyclone-handler")
-        self._takes_ctx = {kind: step.takes_ctx for kind, step in self.handlers.items()}
-        registered = self._tx(lambda tx: register_all(tx, self.registry))
+        try:
+            self._register(refuse_conflicts=True)
+            registered = self._tx(lambda tx: register_all(tx, self.registry))
+        except BaseException:
+            self._pool.close()
+            raise
         if registered:
             log.info("registered schedules %s", registered)
+        self._executor = DaemonThreadPool(self.concurrency, "cyclone-handler")
+        self._takes_ctx = {kind: step.takes_ctx for kind, step in self.handlers.items()}
         if any(step.is_async for step in self.handlers.values()):
             self._loop = asyncio.new_event_loop()
             self._spawn(self._loop.run_forever, "asyncio")
@@ -217,6 +305,7 @@ class Worker:
             self._spawn(self._complete_loop, f"complete-{number}")
         self._spawn(self._heartbeat_loop, "heartbeat")
         self._spawn(self._listen_loop, "listen")
+        self._spawn(self._housekeeping_loop, "housekeeping")
         if self._with_scanners:
             self._scanner = Scanner(
                 self._pool,
@@ -243,8 +332,35 @@ class Worker:
     def _fetch_loop_then_shutdown(self) -> None:
         try:
             self._fetch_loop()
+        except Exception as exc:  # noqa: BLE001 - any failure stops the worker, loudly
+            self._crashed("fetch", exc)
         finally:
             self._shutdown()
+
+    def _register(self, *, refuse_conflicts: bool) -> None:
+        ignored = self._tx(
+            lambda tx: registry_ops.register(
+                tx,
+                worker_id=self.id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                queues=self.queues,
+                concurrency=self.concurrency,
+                identities=self.serving.identities,
+                versions=self.serving.versions,
+                refuse_conflicts=refuse_conflicts,
+            )
+        )
+        for row in ignored:
+            log.error(
+                "kind %r: this worker has %s, live worker %s serves %s: they will run each "
+                "other's steps (see the versioning guide)",
+                row["kind"],
+                row["mine"],
+                row["worker_id"],
+                row["theirs"],
+            )
+        self._registered = True
 
     def _shutdown(self) -> None:
         self._stopping.set()
@@ -258,8 +374,9 @@ class Worker:
             left = [f for f in self._inflight.values() if not f.settled]
             for entry in left:
                 entry.settled = True
-                entry.ctx._cancelled.set()
             self._inflight.clear()
+        for entry in left:
+            self._stop_handler(entry)
         if left:
             leases = [(f.step.id, f.step.generation) for f in left]
             try:
@@ -267,8 +384,15 @@ class Worker:
                 log.info("released %d leases at shutdown", len(released))
             except psycopg.Error:
                 log.exception("could not release leases; they will expire and be reclaimed")
+        if self._registered:
+            try:
+                self._tx(lambda tx: registry_ops.stop(tx, self.id))
+            except psycopg.Error as exc:
+                log.warning("could not record the stop in the worker registry: %s", exc)
         self._outcomes.put(None)
         self._closing.set()
+        self._children_due.set()  # wakes the housekeeper, which then sees the close
+        self._check_now.set()
         for thread in self._threads:
             # The listener notices the stop within a second on its own; no need to wait for it.
             if thread is not threading.current_thread() and thread.name not in (
@@ -327,10 +451,25 @@ class Worker:
             elif not claimed or len(claimed) < free:
                 self._wake.wait(self.poll_interval)
 
+    def _refresh_serving(self) -> None:
+        """Serve the workflows this process defined since the worker started, too."""
+        if self._also is None or len(self._also.workflows) == self._also_count:
+            return
+        self._also_count = len(self._also.workflows)
+        self.serving = serving_of(self.registry, also=self._also)
+        self._register(refuse_conflicts=False)
+
     def _claimer(self, kinds: list[str], limit: int) -> Callable[[Tx], list[Claimed]]:
+        self._refresh_serving()
         queues = self._rotated_queues()
         return lambda tx: claim_ops.claim(
-            tx, owner=self.id, queues=queues, kinds=kinds, limit=limit, lease=self.lease
+            tx,
+            owner=self.id,
+            queues=queues,
+            kinds=kinds,
+            versions=self.serving.versions,
+            limit=limit,
+            lease=self.lease,
         )
 
     def _rotated_queues(self) -> list[str]:
@@ -344,16 +483,18 @@ class Worker:
         entry = _Inflight(step, execute.make_context(step, lambda: self._beat(step)), deadline)
         with self._inflight_lock:
             self._inflight[step.id] = entry
+            self._running[step.id] = entry
         try:
-            args = execute.call_arguments(handler.fn, step)
-        except (TypeError, ValueError) as exc:  # an unreadable signature
+            args = execute.call_arguments(self.serving, handler.fn, step)
+        except (TypeError, ValueError, KeyError) as exc:  # cannot build the call
             self._settle(entry, execute.failure_from_exception(step, exc, kind=ErrorKind.ERROR))
+            self._handler_returned(entry)
             return
         kwargs = {"ctx": entry.ctx} if self._takes_ctx[step.kind] else {}
         if handler.is_async:
             assert self._loop is not None
             future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(
-                self._run_async(handler.fn, args, kwargs, step.timeout_s), self._loop
+                self._run_async(entry, handler.fn, args, kwargs), self._loop
             )
         else:
             assert self._executor is not None
@@ -361,29 +502,35 @@ class Worker:
         future.add_done_callback(lambda f: self._on_done(entry, f, handler.keep_output))
 
     @staticmethod
-    async def _run_async(
-        fn: Any, args: list[Any], kwargs: dict[str, Any], timeout: float | None
-    ) -> Any:
-        return await asyncio.wait_for(fn(*args, **kwargs), timeout)
+    async def _run_async(entry: _Inflight, fn: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        entry.task = asyncio.current_task()
+        return await asyncio.wait_for(fn(*args, **kwargs), entry.step.timeout_s)
 
     def _on_done(
         self, entry: _Inflight, future: concurrent.futures.Future[Any], keep_output: bool
     ) -> None:
-        step = entry.step
-        if future.cancelled():
-            return
-        exc = future.exception()
-        if isinstance(exc, TimeoutError) and entry.deadline is not None:
-            outcome: Success | Failure = execute.timeout_failure(step)
-        elif exc is not None:
-            outcome = execute.failure_from_exception(step, exc, kind=ErrorKind.ERROR)
-        else:
-            outcome = execute.success_from_result(
-                step, future.result(), keep_output=keep_output, max_bytes=self.max_output_bytes
-            )
-        self._settle(entry, outcome)
+        """The handler returned (or raised, or its task was cancelled): record, free the slot."""
+        try:
+            if entry.settled:
+                return  # timed out, cancelled or lease lost: already decided
+            step = entry.step
+            exc = None if future.cancelled() else future.exception()
+            if future.cancelled() or isinstance(exc, asyncio.CancelledError):
+                outcome: Success | Failure | None = None  # cancelled by us: decided elsewhere
+            elif isinstance(exc, TimeoutError) and entry.deadline is not None:
+                outcome = execute.timeout_failure(step)
+            elif exc is not None:
+                outcome = execute.failure_from_exception(step, exc, kind=ErrorKind.ERROR)
+            else:
+                outcome = execute.success_from_result(
+                    step, future.result(), keep_output=keep_output, max_bytes=self.max_output_bytes
+                )
+            self._settle(entry, outcome)
+        finally:
+            self._handler_returned(entry)
 
     def _settle(self, entry: _Inflight, outcome: Success | Failure | None) -> None:
+        """Decide a step's outcome once (``None``: abandon it, its lease is gone)."""
         with self._inflight_lock:
             if entry.settled:
                 return
@@ -391,7 +538,28 @@ class Worker:
             self._inflight.pop(entry.step.id, None)
         if outcome is not None:
             self._outcomes.put(outcome)
+
+    def _handler_returned(self, entry: _Inflight) -> None:
+        """Free the handler's slot, exactly once, when it has really returned."""
+        with self._inflight_lock:
+            if entry.returned:
+                return
+            entry.returned = True
+            self._running.pop(entry.step.id, None)
+        if entry.stuck_reported:
+            log.info(
+                "step %s (kind %r): the handler returned after its timeout; its slot is free",
+                entry.step.id,
+                entry.step.kind,
+            )
         self._slots.release()
+
+    def _stop_handler(self, entry: _Inflight) -> None:
+        """Ask a handler to stop: set ``ctx.cancelled``; cancel an async handler's task."""
+        entry.ctx._cancelled.set()
+        task, loop = entry.task, self._loop
+        if task is not None and loop is not None:
+            loop.call_soon_threadsafe(task.cancel)
 
     # -- completions -------------------------------------------------------------------
 
@@ -491,42 +659,84 @@ class Worker:
         conn: psycopg.Connection[Any] | None = None
         next_beat = time.monotonic() + interval
         while not self._closing.is_set():
-            self._closing.wait(min(0.1, interval))
+            woken = self._check_now.wait(min(0.1, interval))
+            if woken:
+                self._check_now.clear()
             now = time.monotonic()
             with self._inflight_lock:
                 entries = [e for e in self._inflight.values() if not e.settled]
-            for entry in entries:
-                if entry.deadline is not None and now > entry.deadline:
-                    entry.ctx._cancelled.set()
-                    self._settle(entry, execute.timeout_failure(entry.step))
-            if now < next_beat:
-                continue
-            next_beat = now + interval
-            leases = [(e.step.id, e.step.generation) for e in entries if not e.settled]
-            if not leases:
+                running = list(self._running.values())
+                cancelled_runs, self._cancel_runs = self._cancel_runs, set()
+            self._time_out(entries, now)
+            self._report_stuck(running, now)
+            if now >= next_beat:
+                next_beat = now + interval
+                due = [e for e in entries if not e.settled]
+            else:
+                due = [e for e in entries if not e.settled and e.step.run_id in cancelled_runs]
+            if not due:
                 continue
             try:
                 if conn is None or conn.closed:
                     conn = connect(self._dsn, name=f"cyclone-heartbeat-{os.getpid()}")
-                held = claim_ops.heartbeat(Tx(conn, self.shift), leases, self.lease)
+                tx = Tx(conn, self.shift)
+                leases = [(e.step.id, e.step.generation) for e in due]
+                held = claim_ops.heartbeat(tx, leases, self.lease)
+                lost = [e for e in due if e.step.id not in held and not e.settled]
+                states = claim_ops.lease_states(tx, [e.step.id for e in lost]) if lost else {}
             except psycopg.Error as exc:
                 log.warning("heartbeat failed: %s", exc)
                 if conn is not None:
                     conn.close()
                 conn = None
                 continue
-            for entry in entries:
-                if entry.step.id not in held and not entry.settled:
-                    log.warning(
-                        "lease lost for step %s (run %s, node %r): result will be ignored",
-                        entry.step.id,
-                        entry.step.run_id,
-                        entry.step.node,
-                    )
-                    entry.ctx._cancelled.set()
-                    self._settle(entry, None)
+            for entry in lost:
+                self._lost(entry, states.get(entry.step.id))
         if conn is not None:
             conn.close()
+
+    def _time_out(self, entries: list[_Inflight], now: float) -> None:
+        """Fail steps whose timeout passed; their handlers are asked to stop."""
+        for entry in entries:
+            if entry.deadline is not None and now > entry.deadline:
+                self._stop_handler(entry)
+                self._settle(entry, execute.timeout_failure(entry.step))
+
+    def _report_stuck(self, running: list[_Inflight], now: float) -> None:
+        for entry in running:
+            late = entry.deadline is not None and now > entry.deadline + STUCK_REPORT_S
+            if late and not entry.stuck_reported and not entry.returned:
+                entry.stuck_reported = True
+                log.warning(
+                    "step %s (run %s, node %r, kind %r): the handler is still running %.0fs "
+                    "past its timeout, and holds its slot until it returns. A sync handler "
+                    "cannot be interrupted: check ctx.cancelled in long loops.",
+                    entry.step.id,
+                    entry.step.run_id,
+                    entry.step.node,
+                    entry.step.kind,
+                    now - (entry.deadline or now),
+                )
+
+    def _lost(self, entry: _Inflight, state: str | None) -> None:
+        step = entry.step
+        if state == "cancelled":
+            log.info(
+                "step %s (run %s, node %r) was cancelled: stopping its handler",
+                step.id,
+                step.run_id,
+                step.node,
+            )
+        else:
+            log.warning(
+                "lease lost for step %s (run %s, node %r, now %s): result will be ignored",
+                step.id,
+                step.run_id,
+                step.node,
+                state or "gone",
+            )
+        self._stop_handler(entry)
+        self._settle(entry, None)
 
     # -- wake-ups --------------------------------------------------------------------------
 
@@ -536,11 +746,17 @@ class Worker:
             try:
                 with connect(self._dsn, name=f"cyclone-listen-{os.getpid()}") as conn:
                     listen(conn, WORK_CHANNEL)
+                    listen(conn, CANCEL_CHANNEL)
                     self._wake.set()  # LISTEN first, then rescan: nothing slips between
+                    self._check_now.set()  # and a cancel missed while away is seen now
                     delay = 0.5
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=1.0):
-                            if note.payload in self.queues:
+                            if note.channel == CANCEL_CHANNEL:
+                                self._heard_cancel(note.payload)
+                            elif note.payload == CHILD_WAKE:
+                                self._children_due.set()
+                            elif note.payload in self.queues:
                                 self._wake.set()
                         ping(conn)  # a dead or half-open connection shows up here
             except psycopg.Error as exc:
@@ -549,3 +765,81 @@ class Worker:
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
                 self._stopping.wait(delay)
                 delay = min(30.0, delay * 2)
+
+    def _heard_cancel(self, payload: str) -> None:
+        """Steps of these runs were cancelled: check this worker's leases of them at once."""
+        runs = run_ids_of(payload)
+        with self._inflight_lock:
+            mine = {e.step.run_id for e in self._inflight.values()} & runs
+            if not mine:
+                return
+            self._cancel_runs |= mine
+        self._check_now.set()
+
+    # -- the registry ------------------------------------------------------------------
+
+    def _housekeeping_loop(self) -> None:
+        """Beat in the worker registry; start child runs other processes could not; warn
+        about work on this worker's queues that no one serves."""
+        next_beat = time.monotonic()
+        next_check = time.monotonic() + REGISTRY_BEAT_S
+        while not self._closing.is_set():
+            self._children_due.wait(max(0.0, next_beat - time.monotonic()))
+            if self._stopping.is_set():
+                self._closing.wait(0.1)
+                continue  # stopping: the shutdown records the stop
+            try:
+                if self._children_due.is_set():
+                    self._children_due.clear()
+                    self.start_deferred_children()
+                if time.monotonic() < next_beat:
+                    continue
+                next_beat = time.monotonic() + REGISTRY_BEAT_S
+                if not self._tx(lambda tx: registry_ops.beat(tx, self.id)):
+                    log.warning("worker %s was missing from the registry: registering", self.id)
+                    self._register(refuse_conflicts=False)
+                self.start_deferred_children()  # in case a wake-up was missed
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + UNSERVED_CHECK_S
+                    self.report_unserved()
+            except psycopg.Error as exc:
+                log.warning("worker housekeeping failed (%s); retrying", exc)
+
+    def start_deferred_children(self) -> int:
+        """Start child runs whose parent node waits in a run this worker serves, left by a
+        process that did not have the child's definition; return how many."""
+        started: int = self._tx(
+            lambda tx: children_ops.start_deferred(
+                tx, versions=self.serving.versions, hooks=self.hooks
+            )
+        )
+        if started:
+            log.info("started %d child runs left for a worker with their definition", started)
+        return started
+
+    def report_unserved(self) -> list[dict[str, Any]]:
+        """Log (at most every 10 minutes per kind) the due work of this worker's queues that
+        no live worker serves; return it."""
+        rows: list[dict[str, Any]] = self._tx(
+            lambda tx: registry_ops.unserved(tx, queues=self.queues)
+        )
+        now = time.monotonic()
+        for row in rows:
+            key = (row["queue"], row["kind"], row["workflow"], row["def_version"])
+            if now - self._unserved_reported.get(key, -1e9) < 600:
+                continue
+            self._unserved_reported[key] = now
+            what = (
+                f"standalone {row['kind']!r}"
+                if row["def_version"] == "standalone"
+                else f"kind {row['kind']!r} of workflow {row['workflow']!r} at {row['def_version']}"
+            )
+            log.warning(
+                "queue %r: %d due steps (%s) wait, and no live worker serves them (the oldest "
+                "since %s). Start a worker with that definition; see the versioning guide.",
+                row["queue"],
+                row["steps"],
+                what,
+                row["oldest"],
+            )
+        return rows

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cyclone_dsl import Client, Worker
+from cyclone_dsl import LATEST_EXTENSION_VERSION, Client, Worker
 from tests.cli import flows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,12 @@ def test_help_on_every_command(cyclone: Cli) -> None:
 def test_migrate_status(cyclone: Cli) -> None:
     result = cyclone("migrate", "--status", "--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"version": 19, "latest": 19}
+    assert json.loads(result.stdout) == {
+        "version": 19,
+        "latest": 19,
+        "extension_version": LATEST_EXTENSION_VERSION,
+        "extension_latest": LATEST_EXTENSION_VERSION,
+    }
 
 
 def test_submit_wait_and_read(cyclone: Cli, start_worker: Callable[..., Worker]) -> None:
@@ -154,8 +159,10 @@ def test_unreachable_database_is_one_line_and_exit_1() -> None:
         check=False,
     )
     assert result.returncode == 1
-    assert "cannot reach the database" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "cyclone: cannot connect to 127.0.0.1:1 (database 'none'): Connection refused: "
+        "is PostgreSQL running there, and is the port right?"
+    ]
 
 
 def test_schedules_stats_purge_scan(cyclone: Cli, client: Client) -> None:
@@ -170,3 +177,37 @@ def test_schedules_stats_purge_scan(cyclone: Cli, client: Client) -> None:
     scanned = cyclone("scan", "--once", "-m", "tests.cli.flows")
     assert scanned.returncode == 0, scanned.stderr
     assert "scan pass done" in scanned.stdout
+
+
+def test_stats_and_workers_show_who_serves_what(
+    cyclone: Cli, client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    client.enqueue(flows.add, 1, queue="nobody")  # a queue no worker serves
+    text = cyclone("stats").stdout
+    assert "kind " in text and "cli_add" in text
+    assert "waiting for a worker" in text and "queue 'nobody'" in text
+    assert "no live workers" in cyclone("workers").stdout
+    worker = start_worker(flows.flow)
+    listed = json.loads(cyclone("workers", "--json").stdout)
+    assert [w["id"] for w in listed] == [worker.id]
+    assert {"workflow": "cli_flow", "def_version": flows.flow.def_version} in listed[0]["versions"]
+    assert worker.id in cyclone("workers").stdout
+
+
+def test_a_conflicting_worker_is_one_line_and_exit_2(
+    cyclone: Cli, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(flows.flow)
+    result = cyclone("worker", "tests.cli.other_app")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "kind 'cli_add'" in lines[0], result.stderr
+
+
+def test_a_module_without_handlers_is_one_line(cyclone: Cli) -> None:
+    result = cyclone("worker", "json")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "cyclone: this worker has no handlers: pass the modules (or the @workflow, @step and "
+        "@action objects) whose steps it runs"
+    ]

@@ -62,7 +62,7 @@ def record_time(ctx: StepContext, event: str) -> None:
 def flaky(x: object, *, ctx: StepContext) -> object:
     """Fails its first attempt, so its retry waits for a backoff of at least 0.5 s."""
     record_time(ctx, "start")
-    if ctx.attempt == 0:
+    if ctx.attempt == 1:
         raise RuntimeError("first attempt fails")
     record_time(ctx, "end")
     return x

@@ -58,9 +58,9 @@ def test_skewed_worker_clocks_change_no_decision(
     for handle in handles:
         run_id = handle.id
         assert per_run[run_id] == 3  # flaky twice (one backoff retry), slow once
-        first_try = events[(run_id, "fault_flaky", "start", 0)]
-        retry = events[(run_id, "fault_flaky", "start", 1)]
+        first_try = events[(run_id, "fault_flaky", "start", 1)]  # ctx.attempt counts from 1
+        retry = events[(run_id, "fault_flaky", "start", 2)]
         assert retry - first_try >= 0.45, "the retry did not wait for its backoff"
-        timer_started = events[(run_id, "fault_flaky", "end", 1)]
-        assert events[(run_id, "fault_slow", "start", 0)] - timer_started >= 1.95, "early timer"
-        assert (run_id, "fault_slow", "end", 0) in events
+        timer_started = events[(run_id, "fault_flaky", "end", 2)]
+        assert events[(run_id, "fault_slow", "start", 1)] - timer_started >= 1.95, "early timer"
+        assert (run_id, "fault_slow", "end", 1) in events

@@ -108,7 +108,13 @@ def test_a_claim_failing_on_a_later_queue_keeps_the_steps_already_claimed(
 
     def claim_both(tx: Tx) -> list[Claimed]:
         return claim_ops.claim(
-            tx, owner="w", queues=["a", "b"], kinds=["fault_work"], limit=10, lease=lease
+            tx,
+            owner="w",
+            queues=["a", "b"],
+            kinds=["fault_work"],
+            versions=[("fault_work", "standalone")],
+            limit=10,
+            lease=lease,
         )
 
     arm("claim.between_queues", _lost_connection)

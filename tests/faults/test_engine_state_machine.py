@@ -33,6 +33,7 @@ from cyclone_dsl.errors import (
     MailboxFull,
     SignalNotDeliverable,
 )
+from cyclone_dsl.worker.serving import serving_of
 from tests.faults.conftest import FULL
 
 
@@ -55,6 +56,7 @@ def join(x):  # type: ignore[no-untyped-def]
 
 REGISTRY = Registry.from_objects([chain, join])
 HOOKS = engine_hooks(REGISTRY)
+VERSIONS = serving_of(REGISTRY).versions
 LEASE = timedelta(seconds=30)
 TERMINAL = {"completed", "discarded", "cancelled"}
 MOVABLE = {"available", "running", "waiting_signal", "waiting_timer", "waiting_child", "paused"}
@@ -89,7 +91,13 @@ class EngineMachine(RuleBasedStateMachine):
     def claim_some(self, limit: int) -> None:
         got = self.tx(
             lambda tx: claim.claim(
-                tx, owner="m", queues=["default"], kinds=["sm_a"], limit=limit, lease=LEASE
+                tx,
+                owner="m",
+                queues=["default"],
+                kinds=["sm_a"],
+                versions=VERSIONS,
+                limit=limit,
+                lease=LEASE,
             )
         )
         for step_row in got:

@@ -25,7 +25,7 @@ names = itertools.count()
 
 def maybe_fail(ctx: StepContext) -> None:
     with lock:
-        if ctx.attempt < failures_planned.get(ctx.node, 0):
+        if ctx.attempt <= failures_planned.get(ctx.node, 0):  # attempts count from 1
             raise RuntimeError(f"planned failure of {ctx.node} at attempt {ctx.attempt}")
 
 

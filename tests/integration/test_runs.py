@@ -179,7 +179,14 @@ def test_retries_until_success(client: Client, start_worker: Callable[..., Worke
     assert handle.result(timeout=30) == 7
     step_row = handle.get().step("rt_flaky")
     assert step_row.attempt == 2
-    assert step_row.error is not None and "not yet" in step_row.error
+    # The completed step has no error of its own; its failed attempts are its history.
+    assert (step_row.error, step_row.error_kind, step_row.panic_stack) == (None, None, None)
+    assert [(a.number, a.outcome, a.error) for a in step_row.attempts] == [
+        (1, "retried", "RuntimeError: not yet"),
+        (2, "retried", "RuntimeError: not yet"),
+    ]
+    assert all(a.worker and a.started_at and a.panic_stack for a in step_row.attempts)
+    assert step_row.attempt_label == "3/3"
 
 
 @pytest.mark.usefixtures("fast_backoff")

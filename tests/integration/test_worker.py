@@ -32,6 +32,9 @@ from cyclone_dsl.states import RunState, StepState
 gate = threading.Event()
 contexts: list[StepContext] = []
 
+#: What a claim in this test serves: standalone runs of wk_async.
+STANDALONE = [("wk_async", "standalone")]
+
 
 @step(name="wk_sleepy", timeout=timedelta(seconds=0.3), max_attempts=1)
 def sleepy(x: int) -> int:
@@ -144,7 +147,13 @@ def test_a_stale_completion_is_fenced_after_a_reclaim(client: Client, cyclone_ds
         (first,) = in_transaction(
             pool,
             lambda tx: claim.claim(
-                tx, owner="a", queues=["default"], kinds=["wk_async"], limit=5, lease=lease
+                tx,
+                owner="a",
+                queues=["default"],
+                kinds=["wk_async"],
+                versions=STANDALONE,
+                limit=5,
+                lease=lease,
             ),
         )
         later = timedelta(minutes=5)  # the database clock moves past the lease
@@ -160,7 +169,13 @@ def test_a_stale_completion_is_fenced_after_a_reclaim(client: Client, cyclone_ds
         (second,) = in_transaction(
             pool,
             lambda tx: claim.claim(
-                tx, owner="b", queues=["default"], kinds=["wk_async"], limit=5, lease=lease
+                tx,
+                owner="b",
+                queues=["default"],
+                kinds=["wk_async"],
+                versions=STANDALONE,
+                limit=5,
+                lease=lease,
             ),
             shift=later,
         )
@@ -198,6 +213,7 @@ def test_reclaim_limit_discards_the_step(client: Client, cyclone_dsn: str) -> No
                     owner="crashy",
                     queues=["default"],
                     kinds=["wk_async"],
+                    versions=STANDALONE,
                     limit=1,
                     lease=timedelta(seconds=1),
                 ),

@@ -1,5 +1,6 @@
 """The schema the 19 migrations build, written as data from the schema reference (spec/000)
-and the migrations reference (spec/001).
+and the migrations reference (spec/001), and the tables of the extension track
+(``migrations/ext``, numbered on its own: ``EXT_TABLES``, ``since`` is an extension version).
 
 Every object carries the version that creates it (``since``) and, when a later migration
 replaces it, the version that does (``until``): :func:`expected_at` gives the catalog
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATEST = 19
+EXT_LATEST = 2
 TS = "timestamp with time zone"
 
 
@@ -448,9 +450,90 @@ TABLES: dict[str, Table] = {
     ),
 }
 
-# Created by the migrator (tern's layout), not by a migration file.
+# Created by the migrator (tern's layout), not by a migration file; the migrator creates
+# both version tables whatever the versions.
 VERSION_TABLE = "cyclone_schema_version"
+EXT_VERSION_TABLE = "cyclone_ext_schema_version"
 VERSION_TABLE_SHAPE = Table(columns=[Column("version", "integer", False)])
+
+
+def _cascade(name: str, column: str, target: str) -> Constraint:
+    return Constraint(
+        name, "f", f"FOREIGN KEY ({column}) REFERENCES {target}(id) ON DELETE CASCADE"
+    )
+
+
+# The extension track: additive tables only, with versions of their own (``since``).
+EXT_TABLES: dict[str, Table] = {
+    "cyclone_ext_workers": Table(
+        columns=[
+            Column("id", "text", False),
+            Column("host", "text", False),
+            Column("pid", "integer", False),
+            Column("queues", "text[]", False),
+            Column("concurrency", "integer", False),
+            Column("package_version", "text", False),
+            Column("started_at", TS, False, "now()"),
+            Column("heartbeat_at", TS, False, "now()"),
+            Column("stopped_at", TS),
+        ],
+        constraints=[Constraint("cyclone_ext_workers_pkey", "p", "PRIMARY KEY (id)")],
+        indexes=[Index("idx_ext_workers_heartbeat", "heartbeat_at")],
+    ),
+    "cyclone_ext_worker_handlers": Table(
+        columns=[
+            Column("worker_id", "text", False),
+            Column("kind", "text", False),
+            Column("identity", "text", False),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_worker_handlers_pkey", "p", "PRIMARY KEY (worker_id, kind)"),
+            _cascade(
+                "cyclone_ext_worker_handlers_worker_id_fkey", "worker_id", "cyclone_ext_workers"
+            ),
+        ],
+        indexes=[Index("idx_ext_worker_handlers_kind", "kind")],
+    ),
+    "cyclone_ext_worker_versions": Table(
+        columns=[
+            Column("worker_id", "text", False),
+            Column("workflow", "text", False),
+            Column("def_version", "text", False),
+        ],
+        constraints=[
+            Constraint(
+                "cyclone_ext_worker_versions_pkey",
+                "p",
+                "PRIMARY KEY (worker_id, workflow, def_version)",
+            ),
+            _cascade(
+                "cyclone_ext_worker_versions_worker_id_fkey", "worker_id", "cyclone_ext_workers"
+            ),
+        ],
+        indexes=[Index("idx_ext_worker_versions_workflow", "workflow, def_version")],
+    ),
+    "cyclone_ext_attempts": Table(
+        columns=[
+            Column("id", "bigint", False, identity="always"),
+            Column("step_id", "bigint", False),
+            Column("run_id", "bigint", False),
+            Column("attempt", "integer", False),
+            Column("worker", "text"),
+            Column("started_at", TS),
+            Column("ended_at", TS, False, "now()"),
+            Column("outcome", "text", False),
+            Column("error", "text"),
+            Column("error_kind", "text"),
+            Column("panic_stack", "text"),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_attempts_pkey", "p", "PRIMARY KEY (id)"),
+            _cascade("cyclone_ext_attempts_step_id_fkey", "step_id", "cyclone_steps"),
+        ],
+        indexes=[Index("idx_ext_attempts_step", "step_id, id")],
+        since=2,
+    ),
+}
 
 
 def _vc(name: str, type_: str, since: int = 1) -> Column:
@@ -550,17 +633,28 @@ def _table(table: Table, version: int) -> dict[str, Any]:
     }
 
 
-def expected_at(version: int = LATEST, *, with_version_table: bool = True) -> dict[str, Any]:
-    """The catalog after ``version`` (0..19), as ``read_catalog`` returns it.
+def expected_at(
+    version: int = LATEST, extension: int = 0, *, with_version_table: bool = True
+) -> dict[str, Any]:
+    """The catalog after core ``version`` (0..19) and extension ``extension`` (0..2; above
+    0 only with the core at 19), as ``read_catalog`` returns it.
 
-    ``with_version_table`` adds the migrator's ``cyclone_schema_version``; a schema
-    built by applying the files directly has no such table.
+    ``with_version_table`` adds the migrator's ``cyclone_schema_version`` and
+    ``cyclone_ext_schema_version``; a schema built by applying the files directly has no
+    such tables.
     """
+    assert extension == 0 or version == LATEST, "the extension track needs the core at 19"
     tables = {
         name: _table(table, version) for name, table in TABLES.items() if table.since <= version
     }
+    tables.update(
+        (name, _table(table, extension))
+        for name, table in EXT_TABLES.items()
+        if table.since <= extension
+    )
     if with_version_table:
-        tables[VERSION_TABLE] = _table(VERSION_TABLE_SHAPE, version)
+        tables[VERSION_TABLE] = _table(VERSION_TABLE_SHAPE, LATEST)
+        tables[EXT_VERSION_TABLE] = _table(VERSION_TABLE_SHAPE, LATEST)
     views = {
         name: [(c.name, c.type) for c in view.columns if _live(c, version)]
         for name, view in VIEWS.items()

@@ -1,8 +1,9 @@
 """Applies the migration files directly, without the migrator, in a scratch schema.
 
-The catalog tests use this to check each file's up and down parts on their own: the
-files are read here with tern's format (up, the separator line, down), each part runs
-in its own transaction, and nothing else is done (no version table, no lock).
+The catalog tests use this to check each file's up and down parts on their own, the core's
+and the extension track's: the files are read here with tern's format (up, the separator
+line, down), each part runs in its own transaction, and nothing else is done (no version
+table, no lock).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+EXT_MIGRATIONS = MIGRATIONS / "ext"
 SEPARATOR = "---- create above / drop below ----"
 _NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 
@@ -41,9 +43,11 @@ class File:
         return [s.strip() for s in " ".join(lines).split(";") if s.strip()]
 
 
-def read_files() -> list[File]:
+def read_files(folder: Path = MIGRATIONS) -> list[File]:
+    """The files of ``folder`` (the core's by default, ``EXT_MIGRATIONS`` for the extension
+    track; the core's folder is read without its sub-folders)."""
     files = []
-    for path in sorted(MIGRATIONS.glob("*.sql")):
+    for path in sorted(folder.glob("*.sql")):
         match = _NAME.match(path.name)
         assert match is not None, f"{path.name} is not named NNN_name.sql"
         text = path.read_text(encoding="utf-8")

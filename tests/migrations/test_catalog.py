@@ -1,4 +1,5 @@
-"""The catalog the migrations build is the schema reference's, at every version.
+"""The catalog the migrations build is the schema reference's, at every version, and the
+extension track's tables are ``expected_schema.EXT_TABLES``, at every extension version.
 
 * After a full migration (the ``cyclone_dsn`` fixture), each table and each view is
   compared with ``expected_schema``: one assertion per object, listing every difference.
@@ -6,24 +7,28 @@
   each up part the catalog must be the reference's for that version (a migration does
   what the reference says for its version and no more), each down part must restore
   the catalog of the version before it exactly, down to an empty schema, and a second
-  pass up must give the same catalog again.
+  pass up must give the same catalog again. The extension files are checked the same
+  way, one by one on top of the core at 19.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from cyclone_dsl import LATEST_SCHEMA_VERSION
+from cyclone_dsl import LATEST_EXTENSION_VERSION, LATEST_SCHEMA_VERSION
+from cyclone_dsl.migrate import load_extension_migrations, load_migrations
 from tests.migrations import expected_schema as expected
 from tests.migrations.catalog import catalog_differences, read_catalog, table_differences
-from tests.migrations.scratch import File, read_files, run_part, scratch_schema
+from tests.migrations.scratch import EXT_MIGRATIONS, File, read_files, run_part, scratch_schema
 
 FILES = read_files()
-FINAL = expected.expected_at(expected.LATEST)
+EXT_FILES = read_files(EXT_MIGRATIONS)
+FINAL = expected.expected_at(expected.LATEST, expected.EXT_LATEST)
 
 
 @pytest.fixture
@@ -62,15 +67,55 @@ def migrate_files(conn: psycopg.Connection[Any], start: int, goal: int) -> None:
         run_part(conn, FILES[version - 1].down)
 
 
+def migrate_ext_files(conn: psycopg.Connection[Any], start: int, goal: int) -> None:
+    """The same for the extension files (the core must be at 19)."""
+    for version in range(start + 1, goal + 1):
+        run_part(conn, EXT_FILES[version - 1].up)
+    for version in range(start, goal, -1):
+        run_part(conn, EXT_FILES[version - 1].down)
+
+
+def _executed(text: str) -> str:
+    """The part's SQL without its comments, upper-cased, on one line."""
+    lines = [line.split("--", 1)[0] for line in text.splitlines()]
+    return " ".join(" ".join(lines).upper().split())
+
+
 def test_the_files_are_numbered_one_to_nineteen() -> None:
     assert [f.version for f in FILES] == list(range(1, expected.LATEST + 1))
     assert LATEST_SCHEMA_VERSION == expected.LATEST
-    for f in FILES:
+    assert [m.version for m in load_migrations()] == [f.version for f in FILES]  # no ext/
+    for f in FILES + EXT_FILES:
         # The runner wraps each part in a transaction; the parts must not manage their own.
         executed = [line for line in (f.up + f.down).splitlines() if not line.startswith("--")]
         text = " ".join(executed).upper()
         for word in ("BEGIN;", "COMMIT", "ROLLBACK", "CONCURRENTLY", "PUBLIC."):
             assert word not in text, f"{f.version:03d}_{f.name} has {word}"
+
+
+def test_the_extension_files_are_numbered_from_one() -> None:
+    assert [f.version for f in EXT_FILES] == list(range(1, expected.EXT_LATEST + 1))
+    assert LATEST_EXTENSION_VERSION == expected.EXT_LATEST
+    loaded = load_extension_migrations()
+    assert [(m.version, m.name) for m in loaded] == [(f.version, f.name) for f in EXT_FILES]
+
+
+@pytest.mark.parametrize("f", EXT_FILES, ids=lambda f: f.name)
+def test_an_extension_file_is_additive(f: File) -> None:
+    """New cyclone_ext_ tables and idx_ext_ indexes on them; nothing else, no ALTER; the
+    down part drops them without IF EXISTS."""
+    up, down = _executed(f.up), _executed(f.down)
+    statements = [s.strip() for s in up.split(";") if s.strip()]
+    for statement in statements:
+        table = re.fullmatch(r"CREATE TABLE (CYCLONE_EXT_\w+) \(.*\)", statement)
+        index = re.fullmatch(r"CREATE INDEX IDX_EXT_\w+ ON CYCLONE_EXT_\w+ \(.*\)", statement)
+        assert table or index, f"{f.name}: not a new extension table or index: {statement}"
+    assert "ALTER " not in up + down, f.name
+    created = re.findall(r"CREATE TABLE (CYCLONE_EXT_\w+)", up)
+    dropped = [s.strip() for s in down.split(";") if s.strip()]
+    assert dropped == [f"DROP TABLE {t}" for t in reversed(created)], f.name
+    for reference in re.findall(r"REFERENCES (\w+) \(\w+\)( ON DELETE CASCADE)?", up):
+        assert reference[1], f"{f.name}: a foreign key to {reference[0]} without ON DELETE CASCADE"
 
 
 @pytest.mark.parametrize("table", sorted(FINAL["tables"]))
@@ -119,14 +164,52 @@ def test_each_version_up_and_down_matches_the_reference(
     assert problems == [], "\n".join(problems)
 
 
+def test_each_extension_version_up_and_down_matches(
+    scratch: tuple[str, psycopg.Connection[Any]],
+) -> None:
+    """On the core at 19, each extension file's up part gives the extension catalog of
+    its version (and leaves the core's as it was), each down part restores the catalog
+    before it, and a second pass gives the same catalog again."""
+    name, conn = scratch
+    migrate_files(conn, 0, expected.LATEST)
+    up = {0: read_catalog(conn, name, definitions=True)}
+    problems = [
+        f"extension 0: {p}"
+        for p in catalog_differences(
+            expected.expected_at(expected.LATEST, 0, with_version_table=False), up[0]
+        )
+    ]
+    for f in EXT_FILES:
+        run_part(conn, f.up)
+        up[f.version] = read_catalog(conn, name, definitions=True)
+        want = expected.expected_at(expected.LATEST, f.version, with_version_table=False)
+        problems += [f"up to {f.version}: {p}" for p in catalog_differences(want, up[f.version])]
+    for f in reversed(EXT_FILES):
+        run_part(conn, f.down)
+        now = read_catalog(conn, name, definitions=True)
+        found = catalog_differences(up[f.version - 1], now)
+        problems += [f"down from {f.version}: {p}" for p in found]
+    migrate_ext_files(conn, 0, expected.EXT_LATEST)
+    again = read_catalog(conn, name, definitions=True)
+    problems += [f"second pass: {p}" for p in catalog_differences(up[expected.EXT_LATEST], again)]
+    migrate_ext_files(conn, expected.EXT_LATEST, 0)
+    migrate_files(conn, expected.LATEST, 0)  # nothing of the extension is left behind
+    empty = read_catalog(conn, name)
+    want = expected.expected_at(0, with_version_table=False)
+    problems += [f"down to 0: {p}" for p in catalog_differences(want, empty)]
+    assert problems == [], "\n".join(problems)
+
+
 def test_the_files_build_what_the_migrator_builds(
     scratch: tuple[str, psycopg.Connection[Any]], catalog: dict[str, Any]
 ) -> None:
     name, conn = scratch
     migrate_files(conn, 0, expected.LATEST)
+    migrate_ext_files(conn, 0, expected.EXT_LATEST)
     by_files = read_catalog(conn, name)
     by_migrator = dict(catalog, tables=dict(catalog["tables"]))
     by_migrator["tables"].pop(expected.VERSION_TABLE, None)
+    by_migrator["tables"].pop(expected.EXT_VERSION_TABLE, None)
     assert catalog_differences(by_migrator, by_files) == []
 
 
@@ -321,3 +404,44 @@ def test_deleting_a_run_cascades_and_unlinks_its_schedule(
         " (SELECT last_run_id FROM cyclone_schedules WHERE id = 's')"
     ).fetchone()
     assert left == (0, None)
+
+
+def test_extension_rows_go_with_their_step_or_worker(
+    scratch: tuple[str, psycopg.Connection[Any]],
+) -> None:
+    """Purging a run removes its attempt history (through its steps); deleting a worker
+    removes its handler and version rows."""
+    _, conn = scratch
+    migrate_files(conn, 0, expected.LATEST)
+    migrate_ext_files(conn, 0, expected.EXT_LATEST)
+    run_id = _run(conn)
+    _step(conn, run_id, "a", "available")
+    conn.execute(
+        "INSERT INTO cyclone_ext_attempts (step_id, run_id, attempt, outcome) "
+        "SELECT id, run_id, 1, 'retried' FROM cyclone_steps"
+    )
+    conn.execute(
+        "INSERT INTO cyclone_ext_workers (id, host, pid, queues, concurrency, package_version) "
+        "VALUES ('w1', 'h', 1, '{default}', 4, '0')"
+    )
+    conn.execute(
+        "INSERT INTO cyclone_ext_worker_handlers (worker_id, kind, identity) "
+        "VALUES ('w1', 'k', 'mod:k')"
+    )
+    conn.execute(
+        "INSERT INTO cyclone_ext_worker_versions (worker_id, workflow, def_version) "
+        "VALUES ('w1', 'wf', 'v')"
+    )
+    with pytest.raises(psycopg.errors.GeneratedAlways):
+        conn.execute(
+            "INSERT INTO cyclone_ext_attempts (id, step_id, run_id, attempt, outcome) "
+            "SELECT 99, id, run_id, 2, 'failed' FROM cyclone_steps"
+        )
+    conn.execute("DELETE FROM cyclone_runs")
+    conn.execute("DELETE FROM cyclone_ext_workers")
+    left = conn.execute(
+        "SELECT (SELECT count(*) FROM cyclone_ext_attempts)"
+        " + (SELECT count(*) FROM cyclone_ext_worker_handlers)"
+        " + (SELECT count(*) FROM cyclone_ext_worker_versions)"
+    ).fetchone()
+    assert left == (0,)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from starlette.testclient import TestClient
 
-from cyclone_dsl import Client, step, wait_signal, workflow
+from cyclone_dsl import Client, Worker, step, wait_signal, workflow
 from cyclone_dsl.ui.app import CSRF_COOKIE, create_app
 
 
@@ -147,3 +147,17 @@ def test_schedules_can_be_disabled(web: TestClient, client: Client) -> None:
     assert client.list_schedules()[0].enabled is False
     web.post("/schedules/hourly/enable", data={"csrf": csrf_of(web)})
     assert client.list_schedules()[0].enabled is True
+
+
+def test_the_queues_page_shows_unserved_work_and_live_workers(
+    web: TestClient, client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    client.submit(waits, 1)  # waits on a signal: nothing to serve yet
+    client.enqueue(echo, 1, queue="nobody")
+    page = web.get("/queues").text
+    assert "Waiting for a worker with their definition" in page
+    assert "<td>nobody</td><td>ui_echo</td>" in page
+    assert "no live workers" in page
+    worker = start_worker(echo)
+    page = web.get("/queues").text
+    assert worker.id in page

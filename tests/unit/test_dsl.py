@@ -235,7 +235,7 @@ def test_builders_take_one_parameter_or_none() -> None:
 
         @workflow(name="u_two")
         def two(a, b):  # type: ignore[no-untyped-def]
-            return None
+            return flows.ship(a)
 
 
 def test_registry_conflicts_and_lookup() -> None:

@@ -1,0 +1,107 @@
+-- name: lock_worker_registry
+-- Serialise worker registrations of this schema (two workers starting at once both see
+-- each other's handlers). Released at commit.
+SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(current_schema()))
+
+-- name: handler_conflicts
+-- Live workers (other than this one) that serve one of these kinds with another handler.
+SELECT h.kind, mine.identity AS mine, h.identity AS theirs, w.id AS worker_id
+FROM unnest(%(kinds)s::text[], %(identities)s::text[]) AS mine(kind, identity)
+JOIN cyclone_ext_worker_handlers AS h ON h.kind = mine.kind AND h.identity <> mine.identity
+JOIN cyclone_ext_workers AS w ON w.id = h.worker_id
+WHERE w.id <> %(worker_id)s AND w.stopped_at IS NULL
+  AND w.heartbeat_at > now() + %(shift)s::interval - %(live_for)s::interval
+ORDER BY h.kind, w.id
+
+-- name: register_worker
+-- Record (or refresh) a worker with what it serves: its handlers and workflow versions.
+WITH worker AS (
+    INSERT INTO cyclone_ext_workers (id, host, pid, queues, concurrency, package_version,
+                                     started_at, heartbeat_at)
+    VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s::text[], %(concurrency)s,
+            %(package_version)s, now() + %(shift)s::interval, now() + %(shift)s::interval)
+    ON CONFLICT (id) DO UPDATE
+        SET heartbeat_at = excluded.heartbeat_at, stopped_at = NULL, queues = excluded.queues
+    RETURNING id
+), handlers AS (
+    INSERT INTO cyclone_ext_worker_handlers (worker_id, kind, identity)
+    SELECT worker.id, h.kind, h.identity
+    FROM worker, unnest(%(kinds)s::text[], %(identities)s::text[]) AS h(kind, identity)
+    ON CONFLICT (worker_id, kind) DO UPDATE SET identity = excluded.identity
+    RETURNING 1
+), versions AS (
+    INSERT INTO cyclone_ext_worker_versions (worker_id, workflow, def_version)
+    SELECT worker.id, v.workflow, v.def_version
+    FROM worker, unnest(%(workflows)s::text[], %(versions)s::text[]) AS v(workflow, def_version)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT id FROM worker) AS id,
+       (SELECT count(*) FROM handlers) AS handlers,
+       (SELECT count(*) FROM versions) AS versions
+
+-- name: beat_worker
+-- A registered worker is alive; no row back means it was pruned and must register again.
+UPDATE cyclone_ext_workers
+SET heartbeat_at = now() + %(shift)s::interval
+WHERE id = %(id)s AND stopped_at IS NULL
+RETURNING id
+
+-- name: stop_worker
+-- A worker stopped gracefully: it serves nothing from now on (kept a while for the fleet).
+UPDATE cyclone_ext_workers SET stopped_at = now() + %(shift)s::interval
+WHERE id = %(id)s
+RETURNING id
+
+-- name: prune_workers
+-- Forget workers stopped, or silent, for longer than %(keep)s.
+DELETE FROM cyclone_ext_workers
+WHERE coalesce(stopped_at, heartbeat_at) < now() + %(shift)s::interval - %(keep)s::interval
+RETURNING id
+
+-- name: list_workers
+-- Every known worker, live ones first, with what it serves.
+SELECT w.id, w.host, w.pid, w.queues, w.concurrency, w.package_version, w.started_at,
+       w.heartbeat_at, w.stopped_at,
+       (w.stopped_at IS NULL
+        AND w.heartbeat_at > now() + %(shift)s::interval - %(live_for)s::interval) AS live,
+       coalesce((SELECT jsonb_object_agg(h.kind, h.identity ORDER BY h.kind)
+                 FROM cyclone_ext_worker_handlers AS h WHERE h.worker_id = w.id),
+                '{}'::jsonb) AS handlers,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('workflow', v.workflow,
+                                                     'def_version', v.def_version)
+                                  ORDER BY v.workflow, v.def_version)
+                 FROM cyclone_ext_worker_versions AS v
+                 WHERE v.worker_id = w.id AND v.def_version <> 'standalone'),
+                '[]'::jsonb) AS versions
+FROM cyclone_ext_workers AS w
+ORDER BY live DESC, w.heartbeat_at DESC, w.id
+
+-- name: unserved_work
+-- Due available steps that no live worker serves (its queue, its kind and its run's
+-- workflow version), grouped, among the first %(sample)s due steps of the given queues
+-- (NULL: every queue). A bounded sample keeps this cheap on a large backlog.
+WITH live AS (
+    SELECT w.id, w.queues FROM cyclone_ext_workers AS w
+    WHERE w.stopped_at IS NULL
+      AND w.heartbeat_at > now() + %(shift)s::interval - %(live_for)s::interval
+), due AS (
+    SELECT s.queue, s.kind, r.workflow, r.def_version, s.scheduled_at
+    FROM cyclone_steps AS s
+    JOIN cyclone_runs AS r ON r.id = s.run_id
+    WHERE s.state = 'available'
+      AND s.scheduled_at <= now() + %(shift)s::interval
+      AND (%(queues)s::text[] IS NULL OR s.queue = ANY(%(queues)s::text[]))
+    LIMIT %(sample)s
+)
+SELECT d.queue, d.kind, d.workflow, d.def_version, count(*) AS steps,
+       min(d.scheduled_at) AS oldest
+FROM due AS d
+WHERE NOT EXISTS (
+    SELECT 1 FROM live AS l
+    JOIN cyclone_ext_worker_versions AS v ON v.worker_id = l.id
+    JOIN cyclone_ext_worker_handlers AS h ON h.worker_id = l.id
+    WHERE d.queue = ANY(l.queues) AND v.workflow = d.workflow
+      AND v.def_version = d.def_version AND h.kind = d.kind)
+GROUP BY d.queue, d.kind, d.workflow, d.def_version
+ORDER BY oldest, d.queue, d.kind

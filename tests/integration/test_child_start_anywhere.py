@@ -1,0 +1,72 @@
+"""A child node activated by a process without the child's definition (a CLI signal, another
+application's scanner) still starts its child run: a worker that has it starts it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cyclone_dsl import Client, Registry, Worker, child, step, wait_signal, workflow
+
+
+@step(name="cs_leaf")
+def leaf(x: int) -> int:
+    return x * 10
+
+
+@workflow(name="cs_inner")
+def inner(x):  # type: ignore[no-untyped-def]
+    return leaf(x)
+
+
+@workflow(name="cs_outer")
+def outer(x):  # type: ignore[no-untyped-def]
+    go = wait_signal("go")
+    return child(inner, go)
+
+
+def test_a_signal_from_a_process_without_the_definitions_starts_the_child(
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    """Before: the child node was discarded ("cannot start child workflow") because the
+    signalling process had no registry entry for it: the run failed."""
+    start_worker(outer)
+    handle = client.submit(outer, 0)
+    with Client(cyclone_dsn, registry=Registry()) as bare:  # like `cyclone signal`
+        bare.signal(handle.id, "go", 4)
+    assert handle.result(timeout=20) == 40
+
+
+@step(name="cs_hold")
+def hold(x: int) -> int:
+    return x
+
+
+@workflow(name="cs_held")
+def held(x):  # type: ignore[no-untyped-def]
+    return hold(wait_signal("never"))
+
+
+@workflow(name="cs_parent")
+def parent(x):  # type: ignore[no-untyped-def]
+    return child(held, x)
+
+
+def test_a_parent_left_waiting_for_an_ended_child_is_repaired(
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    """A child run that ended without settling its parent node (written by another
+    implementation, or by hand) no longer leaves the parent waiting forever: the scanner
+    settles it."""
+    import psycopg
+
+    handle = client.submit(parent, 1)
+    (child_run,) = client.children_of(handle.id)
+    with psycopg.connect(cyclone_dsn, autocommit=True) as conn:  # end it behind the engine
+        conn.execute(
+            "UPDATE cyclone_runs SET state = 'failed', finished_at = now() WHERE id = %s",
+            (child_run["id"],),
+        )
+    start_worker(parent)
+    run = handle.wait(timeout=20)
+    assert run.state == "failed"
+    assert run.step("cs_held").error_kind == "child_failed"

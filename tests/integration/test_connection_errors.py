@@ -1,0 +1,130 @@
+"""Wrong connection settings fail in seconds with a typed error that names the cause.
+
+Before: Client(...) and Worker(...) waited for the pool's 30 s timeout and raised
+psycopg_pool.PoolTimeout, which hid the cause. Elapsed time is asserted here, and only
+here, because a hang is the bug.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from cyclone_dsl import Client, DatabaseUnavailable, InvalidArgument, Worker, step
+
+
+@step(name="ce_noop")
+def noop(x: object) -> object:
+    return x
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def fails_fast(dsn: str, cause: str, *names: str) -> DatabaseUnavailable:
+    started = time.monotonic()
+    with pytest.raises(DatabaseUnavailable) as caught:
+        Client(dsn)
+    assert time.monotonic() - started < 8
+    assert caught.value.cause == cause, caught.value
+    for name in names:
+        assert name in str(caught.value)
+    assert "\n" not in str(caught.value)
+    return caught.value
+
+
+def test_a_wrong_port(cyclone_dsn: str) -> None:
+    port = free_port()
+    error = fails_fast(f"host=127.0.0.1 port={port} dbname=app", "connection_refused", str(port))
+    assert "is PostgreSQL running there" in str(error)
+
+
+def test_an_unknown_host() -> None:
+    fails_fast("host=no-such-host.invalid dbname=app", "unknown_host", "no-such-host.invalid")
+
+
+def test_a_missing_database(cyclone_admin_dsn: str) -> None:
+    dsn = make_conninfo(cyclone_admin_dsn, dbname="no_such_database")
+    error = fails_fast(dsn, "database_missing", "no_such_database")
+    assert "create it" in str(error)
+
+
+def test_an_unknown_role(cyclone_admin_dsn: str) -> None:
+    dsn = make_conninfo(cyclone_admin_dsn, user="no_such_role", password="secret-word")
+    error = fails_fast(dsn, "authentication_failed", "no_such_role")
+    assert "secret-word" not in str(error)
+
+
+@pytest.mark.parametrize("dsn", ["postgress://user@localhost/app", "host", ""])
+def test_a_malformed_dsn(dsn: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(InvalidArgument, match="DSN") as caught:
+        Client(dsn or "   ")
+    assert time.monotonic() - started < 2
+    assert not isinstance(caught.value.__cause__, psycopg.Error)
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A TCP server that accepts connections and never says a word."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield int(listener.getsockname()[1])
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    listener.close()
+
+
+def test_a_server_that_never_answers(silent_server: int) -> None:
+    fails_fast(f"host=127.0.0.1 port={silent_server} dbname=app", "timeout", str(silent_server))
+
+
+def test_a_worker_fails_fast_too() -> None:
+    port = free_port()
+    worker = Worker(f"host=127.0.0.1 port={port} dbname=app", [noop])
+    started = time.monotonic()
+    with pytest.raises(DatabaseUnavailable) as caught:
+        worker.start()
+    assert time.monotonic() - started < 8
+    assert caught.value.cause == "connection_refused"
+
+
+def test_a_lost_connection_is_typed_and_the_next_call_reconnects(
+    cyclone_dsn: str, cyclone_admin_dsn: str
+) -> None:
+    with Client(cyclone_dsn, pool_size=1) as client:
+        client.run_counts()
+        with client._pool.connection() as conn:  # the pool's one connection
+            pid = conn.info.backend_pid
+        with psycopg.connect(cyclone_admin_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(DatabaseUnavailable) as caught:
+            client.run_counts()
+        assert caught.value.cause == "connection_lost"
+        assert isinstance(caught.value.__cause__, psycopg.OperationalError)
+        assert client.run_counts() == {}  # the next call has a new connection
