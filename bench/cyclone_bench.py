@@ -14,7 +14,7 @@ import psycopg
 from bench import flows
 from cyclone_dsl import Client, Worker
 from cyclone_dsl.db.connect import make_pool
-from cyclone_dsl.engine.transitions import DEFAULT_HOOKS
+from cyclone_dsl.engine import Engine
 from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
 from cyclone_dsl.worker.scanner import Scanner
 
@@ -96,11 +96,10 @@ def retention_rate(admin: str, expired: int) -> float:
         with make_pool(dsn, name="bench-retention") as pool:
             scanner = Scanner(
                 pool,
+                Engine(),
                 interval=1.0,
                 max_reclaims={},
                 default_max_reclaims=3,
-                hooks=DEFAULT_HOOKS,
-                shift=timedelta(0),
                 stopping=threading.Event(),
                 retention=timedelta(days=7),
             )

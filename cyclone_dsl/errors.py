@@ -8,7 +8,9 @@ Every error a caller can act on has its own class; all derive from
     ├── InvalidArgument         a bad option or value at an API boundary (also a ValueError)
     │   ├── InvalidPayload      a value that is not strict JSON (names the JSON path)
     │   └── PayloadTooLarge     a payload over the configured byte limit
-    ├── UnknownWorkflow         a workflow or kind this process has not registered
+    ├── UnknownDefinition       a name this process has not registered
+    │   ├── UnknownWorkflow     a workflow
+    │   └── UnknownKind         a step or action kind
     ├── RegistryConflict        two different objects registered under one name
     ├── RunNotFound             no run with that id
     ├── NodeNotFound            no node with that id in the run
@@ -18,8 +20,7 @@ Every error a caller can act on has its own class; all derive from
     ├── SignalNotDeliverable    a signal whose wait has already completed, or an unknown name
     ├── NoOutput                the workflow defines no result node
     ├── RunFailed               a run ended failed or cancelled while a result was awaited
-    ├── DuplicateSubmit         a submit key already used (where the API raises)
-    ├── StaleLease              internal: a worker's lease was taken over (fenced)
+    ├── SubmitContended         a unique or submit key kept changing hands; try again
     ├── HandlerConflict         a live worker serves one of this worker's kinds with other code
     ├── WorkerCrashed           a worker's internal thread failed; the worker stopped
     ├── DatabaseUnavailable     the database cannot be reached or refused the session (cause)
@@ -86,8 +87,17 @@ class PayloadTooLarge(InvalidArgument):
         super().__init__(f"{what} is {size} bytes, over the limit of {limit} bytes")
 
 
-class UnknownWorkflow(CycloneError, LookupError):
+class UnknownDefinition(CycloneError, LookupError):
     """A workflow or handler kind that this process has not registered."""
+
+
+class UnknownWorkflow(UnknownDefinition):
+    """A workflow that this process has not registered (or an object that is not one)."""
+
+
+class UnknownKind(UnknownDefinition):
+    """A step or action kind that this process has not registered (or an object that is not
+    one)."""
 
 
 class RegistryConflict(CycloneError):
@@ -165,12 +175,13 @@ class RunFailed(CycloneError):
         super().__init__(f"run {run_id} {state}{where}{detail}")
 
 
-class DuplicateSubmit(CycloneError):
-    """A submit key is already used by another run."""
+class SubmitContended(CycloneError):
+    """A submit key or unique key kept changing hands while the submit looked for its holder.
 
-
-class StaleLease(CycloneError):
-    """Internal: the worker's lease was taken over; its write was fenced out."""
+    Each attempt found the key neither free nor held by a committed run (other
+    callers kept inserting and rolling back). Nothing was written; trying again
+    is safe.
+    """
 
 
 class HandlerConflict(CycloneError):

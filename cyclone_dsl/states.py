@@ -43,6 +43,7 @@ class ErrorKind(StrEnum):
     DEADLINE = "deadline"
     SIGNAL_TIMEOUT = "signal_timeout"
     OUTPUT_LIMIT = "output_limit"
+    ITEM_LIMIT = "item_limit"
     INVALID_OUTPUT = "invalid_output"
     INVALID_INPUT = "invalid_input"
     DEP_FAILED = "dep_failed"

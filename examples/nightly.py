@@ -2,8 +2,8 @@
 
 The schedule pins the workflow's def_version; every scanner (one per worker)
 competes for due slots and each slot fires once. To show a fire without
-waiting until 02:30, this example moves the worker's database clock forward
-with ``shift`` — the same knob the tests use.
+waiting until 02:30, this example moves this process's database clock forward
+with ``cyclone_dsl.testing.shifted_clock`` — the same knob the tests use.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ if __name__ == "__main__":
     import time
 
     from cyclone_dsl import Client, Worker, embedded_database, migrate
+    from cyclone_dsl.testing import shifted_clock
 
     with embedded_database() as dsn:
         migrate(dsn)
@@ -36,7 +37,7 @@ if __name__ == "__main__":
             (entry,) = [s for s in client.list_schedules() if s.id == "nightly-cleanup"]
             print(f"next fire: {entry.next_run_at.isoformat()} (pinned {entry.def_version})")
             shift = entry.next_run_at - datetime.now(UTC) + timedelta(seconds=1)
-            with Worker(dsn, [nightly], shift=shift, scan_interval=0.2):
+            with shifted_clock(shift), Worker(dsn, [nightly], scan_interval=0.2):
                 deadline = time.monotonic() + 30
                 while not client.list_runs(workflow="nightly"):
                     assert time.monotonic() < deadline, "the schedule did not fire"

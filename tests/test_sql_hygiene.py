@@ -95,3 +95,30 @@ def test_fragments_are_included_and_never_left_behind() -> None:
     assert shared in QUERIES["assemble_inputs"]
     with pytest.raises(RuntimeError, match="unknown fragment"):
         _include("SELECT {{missing}}", {})
+
+
+#: Statements that change rows, take row locks or have side effects.
+WRITES = re.compile(
+    r"\b(INSERT|UPDATE|DELETE|MERGE|TRUNCATE|pg_notify|set_config|pg_advisory\w*|"
+    r"pg_try_advisory\w*)\b",
+    re.IGNORECASE,
+)
+
+
+def test_only_the_engine_and_the_migrator_write() -> None:
+    """Outside cyclone_dsl/engine (and the migrator, which owns the schema) only reads run:
+    every state change goes through the Engine."""
+    writers = {PACKAGE / "engine", PACKAGE / "migrate"}
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if any(parent in writers for parent in path.parents):
+            continue
+        for node in ast.walk(parse(path)):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "Q"
+                and WRITES.search(QUERIES[node.attr])
+            ):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} Q.{node.attr}")
+    assert offenders == []

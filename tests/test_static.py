@@ -41,3 +41,15 @@ def test_public_names_are_unique_and_importable() -> None:
 
 def test_package_is_typed() -> None:
     assert (ROOT / "cyclone_dsl" / "py.typed").exists()
+
+
+def test_import_layers() -> None:
+    """The import-linter contracts of pyproject.toml: the layers, a pure DSL, one Engine."""
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

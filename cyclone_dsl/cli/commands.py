@@ -312,9 +312,9 @@ def purge(ctx: click.Context, older_than: float, batch_size: int, as_json: bool)
 @click.pass_context
 def scan(ctx: click.Context, modules: tuple[str, ...], once: bool, interval: float) -> None:
     """Run the scanner alone: expired leases, timeouts, timers, deadlines, schedules, retention."""
-    from cyclone_dsl.client.schedules import compiler_for
     from cyclone_dsl.db.connect import make_pool
-    from cyclone_dsl.engine.hooks import engine_hooks
+    from cyclone_dsl.dsl import runs
+    from cyclone_dsl.engine import Engine
     from cyclone_dsl.worker.scanner import Scanner
 
     import_modules(modules)
@@ -322,16 +322,18 @@ def scan(ctx: click.Context, modules: tuple[str, ...], once: bool, interval: flo
     with database(ctx.obj["dsn"]) as dsn:
         pool = make_pool(dsn, name="cyclone-scan")
         stopping = threading.Event()
+        engine = Engine(
+            compile_child=runs.child_compiler(registry),
+            compile_schedule=runs.compiler_for(registry),
+        )
         scanner = Scanner(
             pool,
+            engine,
             interval=interval,
             max_reclaims={k: s.max_reclaims for k, s in registry.handlers() if s.max_reclaims},
             default_max_reclaims=3,
-            hooks=engine_hooks(registry),
-            shift=timedelta(0),
             stopping=stopping,
             owner="cyclone-scan",
-            compile_target=compiler_for(registry),
             retention=timedelta(days=7),
         )
         try:

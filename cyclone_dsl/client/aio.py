@@ -1,54 +1,63 @@
-"""AsyncClient: the Client's API as coroutines.
+"""AsyncClient: the Client's API as coroutines, method for method.
 
-Each call runs the same short engine transaction as :class:`Client`, on a
-worker thread (``asyncio.to_thread``), so both clients share one code path
-for every transition. Waiting for a run is natively asynchronous: it
-LISTENs on an async connection and never blocks the event loop.
+Each call runs the same engine transition as :class:`Client`, in the same
+short pooled transaction, on a worker thread (``asyncio.to_thread``): one code
+path for every transition. The ``*_tx`` methods run the engine inside the
+caller's own transaction on its :class:`psycopg.AsyncConnection` (see
+:mod:`cyclone_dsl.db.callers`). Waiting for a run is natively asynchronous:
+the same wait plan as the sync client's, on an async LISTEN connection.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
 import attrs
-import psycopg
 
 from cyclone_dsl.client import base
-from cyclone_dsl.client.handle import RECONNECT_SECONDS, check_state, recheck_in
+from cyclone_dsl.client.handle import run_end_plan
 from cyclone_dsl.client.model import Run
+from cyclone_dsl.client.schedules import Schedule
 from cyclone_dsl.client.sync import Client
-from cyclone_dsl.db.connect import connect_async
-from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen_async
+from cyclone_dsl.db.callers import AsyncConnection, in_callers_async_transaction
+from cyclone_dsl.db.clock import current_shift
+from cyclone_dsl.db.follow import follow_async
+from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.registry import Registry
-from cyclone_dsl.engine.notify import RUN_DONE_CHANNEL, names_run
-from cyclone_dsl.engine.signals import Delivery
-from cyclone_dsl.engine.submit import insert_run_params
+from cyclone_dsl.engine import Delivery
 from cyclone_dsl.payload import JSONValue
-from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
 
 
 @attrs.frozen
 class AsyncRunHandle:
+    """A reference to a submitted run. ``created`` is False when an existing run was returned."""
+
     id: int
     client: AsyncClient = attrs.field(repr=False, eq=False)
     created: bool = True
 
-    async def wait(self, timeout: float | None = None) -> Run:
-        await self.client.wait_terminal(self.id, timeout)
+    async def get(self) -> Run:
         return await self.client.get_run(self.id)
 
+    async def wait(self, timeout: float | None = None) -> Run:
+        """Wait until the run is terminal and return it; ``TimeoutError`` after ``timeout`` s."""
+        return await self.client.wait(self.id, timeout)
+
     async def result(self, timeout: float | None = None) -> JSONValue:
-        await self.client.wait_terminal(self.id, timeout)
-        return await asyncio.to_thread(self.client.sync.outcome, self.id)
+        """Wait, then return the result (see :meth:`RunHandle.result`)."""
+        return await self.client.result(self.id, timeout)
 
 
 class AsyncClient:
-    """``async with AsyncClient(dsn) as client: handle = await client.submit(wf, input)``."""
+    """``async with AsyncClient(dsn) as client: handle = await client.submit(wf, input)``.
+
+    Every method of :class:`Client`, with the same parameters, as a coroutine
+    (except :meth:`handle`, which does no I/O).
+    """
 
     def __init__(
         self,
@@ -56,12 +65,13 @@ class AsyncClient:
         *,
         registry: Registry | None = None,
         pool_size: int = 4,
-        shift: timedelta = timedelta(0),
     ) -> None:
-        self.sync = Client(dsn, registry=registry, pool_size=pool_size, shift=shift)
+        self._client = Client(dsn, registry=registry, pool_size=pool_size)
+        self.dsn = self._client.dsn
+        self.registry = self._client.registry
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.sync.close)
+        await asyncio.to_thread(self._client.close)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -77,33 +87,47 @@ class AsyncClient:
     def _handle(self, run_id: int, created: bool = True) -> AsyncRunHandle:
         return AsyncRunHandle(run_id, self, created)
 
+    # -- submitting ----------------------------------------------------------------
+
     async def submit(
         self, workflow: object, input: JSONValue = None, *, deadline: timedelta | None = None
     ) -> AsyncRunHandle:
-        handle = await asyncio.to_thread(self.sync.submit, workflow, input, deadline=deadline)
+        """See :meth:`Client.submit`."""
+        handle = await asyncio.to_thread(self._client.submit, workflow, input, deadline=deadline)
         return self._handle(handle.id)
 
     async def submit_tx(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        conn: AsyncConnection,
         workflow: object,
         input: JSONValue = None,
         *,
         deadline: timedelta | None = None,
     ) -> AsyncRunHandle:
-        """Submit inside the caller's open transaction: the run exists iff the caller commits.
+        """:meth:`Client.submit_tx` on the caller's async connection: the run exists iff the
+        caller commits. Every workflow shape is accepted."""
+        compiled = runs.compile_workflow(self.registry, workflow, input)
+        deadline = base.check_deadline(deadline)
+        engine = self._client._engine
+        run_id = await in_callers_async_transaction(
+            conn,
+            lambda tx: engine.submit(tx, compiled, deadline=deadline),
+            shift=current_shift(),
+        )
+        return self._handle(run_id)
 
-        For workflows that start with steps: one whose root is a wait, timer,
-        child or fan-out needs the engine's activation in the same transaction,
-        which runs on synchronous connections only (:meth:`Client.submit_tx`);
-        it is refused with :class:`InvalidArgument` and nothing is written.
-        """
-        compiled = base.compile_workflow(self.sync.registry, workflow, input)
-        params = insert_run_params(compiled, deadline=base.check_deadline(deadline))
-        cur = await conn.execute(Q.insert_run_graph, {**params, "shift": self.sync.shift})
-        row = await cur.fetchone()
-        assert row is not None
-        return self._handle(row[0])
+    async def submit_many(
+        self,
+        workflow: object,
+        inputs: list[JSONValue],
+        *,
+        deadline: timedelta | None = None,
+    ) -> list[AsyncRunHandle]:
+        """See :meth:`Client.submit_many`."""
+        handles = await asyncio.to_thread(
+            self._client.submit_many, workflow, inputs, deadline=deadline
+        )
+        return [self._handle(h.id) for h in handles]
 
     async def submit_once(
         self,
@@ -113,10 +137,32 @@ class AsyncClient:
         key: str,
         deadline: timedelta | None = None,
     ) -> AsyncRunHandle:
+        """See :meth:`Client.submit_once`."""
         handle = await asyncio.to_thread(
-            self.sync.submit_once, workflow, input, key=key, deadline=deadline
+            self._client.submit_once, workflow, input, key=key, deadline=deadline
         )
         return self._handle(handle.id, handle.created)
+
+    async def submit_once_tx(
+        self,
+        conn: AsyncConnection,
+        workflow: object,
+        input: JSONValue = None,
+        *,
+        key: str,
+        deadline: timedelta | None = None,
+    ) -> AsyncRunHandle:
+        """:meth:`Client.submit_once_tx` on the caller's async connection."""
+        base.check_key("key", key)
+        compiled = runs.compile_workflow(self.registry, workflow, input)
+        deadline = base.check_deadline(deadline)
+        engine = self._client._engine
+        submitted = await in_callers_async_transaction(
+            conn,
+            lambda tx: engine.submit_once(tx, compiled, key=key, deadline=deadline),
+            shift=current_shift(),
+        )
+        return self._handle(submitted.run_id, submitted.created)
 
     async def enqueue(
         self,
@@ -132,8 +178,9 @@ class AsyncClient:
         sequence_key: str | None = None,
         retention: timedelta | float | None = None,
     ) -> AsyncRunHandle:
+        """See :meth:`Client.enqueue`."""
         handle = await asyncio.to_thread(
-            self.sync.enqueue,
+            self._client.enqueue,
             step,
             input,
             queue=queue,
@@ -147,18 +194,41 @@ class AsyncClient:
         )
         return self._handle(handle.id, handle.created)
 
-    async def submit_many(
+    async def enqueue_tx(
         self,
-        workflow: object,
-        inputs: list[JSONValue],
+        conn: AsyncConnection,
+        step: object,
+        input: JSONValue = None,
         *,
-        deadline: timedelta | None = None,
-    ) -> list[AsyncRunHandle]:
-        """Start one run per input, all in one transaction (see :meth:`Client.submit_many`)."""
-        handles = await asyncio.to_thread(
-            self.sync.submit_many, workflow, inputs, deadline=deadline
+        queue: str | None = None,
+        priority: int | None = None,
+        scheduled_at: datetime | None = None,
+        max_attempts: int | None = None,
+        timeout: timedelta | float | None = None,
+        unique_key: str | None = None,
+        sequence_key: str | None = None,
+        retention: timedelta | float | None = None,
+    ) -> AsyncRunHandle:
+        """:meth:`Client.enqueue_tx` on the caller's async connection."""
+        compiled = self._client._standalone(
+            step,
+            input,
+            queue=queue,
+            priority=priority,
+            scheduled_at=scheduled_at,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            unique_key=unique_key,
+            sequence_key=sequence_key,
+            retention=retention,
         )
-        return [self._handle(h.id) for h in handles]
+        enqueue = self._client._enqueue
+        submitted = await in_callers_async_transaction(
+            conn,
+            lambda tx: enqueue(tx, compiled, unique_key, sequence_key, scheduled_at),
+            shift=current_shift(),
+        )
+        return self._handle(submitted.run_id, submitted.created)
 
     async def enqueue_many(
         self,
@@ -172,9 +242,9 @@ class AsyncClient:
         timeout: timedelta | float | None = None,
         retention: timedelta | float | None = None,
     ) -> list[AsyncRunHandle]:
-        """One standalone step per input, in one transaction (see :meth:`Client.enqueue_many`)."""
+        """See :meth:`Client.enqueue_many`."""
         handles = await asyncio.to_thread(
-            self.sync.enqueue_many,
+            self._client.enqueue_many,
             step,
             inputs,
             queue=queue,
@@ -187,8 +257,142 @@ class AsyncClient:
         return [self._handle(h.id) for h in handles]
 
     def handle(self, run_id: int) -> AsyncRunHandle:
-        """A handle on an existing run (nothing is read until it is awaited)."""
-        return self._handle(run_id)
+        """A handle to an existing run (no database access)."""
+        return self._handle(run_id, created=False)
+
+    # -- reading ---------------------------------------------------------------------
+
+    async def get_run(self, run_id: int) -> Run:
+        """See :meth:`Client.get_run`."""
+        return await asyncio.to_thread(self._client.get_run, run_id)
+
+    async def list_runs(
+        self,
+        *,
+        state: RunState | str | None = None,
+        workflow: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+        parent_run_id: int | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[Run]:
+        """See :meth:`Client.list_runs`."""
+        return await asyncio.to_thread(
+            self._client.list_runs,
+            state=state,
+            workflow=workflow,
+            limit=limit,
+            before_id=before_id,
+            parent_run_id=parent_run_id,
+            since=since,
+            until=until,
+        )
+
+    async def progress(self, run_id: int) -> tuple[int, int]:
+        """See :meth:`Client.progress`."""
+        return await asyncio.to_thread(self._client.progress, run_id)
+
+    async def dependencies(self, run_id: int) -> dict[str, list[str]]:
+        """See :meth:`Client.dependencies`."""
+        return await asyncio.to_thread(self._client.dependencies, run_id)
+
+    async def signals_of(self, run_id: int) -> list[dict[str, Any]]:
+        """See :meth:`Client.signals_of`."""
+        return await asyncio.to_thread(self._client.signals_of, run_id)
+
+    async def children_of(self, run_id: int) -> list[dict[str, Any]]:
+        """See :meth:`Client.children_of`."""
+        return await asyncio.to_thread(self._client.children_of, run_id)
+
+    async def run_counts(self) -> dict[str, int]:
+        """See :meth:`Client.run_counts`."""
+        return await asyncio.to_thread(self._client.run_counts)
+
+    async def outcome(self, run_id: int) -> JSONValue:
+        """See :meth:`Client.outcome`."""
+        return await asyncio.to_thread(self._client.outcome, run_id)
+
+    async def wait(self, run_id: int, timeout: float | None = None) -> Run:
+        """See :meth:`Client.wait`; never blocks the event loop."""
+        await follow_async(self.dsn, run_end_plan(run_id, timeout), name="cyclone-wait")
+        return await self.get_run(run_id)
+
+    async def result(self, run_id: int, timeout: float | None = None) -> JSONValue:
+        """See :meth:`Client.result`; never blocks the event loop."""
+        await follow_async(self.dsn, run_end_plan(run_id, timeout), name="cyclone-wait")
+        return await self.outcome(run_id)
+
+    # -- steering ----------------------------------------------------------------------
+
+    async def cancel(self, run_id: int) -> None:
+        """See :meth:`Client.cancel`."""
+        await asyncio.to_thread(self._client.cancel, run_id)
+
+    async def retry(self, run_id: int, node: str) -> None:
+        """See :meth:`Client.retry`."""
+        await asyncio.to_thread(self._client.retry, run_id, node)
+
+    async def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:
+        """See :meth:`Client.signal`."""
+        return await asyncio.to_thread(self._client.signal, run_id, name, payload)
+
+    async def pause(self, run_id: int) -> None:
+        """See :meth:`Client.pause`."""
+        await asyncio.to_thread(self._client.pause, run_id)
+
+    async def resume(self, run_id: int) -> None:
+        """See :meth:`Client.resume`."""
+        await asyncio.to_thread(self._client.resume, run_id)
+
+    # -- schedules, retention, stats -------------------------------------------------
+
+    async def schedule(
+        self,
+        target: object,
+        cron: str,
+        *,
+        id: str | None = None,
+        location: str | None = None,
+        enabled: bool = True,
+        input: JSONValue = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        timeout: timedelta | float | None = None,
+        retention: timedelta | float | None = None,
+    ) -> Schedule:
+        """See :meth:`Client.schedule`."""
+        return await asyncio.to_thread(
+            self._client.schedule,
+            target,
+            cron,
+            id=id,
+            location=location,
+            enabled=enabled,
+            input=input,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            retention=retention,
+        )
+
+    async def register_schedules(self) -> list[str]:
+        """See :meth:`Client.register_schedules`."""
+        return await asyncio.to_thread(self._client.register_schedules)
+
+    async def unschedule(self, schedule_id: str) -> None:
+        """See :meth:`Client.unschedule`."""
+        await asyncio.to_thread(self._client.unschedule, schedule_id)
+
+    async def enable_schedule(self, schedule_id: str, enabled: bool = True) -> None:
+        """See :meth:`Client.enable_schedule`."""
+        await asyncio.to_thread(self._client.enable_schedule, schedule_id, enabled)
+
+    async def list_schedules(self) -> list[Schedule]:
+        """See :meth:`Client.list_schedules`."""
+        return await asyncio.to_thread(self._client.list_schedules)
 
     async def purge(
         self,
@@ -197,63 +401,15 @@ class AsyncClient:
         states: tuple[RunState | str, ...] = base.ENDED_STATES,
         batch_size: int = 1000,
     ) -> int:
-        """Delete terminal runs in batches (see :meth:`Client.purge`)."""
+        """See :meth:`Client.purge`."""
         return await asyncio.to_thread(
-            self.sync.purge, older_than=older_than, states=states, batch_size=batch_size
+            self._client.purge, older_than=older_than, states=states, batch_size=batch_size
         )
 
-    async def get_run(self, run_id: int) -> Run:
-        return await asyncio.to_thread(self.sync.get_run, run_id)
+    async def stats(self) -> dict[str, list[dict[str, Any]]]:
+        """See :meth:`Client.stats`."""
+        return await asyncio.to_thread(self._client.stats)
 
-    async def list_runs(self, **filters: Any) -> list[Run]:
-        return await asyncio.to_thread(lambda: self.sync.list_runs(**filters))
-
-    async def cancel(self, run_id: int) -> None:
-        await asyncio.to_thread(self.sync.cancel, run_id)
-
-    async def retry(self, run_id: int, node: str) -> None:
-        """Operator retry: run again what the run needs to finish, starting from ``node``.
-
-        The same retry as :meth:`Client.retry` (what runs again, what is refused
-        with :class:`InvalidTransition` and nothing changed), run in a thread.
-        """
-        await asyncio.to_thread(self.sync.retry, run_id, node)
-
-    async def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:
-        return await asyncio.to_thread(self.sync.signal, run_id, name, payload)
-
-    async def pause(self, run_id: int) -> None:
-        await asyncio.to_thread(self.sync.pause, run_id)
-
-    async def resume(self, run_id: int) -> None:
-        await asyncio.to_thread(self.sync.resume, run_id)
-
-    async def wait_terminal(self, run_id: int, timeout: float | None) -> str:
-        """Wait on an async LISTEN connection until the run is terminal (see the sync one)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                return await self._wait_on_one_connection(run_id, deadline, timeout)
-            except psycopg.OperationalError:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"run {run_id}: no answer from PostgreSQL in {timeout}s"
-                    ) from None
-                await asyncio.sleep(RECONNECT_SECONDS)
-
-    async def _wait_on_one_connection(
-        self, run_id: int, deadline: float | None, timeout: float | None
-    ) -> str:
-        async with await connect_async(self.sync.dsn, name="cyclone-wait") as conn:
-            await listen_async(conn, RUN_DONE_CHANNEL)
-            while True:
-                with answer_within(conn, PING_TIMEOUT_S):
-                    cur = await conn.execute(Q.get_run_state, {"run_id": run_id})
-                    row = await cur.fetchone()
-                found = None if row is None else {"state": row[1]}
-                state = check_state(found, run_id, deadline, timeout)
-                if state is not None:
-                    return state
-                async for note in conn.notifies(timeout=recheck_in(deadline)):
-                    if names_run(note.payload, run_id):
-                        break
+    async def workers(self) -> list[dict[str, Any]]:
+        """See :meth:`Client.workers`."""
+        return await asyncio.to_thread(self._client.workers)

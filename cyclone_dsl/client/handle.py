@@ -1,4 +1,4 @@
-"""RunHandle: wait for a run (LISTEN-driven) and read its result."""
+"""RunHandle, and the plan that waits for a run to end (run by a sync or async driver)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,17 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import psycopg
 
-from cyclone_dsl.db.connect import connect
-from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen
-from cyclone_dsl.db.tx import Tx
-from cyclone_dsl.engine.notify import RUN_DONE_CHANNEL, names_run
+from cyclone_dsl.db.follow import (
+    ConnectionLost,
+    Listen,
+    Notifications,
+    Pause,
+    Plan,
+    Read,
+    follow,
+)
+from cyclone_dsl.engine import RUN_DONE_CHANNEL, names_run
 from cyclone_dsl.errors import NoOutput, RunFailed, RunNotFound
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
@@ -40,8 +45,7 @@ class RunHandle:
 
     def wait(self, timeout: float | None = None) -> Run:
         """Block until the run is terminal and return it; ``TimeoutError`` after ``timeout`` s."""
-        wait_terminal(self.client.dsn, self.id, timeout)
-        return self.client.get_run(self.id)
+        return self.client.wait(self.id, timeout)
 
     def result(self, timeout: float | None = None) -> JSONValue:
         """Wait, then return the result node's output.
@@ -49,44 +53,42 @@ class RunHandle:
         Raises :class:`RunFailed` for a failed or cancelled run and
         :class:`NoOutput` when the workflow defines no result.
         """
-        wait_terminal(self.client.dsn, self.id, timeout)
-        return self.client.outcome(self.id)
+        return self.client.result(self.id, timeout)
 
 
-def wait_terminal(dsn: str, run_id: int, timeout: float | None) -> str:
+def wait_for_end(dsn: str, run_id: int, timeout: float | None) -> str:
+    """Block until the run is terminal; return its state (see :func:`run_end_plan`)."""
+    return follow(dsn, run_end_plan(run_id, timeout), name="cyclone-wait")
+
+
+def run_end_plan(run_id: int, timeout: float | None) -> Plan[str]:
     """Wait for a run to be terminal using LISTEN, re-reading its state as a fallback.
 
-    A connection lost or left half-open while waiting is replaced: every read
-    is bounded by :data:`~cyclone_dsl.db.listen.PING_TIMEOUT_S`, so ``timeout``
-    holds whatever the network does.
+    Raises :class:`RunNotFound`, or ``TimeoutError`` after ``timeout`` seconds.
+    A connection lost or left half-open while waiting is replaced, and every
+    read is bounded, so ``timeout`` holds whatever the network does.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         try:
-            return _wait_on_one_connection(dsn, run_id, deadline, timeout)
-        except psycopg.OperationalError:
+            yield Listen((RUN_DONE_CHANNEL,))
+            while True:
+                row = yield Read(Q.get_run_state, {"run_id": run_id})
+                state = check_state(row, run_id, deadline, timeout)
+                if state is not None:
+                    return state
+                recheck_at = time.monotonic() + recheck_in(deadline)
+                while True:
+                    left = max(0.0, recheck_at - time.monotonic())
+                    payloads: list[str] = yield Notifications(left)
+                    if left == 0 or any(names_run(p, run_id) for p in payloads):
+                        break
+        except ConnectionLost:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"run {run_id}: no answer from PostgreSQL in {timeout}s"
                 ) from None
-            time.sleep(RECONNECT_SECONDS)
-
-
-def _wait_on_one_connection(
-    dsn: str, run_id: int, deadline: float | None, timeout: float | None
-) -> str:
-    with connect(dsn, name="cyclone-wait") as conn:
-        listen(conn, RUN_DONE_CHANNEL)
-        tx = Tx(conn)
-        while True:
-            with answer_within(conn, PING_TIMEOUT_S):
-                row = tx.one(Q.get_run_state, run_id=run_id)
-            state = check_state(row, run_id, deadline, timeout)
-            if state is not None:
-                return state
-            for note in conn.notifies(timeout=recheck_in(deadline)):
-                if names_run(note.payload, run_id):
-                    break
+            yield Pause(RECONNECT_SECONDS)
 
 
 def check_state(

@@ -1,56 +1,35 @@
-"""Client: submit runs and standalone work, read them, and steer them (sync, pooled)."""
+"""Client: submit runs and standalone work, read them, and steer them (sync, pooled).
+
+Every write goes through the client's :class:`~cyclone_dsl.engine.Engine`, in
+a short pooled transaction, or in the caller's own transaction for the
+``*_tx`` methods. Reads are plain named queries.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, TypeVar
-
-import psycopg
-from psycopg_pool import PoolTimeout
+from typing import Any, LiteralString
 
 from cyclone_dsl.client import base
-from cyclone_dsl.client import schedules as schedules_api
-from cyclone_dsl.client.handle import RunHandle, outcome_from_row
+from cyclone_dsl.client.handle import RunHandle, outcome_from_row, wait_for_end
 from cyclone_dsl.client.model import Attempt, Run, Step
-from cyclone_dsl.client.schedules import Schedule
-from cyclone_dsl.db.connect import make_pool
-from cyclone_dsl.db.diagnose import check_reachable, describe_server, is_connection_loss, parse_dsn
+from cyclone_dsl.client.schedules import Schedule, schedule_from_row, spec_for
+from cyclone_dsl.db.callers import Connection, in_callers_transaction
+from cyclone_dsl.db.clock import current_shift
 from cyclone_dsl.db.embedded import ENV_URL
-from cyclone_dsl.db.tx import Tx, in_autocommit, in_transaction
+from cyclone_dsl.db.pool import PooledDatabase
+from cyclone_dsl.db.tx import Tx
+from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.registry import Registry, default_registry
-from cyclone_dsl.engine import control, signals, waits, workers
-from cyclone_dsl.engine.hooks import engine_hooks
-from cyclone_dsl.engine.signals import Delivery
-from cyclone_dsl.engine.submit import (
-    insert_run,
-    insert_run_once,
-    insert_runs,
-    insert_standalone,
-    is_one_statement,
-)
-from cyclone_dsl.errors import DatabaseUnavailable, InvalidArgument, RunNotFound, ScheduleError
+from cyclone_dsl.engine import Delivery, Engine, Submitted
+from cyclone_dsl.errors import InvalidArgument, RunNotFound
+from cyclone_dsl.graph.rows import CompiledRun
 from cyclone_dsl.migrate import check_database
 from cyclone_dsl.payload import JSONValue, encode
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
-
-T = TypeVar("T")
-
-
-def _pool_unavailable(dsn: str, exc: PoolTimeout) -> DatabaseUnavailable:
-    """Why the pool gave no connection: the server (named cause), or a busy pool."""
-    try:
-        check_reachable(dsn, name="cyclone-client-check")
-    except DatabaseUnavailable as cause:
-        return cause
-    return DatabaseUnavailable(
-        f"no pooled connection to {describe_server(parse_dsn(dsn))} became free in time "
-        f"({exc}): raise pool_size, or make fewer calls at once",
-        "pool_exhausted",
-    )
 
 
 class Client:
@@ -68,7 +47,6 @@ class Client:
         *,
         registry: Registry | None = None,
         pool_size: int = 4,
-        shift: timedelta = timedelta(0),
     ) -> None:
         resolved = dsn or os.environ.get(ENV_URL)
         if not resolved:
@@ -77,16 +55,15 @@ class Client:
             )
         self.dsn = resolved
         self.registry = registry if registry is not None else default_registry()
-        self.shift = shift
-        self.hooks = engine_hooks(self.registry)
+        self._engine = Engine(
+            compile_child=runs.child_compiler(self.registry),
+            compile_schedule=runs.compiler_for(self.registry),
+        )
         check_database(resolved, name="cyclone-client")
-        try:
-            self._pool = make_pool(resolved, name="cyclone-client", max_size=pool_size)
-        except PoolTimeout as exc:
-            raise _pool_unavailable(resolved, exc) from exc
+        self._db = PooledDatabase(resolved, name="cyclone-client", max_size=pool_size)
 
     def close(self) -> None:
-        self._pool.close()
+        self._db.close()
 
     def __enter__(self) -> Client:
         return self
@@ -99,36 +76,42 @@ class Client:
     ) -> None:
         self.close()
 
-    def _tx(self, work: Callable[[Tx], T], *, one_statement: bool = False) -> T:
-        """Run ``work`` in a transaction, or in autocommit mode when it is one statement
-        (atomic on its own, and two round trips shorter without BEGIN and COMMIT)."""
-        run = in_autocommit if one_statement else in_transaction
-        try:
-            return run(self._pool, work, shift=self.shift)
-        except PoolTimeout as exc:
-            raise _pool_unavailable(self.dsn, exc) from exc
-        except psycopg.OperationalError as exc:
-            if not is_connection_loss(exc):
-                raise
-            server = describe_server(parse_dsn(self.dsn))
-            raise DatabaseUnavailable(
-                f"the connection to {server} was lost: {str(exc).strip().splitlines()[0]}: "
-                "the call did not finish (if it was a write, check whether it happened); "
-                "the next call opens a new connection",
-                "connection_lost",
-            ) from exc
-
     # -- submitting ----------------------------------------------------------------
 
     def submit(
         self, workflow: object, input: JSONValue = None, *, deadline: timedelta | None = None
     ) -> RunHandle:
         """Start a run of ``workflow`` with ``input``; the whole graph is written at once."""
-        compiled = base.compile_workflow(self.registry, workflow, input)
+        compiled = runs.compile_workflow(self.registry, workflow, input)
         deadline = base.check_deadline(deadline)
-        run_id = self._tx(
-            lambda tx: insert_run(tx, compiled, deadline=deadline, hooks=self.hooks),
-            one_statement=is_one_statement(compiled),
+        run_id = self._db.transaction(
+            lambda tx: self._engine.submit(tx, compiled, deadline=deadline),
+            one_statement=Engine.is_one_statement(compiled),
+        )
+        return RunHandle(run_id, self)
+
+    def submit_tx(
+        self,
+        conn: Connection,
+        workflow: object,
+        input: JSONValue = None,
+        *,
+        deadline: timedelta | None = None,
+    ) -> RunHandle:
+        """:meth:`submit` inside the caller's transaction on ``conn``: the run exists iff the
+        caller commits.
+
+        Every workflow shape is accepted (roots that are steps, waits, timers,
+        child runs or fan-outs). The writes run in a savepoint: if the submit
+        fails, nothing of it stays in the caller's transaction. On a connection
+        in autocommit mode the submit commits on its own.
+        """
+        compiled = runs.compile_workflow(self.registry, workflow, input)
+        deadline = base.check_deadline(deadline)
+        run_id = in_callers_transaction(
+            conn,
+            lambda tx: self._engine.submit(tx, compiled, deadline=deadline),
+            shift=current_shift(),
         )
         return RunHandle(run_id, self)
 
@@ -140,56 +123,13 @@ class Client:
         deadline: timedelta | None = None,
     ) -> list[RunHandle]:
         """Start one run per input, all in one transaction (the graph is sent once): bulk loads."""
-        template = base.workflow_template(self.registry, workflow)
+        template = runs.workflow_template(self.registry, workflow)
         texts = [encode(value, what="the run input") for value in inputs]
         deadline = base.check_deadline(deadline)
-        ids = self._tx(
-            lambda tx: insert_runs(tx, template, texts, deadline=deadline, hooks=self.hooks)
+        ids = self._db.transaction(
+            lambda tx: self._engine.submit_many(tx, template, texts, deadline=deadline)
         )
         return [RunHandle(run_id, self) for run_id in ids]
-
-    def enqueue_many(
-        self,
-        step: object,
-        inputs: list[JSONValue],
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        scheduled_at: datetime | None = None,
-        max_attempts: int | None = None,
-        timeout: timedelta | float | None = None,
-        retention: timedelta | float | None = None,
-    ) -> list[RunHandle]:
-        """Enqueue one standalone step per input, in one transaction (no unique/sequence keys)."""
-        template = base.standalone_template(
-            self.registry,
-            step,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            timeout=timeout,
-            retention=retention,
-        )
-        base.check_standalone_inputs(base.resolve_step(self.registry, step), inputs)
-        texts = [encode(value, what="the input") for value in inputs]
-        if scheduled_at is not None and scheduled_at.tzinfo is None:
-            raise InvalidArgument("scheduled_at must be timezone-aware")
-        ids = self._tx(lambda tx: insert_runs(tx, template, texts, scheduled_at=scheduled_at))
-        return [RunHandle(run_id, self) for run_id in ids]
-
-    def submit_tx(
-        self,
-        conn: psycopg.Connection[Any],
-        workflow: object,
-        input: JSONValue = None,
-        *,
-        deadline: timedelta | None = None,
-    ) -> RunHandle:
-        """Submit inside the caller's open transaction: the run exists iff the caller commits."""
-        compiled = base.compile_workflow(self.registry, workflow, input)
-        deadline = base.check_deadline(deadline)
-        run_id = insert_run(Tx(conn, self.shift), compiled, deadline=deadline, hooks=self.hooks)
-        return RunHandle(run_id, self)
 
     def submit_once(
         self,
@@ -204,15 +144,40 @@ class Client:
         Returns the existing run's handle in that case, with ``created=False``.
         Race-free: concurrent callers with one key get one run.
         """
-        base.check_key("key", key)
-        compiled = base.compile_workflow(self.registry, workflow, input)
-        deadline = base.check_deadline(deadline)
-        submitted = self._tx(
-            lambda tx: insert_run_once(
-                tx, compiled, submit_key=key, deadline=deadline, hooks=self.hooks
-            )
+        compiled, deadline = self._once(workflow, input, key, deadline)
+        submitted = self._db.transaction(
+            lambda tx: self._engine.submit_once(tx, compiled, key=key, deadline=deadline)
         )
         return RunHandle(submitted.run_id, self, submitted.created)
+
+    def submit_once_tx(
+        self,
+        conn: Connection,
+        workflow: object,
+        input: JSONValue = None,
+        *,
+        key: str,
+        deadline: timedelta | None = None,
+    ) -> RunHandle:
+        """:meth:`submit_once` inside the caller's transaction on ``conn``.
+
+        A run created here exists iff the caller commits; until then, another
+        caller submitting the same key waits for this transaction to end (the
+        key's unique index), then gets this run if it was committed.
+        """
+        compiled, deadline = self._once(workflow, input, key, deadline)
+        submitted = in_callers_transaction(
+            conn,
+            lambda tx: self._engine.submit_once(tx, compiled, key=key, deadline=deadline),
+            shift=current_shift(),
+        )
+        return RunHandle(submitted.run_id, self, submitted.created)
+
+    def _once(
+        self, workflow: object, input: JSONValue, key: str, deadline: timedelta | None
+    ) -> tuple[CompiledRun, timedelta | None]:
+        base.check_key("key", key)
+        return runs.compile_workflow(self.registry, workflow, input), base.check_deadline(deadline)
 
     def enqueue(
         self,
@@ -232,9 +197,78 @@ class Client:
 
         With ``unique_key``, at most one active step per (kind, key) exists: a
         duplicate returns the holder's handle with ``created=False``. With
-        ``sequence_key``, steps of one key run one at a time, FIFO.
+        ``sequence_key``, steps of one key run one at a time, in order of
+        ``scheduled_at`` (a step in backoff can be overtaken by a later one).
         """
-        compiled = base.compile_standalone(
+        compiled = self._standalone(
+            step,
+            input,
+            queue=queue,
+            priority=priority,
+            scheduled_at=scheduled_at,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            unique_key=unique_key,
+            sequence_key=sequence_key,
+            retention=retention,
+        )
+        submitted = self._db.transaction(
+            lambda tx: self._enqueue(tx, compiled, unique_key, sequence_key, scheduled_at),
+            one_statement=unique_key is None,  # a unique key may need a re-read and a retry
+        )
+        return RunHandle(submitted.run_id, self, submitted.created)
+
+    def enqueue_tx(
+        self,
+        conn: Connection,
+        step: object,
+        input: JSONValue = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        scheduled_at: datetime | None = None,
+        max_attempts: int | None = None,
+        timeout: timedelta | float | None = None,
+        unique_key: str | None = None,
+        sequence_key: str | None = None,
+        retention: timedelta | float | None = None,
+    ) -> RunHandle:
+        """:meth:`enqueue` inside the caller's transaction on ``conn``: the step exists iff
+        the caller commits."""
+        compiled = self._standalone(
+            step,
+            input,
+            queue=queue,
+            priority=priority,
+            scheduled_at=scheduled_at,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            unique_key=unique_key,
+            sequence_key=sequence_key,
+            retention=retention,
+        )
+        submitted = in_callers_transaction(
+            conn,
+            lambda tx: self._enqueue(tx, compiled, unique_key, sequence_key, scheduled_at),
+            shift=current_shift(),
+        )
+        return RunHandle(submitted.run_id, self, submitted.created)
+
+    def _standalone(
+        self,
+        step: object,
+        input: JSONValue,
+        *,
+        queue: str | None,
+        priority: int | None,
+        scheduled_at: datetime | None,
+        max_attempts: int | None,
+        timeout: timedelta | float | None,
+        unique_key: str | None,
+        sequence_key: str | None,
+        retention: timedelta | float | None,
+    ) -> CompiledRun:
+        compiled = runs.compile_standalone(
             self.registry,
             step,
             input,
@@ -248,19 +282,54 @@ class Client:
             base.check_key("unique_key", unique_key)
         if sequence_key is not None:
             base.check_key("sequence_key", sequence_key)
-        if scheduled_at is not None and scheduled_at.tzinfo is None:
-            raise InvalidArgument("scheduled_at must be timezone-aware")
-        submitted = self._tx(
-            lambda tx: insert_standalone(
-                tx,
-                compiled,
-                unique_key=unique_key,
-                sequence_key=sequence_key,
-                scheduled_at=scheduled_at,
-            ),
-            one_statement=unique_key is None,  # a unique key may need a re-read and a retry
+        base.check_scheduled_at(scheduled_at)
+        return compiled
+
+    def _enqueue(
+        self,
+        tx: Tx,
+        compiled: CompiledRun,
+        unique_key: str | None,
+        sequence_key: str | None,
+        scheduled_at: datetime | None,
+    ) -> Submitted:
+        return self._engine.enqueue(
+            tx,
+            compiled,
+            unique_key=unique_key,
+            sequence_key=sequence_key,
+            scheduled_at=scheduled_at,
         )
-        return RunHandle(submitted.run_id, self, submitted.created)
+
+    def enqueue_many(
+        self,
+        step: object,
+        inputs: list[JSONValue],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        scheduled_at: datetime | None = None,
+        max_attempts: int | None = None,
+        timeout: timedelta | float | None = None,
+        retention: timedelta | float | None = None,
+    ) -> list[RunHandle]:
+        """Enqueue one standalone step per input, in one transaction (no unique/sequence keys)."""
+        template = runs.standalone_template(
+            self.registry,
+            step,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            retention=retention,
+        )
+        runs.check_standalone_inputs(runs.resolve_step(self.registry, step), inputs)
+        texts = [encode(value, what="the input") for value in inputs]
+        base.check_scheduled_at(scheduled_at)
+        ids = self._db.transaction(
+            lambda tx: self._engine.submit_many(tx, template, texts, scheduled_at=scheduled_at)
+        )
+        return [RunHandle(run_id, self) for run_id in ids]
 
     def handle(self, run_id: int) -> RunHandle:
         """A handle to an existing run (no database access)."""
@@ -284,7 +353,7 @@ class Client:
             )
             return Run.from_row(row, steps)
 
-        return self._tx(read)
+        return self._db.transaction(read)
 
     def list_runs(
         self,
@@ -304,8 +373,8 @@ class Client:
         """
         if not 1 <= limit <= 10_000:
             raise InvalidArgument("limit must be between 1 and 10000")
-        state_value = RunState(state).value if state is not None else None
-        rows = self._tx(
+        state_value = base.run_state(state).value if state is not None else None
+        rows = self._db.transaction(
             lambda tx: tx.rows(
                 Q.list_runs,
                 state=state_value,
@@ -315,48 +384,71 @@ class Client:
                 parent_run_id=parent_run_id,
                 since=since,
                 until=until,
-            )
+            ),
+            one_statement=True,
         )
         return [Run.from_row(r) for r in rows]
 
     def progress(self, run_id: int) -> tuple[int, int]:
         """(terminal steps, all steps) of a run."""
-        row = self._tx(lambda tx: tx.one(Q.run_progress, run_id=run_id))
+        row = self._read_one(Q.run_progress, run_id=run_id)
         return (row["done"], row["total"]) if row else (0, 0)
 
     def dependencies(self, run_id: int) -> dict[str, list[str]]:
         """Each node of a run with the nodes it depends on."""
-        edges = self._tx(lambda tx: tx.rows(Q.get_run_deps, run_id=run_id))
         graph: dict[str, list[str]] = {}
-        for edge in edges:
+        for edge in self._read(Q.get_run_deps, run_id=run_id):
             graph.setdefault(edge["node"], []).append(edge["dep_node"])
         return graph
 
     def signals_of(self, run_id: int) -> list[dict[str, Any]]:
         """The run's signal mailbox (consumed rows included), in delivery order."""
-        return self._tx(lambda tx: tx.rows(Q.run_signals, run_id=run_id))
+        return self._read(Q.run_signals, run_id=run_id)
 
     def children_of(self, run_id: int) -> list[dict[str, Any]]:
         """The child runs started by a run's child nodes."""
-        return self._tx(lambda tx: tx.rows(Q.child_runs, run_id=run_id))
+        return self._read(Q.child_runs, run_id=run_id)
 
     def run_counts(self) -> dict[str, int]:
         """How many runs are in each state."""
-        rows = self._tx(lambda tx: tx.rows(Q.run_counts))
-        return {r["state"]: r["count"] for r in rows}
+        return {r["state"]: r["count"] for r in self._read(Q.run_counts)}
 
     def outcome(self, run_id: int) -> JSONValue:
         """The result of a terminal run (see :meth:`RunHandle.result`)."""
-        row = self._tx(lambda tx: tx.one(Q.run_outcome, run_id=run_id))
+        row = self._read_one(Q.run_outcome, run_id=run_id)
         if row is not None and not RunState(row["state"]).is_terminal:
             raise InvalidArgument(f"run {run_id} is still {row['state']}")
         return outcome_from_row(row, run_id)
+
+    def wait(self, run_id: int, timeout: float | None = None) -> Run:
+        """Block until the run is terminal and return it; ``TimeoutError`` after ``timeout`` s.
+
+        Waits on LISTEN (no busy polling), re-reading the state every second as a
+        fallback, and survives a lost or half-open connection.
+        """
+        wait_for_end(self.dsn, run_id, timeout)
+        return self.get_run(run_id)
+
+    def result(self, run_id: int, timeout: float | None = None) -> JSONValue:
+        """Wait (see :meth:`wait`), then return the result node's output.
+
+        Raises :class:`RunFailed` for a failed or cancelled run and
+        :class:`NoOutput` when the workflow defines no result.
+        """
+        wait_for_end(self.dsn, run_id, timeout)
+        return self.outcome(run_id)
+
+    def _read(self, query: LiteralString, **params: object) -> list[dict[str, Any]]:
+        return self._db.transaction(lambda tx: tx.rows(query, **params), one_statement=True)
+
+    def _read_one(self, query: LiteralString, **params: object) -> dict[str, Any] | None:
+        return self._db.transaction(lambda tx: tx.one(query, **params), one_statement=True)
 
     # -- steering ----------------------------------------------------------------------
 
     def cancel(self, run_id: int) -> None:
         """Cancel a run and its descendant runs; :class:`AlreadyTerminal` if it has ended."""
-        self._tx(lambda tx: control.cancel(tx, run_id, self.hooks))
+        self._db.transaction(lambda tx: self._engine.cancel(tx, run_id))
 
     def retry(self, run_id: int, node: str) -> None:
         """Operator retry: run again what the run needs to finish, starting from ``node``.
@@ -383,7 +475,7 @@ class Client:
         reset. Each message names what to retry instead.
         See docs/concepts/runs-and-steps.md, "Retrying failed work".
         """
-        self._tx(lambda tx: control.retry(tx, run_id, node, self.hooks))
+        self._db.transaction(lambda tx: self._engine.retry(tx, run_id, node))
 
     def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:
         """Deliver a signal to the run's wait for ``name``.
@@ -397,7 +489,15 @@ class Client:
         """
         base.check_key("signal name", name)
         text = encode(payload, what="the signal payload")
-        return self._tx(lambda tx: signals.deliver(tx, run_id, name, text, self.hooks))
+        return self._db.transaction(lambda tx: self._engine.signal(tx, run_id, name, text))
+
+    def pause(self, run_id: int) -> None:
+        """Pause a running run: ready and pending steps wait; running steps finish."""
+        self._db.transaction(lambda tx: self._engine.pause(tx, run_id))
+
+    def resume(self, run_id: int) -> None:
+        """Resume a paused run; its deadline and timed waits move by the pause length."""
+        self._db.transaction(lambda tx: self._engine.resume(tx, run_id))
 
     # -- schedules, retention, stats -------------------------------------------------
 
@@ -419,10 +519,11 @@ class Client:
         """Create or update a cron schedule of a workflow, step or action (by object or name).
 
         A workflow's ``def_version`` is pinned: a process whose definition
-        differs refuses to fire it until the schedule is registered again.
+        differs refuses to fire it until the schedule is registered again. The
+        options given replace those of the steps of each run it fires.
         """
-        definition = base.resolve_schedulable(self.registry, target)
-        spec = schedules_api.spec_for(
+        definition = runs.resolve_schedulable(self.registry, target)
+        spec = spec_for(
             cron,
             schedule_id=id,
             location=location,
@@ -434,30 +535,31 @@ class Client:
             timeout=timeout,
             retention=retention,
         )
-        schedule_id = self._tx(lambda tx: schedules_api.register(tx, definition, spec))
-        return next(s for s in self.list_schedules() if s.id == schedule_id)
+        row = runs.schedule_row(definition, spec)
+        self._db.transaction(lambda tx: self._engine.register_schedule(tx, row))
+        return next(s for s in self.list_schedules() if s.id == row.id)
 
     def register_schedules(self) -> list[str]:
         """Register every ``@schedule`` of this client's registry; return their ids."""
-        return self._tx(lambda tx: schedules_api.register_all(tx, self.registry))
+        rows = runs.registry_schedules(self.registry)
+
+        def register(tx: Tx) -> list[str]:
+            for row in rows:
+                self._engine.register_schedule(tx, row)
+            return [row.id for row in rows]
+
+        return self._db.transaction(register)
 
     def unschedule(self, schedule_id: str) -> None:
         """Delete a schedule; :class:`ScheduleError` if there is none with that id."""
-        if not self._tx(lambda tx: tx.rows(Q.delete_schedule, id=schedule_id)):
-            raise ScheduleError(f"there is no schedule {schedule_id!r}")
+        self._db.transaction(lambda tx: self._engine.delete_schedule(tx, schedule_id))
 
     def enable_schedule(self, schedule_id: str, enabled: bool = True) -> None:
-        """Enable (or disable) a schedule."""
-        if not self._tx(
-            lambda tx: tx.rows(Q.set_schedule_enabled, id=schedule_id, enabled=enabled)
-        ):
-            raise ScheduleError(f"there is no schedule {schedule_id!r}")
+        """Enable (or disable) a schedule; :class:`ScheduleError` if there is none."""
+        self._db.transaction(lambda tx: self._engine.set_schedule_enabled(tx, schedule_id, enabled))
 
     def list_schedules(self) -> list[Schedule]:
-        return [
-            schedules_api.schedule_from_row(r)
-            for r in self._tx(lambda tx: tx.rows(Q.list_schedules))
-        ]
+        return [schedule_from_row(r) for r in self._read(Q.list_schedules)]
 
     def purge(
         self,
@@ -471,20 +573,18 @@ class Client:
         Each batch is its own short transaction. A child run is kept while its
         parent exists and has not completed. Purging frees the runs' submit keys.
         """
-        wanted = [RunState(s).value for s in states]
-        if any(not RunState(s).is_terminal for s in wanted):
-            raise InvalidArgument("only terminal runs (completed, failed, cancelled) can be purged")
+        wanted = base.purge_states(states)
         if older_than < timedelta(0) or batch_size < 1:
             raise InvalidArgument("older_than must be >= 0 and batch_size >= 1")
         total = 0
         while True:
-            deleted = self._tx(
-                lambda tx: tx.rows(
-                    Q.purge_runs, states=wanted, older_than=older_than, limit=batch_size
+            deleted = self._db.transaction(
+                lambda tx: self._engine.purge(
+                    tx, states=wanted, older_than=older_than, limit=batch_size
                 )
             )
-            total += len(deleted)
-            if len(deleted) < batch_size:
+            total += deleted
+            if deleted < batch_size:
                 return total
 
     def stats(self) -> dict[str, list[dict[str, Any]]]:
@@ -496,23 +596,15 @@ class Client:
         and the ``oldest`` due time: work that waits for a worker of another deploy (see
         the versioning guide). It looks at the first 10,000 due steps at most.
         """
-        return self._tx(
+        return self._db.transaction(
             lambda tx: {
                 "queues": tx.rows(Q.queue_stats),
                 "kinds": tx.rows(Q.kind_stats),
-                "unserved": workers.unserved(tx),
+                "unserved": self._engine.unserved_work(tx),
             }
         )
 
     def workers(self) -> list[dict[str, Any]]:
         """Known workers, live ones first: id, host, pid, queues, concurrency, versions
         served, handler identities, start and last beat, ``live``."""
-        return self._tx(workers.listing)
-
-    def pause(self, run_id: int) -> None:
-        """Pause a running run: ready and pending steps wait; running steps finish."""
-        self._tx(lambda tx: waits.pause(tx, run_id))
-
-    def resume(self, run_id: int) -> None:
-        """Resume a paused run; its deadline and timed waits move by the pause length."""
-        self._tx(lambda tx: waits.resume(tx, run_id, self.hooks))
+        return self._db.transaction(self._engine.list_workers, one_statement=True)

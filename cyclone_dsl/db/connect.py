@@ -7,6 +7,9 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
+#: A pool of Cyclone connections (see :func:`make_pool`).
+Pool = ConnectionPool[Any]
+
 #: Worker and client sessions never sit idle inside a transaction for long.
 SESSION_OPTIONS = "-c idle_in_transaction_session_timeout=60000"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from cyclone_dsl.dsl.step import StepDef
 from cyclone_dsl.dsl.workflow import WorkflowDef
-from cyclone_dsl.errors import RegistryConflict, UnknownWorkflow
+from cyclone_dsl.errors import RegistryConflict, UnknownKind, UnknownWorkflow
 
 
 class Registry:
@@ -74,7 +74,7 @@ class Registry:
         try:
             return self.kinds[name]
         except KeyError:
-            raise UnknownWorkflow(f"no @step or @action named {name!r} in this process") from None
+            raise UnknownKind(f"no @step or @action named {name!r} in this process") from None
 
     def handlers(self) -> Iterator[tuple[str, StepDef[Any, Any]]]:
         return iter(sorted(self.kinds.items()))

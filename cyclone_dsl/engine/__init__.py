@@ -1,8 +1,45 @@
 """The engine core: the only writer of state transitions.
 
-Every function here runs inside a transaction the caller opened (a
+Other layers use :class:`Engine` and the value types re-exported here, never
+the modules behind them (an import-linter contract holds this). Every
+transition runs inside a transaction the caller opened (a
 :class:`~cyclone_dsl.db.tx.Tx`), locks run rows before step rows (runs in id
 order, then steps in id order) and guards every step write with the state and
 ``lease_generation`` it expects, so a stale worker or a racing scanner changes
 nothing.
 """
+
+from cyclone_dsl.engine.backoff import backoff_seconds
+from cyclone_dsl.engine.children import CHILD_WAKE
+from cyclone_dsl.engine.claim import Claimed
+from cyclone_dsl.engine.complete import Failure, Success
+from cyclone_dsl.engine.core import Engine, Page
+from cyclone_dsl.engine.notify import (
+    CANCEL_CHANNEL,
+    RUN_DONE_CHANNEL,
+    WORK_CHANNEL,
+    names_run,
+    run_ids_of,
+)
+from cyclone_dsl.engine.schedules import CatchUp, Compiler
+from cyclone_dsl.engine.signals import Delivery
+from cyclone_dsl.engine.submit import Submitted
+
+__all__ = [
+    "CANCEL_CHANNEL",
+    "CHILD_WAKE",
+    "RUN_DONE_CHANNEL",
+    "WORK_CHANNEL",
+    "CatchUp",
+    "Claimed",
+    "Compiler",
+    "Delivery",
+    "Engine",
+    "Failure",
+    "Page",
+    "Submitted",
+    "Success",
+    "backoff_seconds",
+    "names_run",
+    "run_ids_of",
+]

@@ -7,9 +7,8 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import attrs
-import psycopg
-from psycopg.pq import TransactionStatus
 
+from cyclone_dsl.db.errors import ConnectionFailure
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import notify
 from cyclone_dsl.failpoints import failpoint
@@ -65,7 +64,7 @@ def claim(
     # In autocommit mode each queue's claim commits on its own: if a later one fails,
     # the steps already claimed are leased to this worker and must be returned to it,
     # not left to run only after their lease expires.
-    own_commits = tx.conn.info.transaction_status == TransactionStatus.IDLE
+    own_commits = tx.commits_each_statement
     rows: list[Row] = []
     for queue in queues:
         try:
@@ -81,7 +80,7 @@ def claim(
                 limit=limit - len(rows),
                 lease=lease,
             )
-        except psycopg.OperationalError:
+        except ConnectionFailure:
             if rows and own_commits:
                 log.warning(
                     "claiming queue %r failed; keeping the %d steps claimed", queue, len(rows)

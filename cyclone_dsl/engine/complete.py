@@ -8,7 +8,7 @@ import attrs
 
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine import notify
-from cyclone_dsl.engine.transitions import DEFAULT_HOOKS, Hooks, after_completions, after_discards
+from cyclone_dsl.engine.transitions import Hooks, after_completions, after_discards
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import StepState
@@ -32,7 +32,7 @@ class Failure:
     delay_s: float = 0.0
 
 
-def complete(tx: Tx, results: Sequence[Success], hooks: Hooks = DEFAULT_HOOKS) -> set[int]:
+def complete(tx: Tx, results: Sequence[Success], hooks: Hooks) -> set[int]:
     """Record successes; return the ids applied (the others were fenced out)."""
     if not results:
         return set()
@@ -48,7 +48,7 @@ def complete(tx: Tx, results: Sequence[Success], hooks: Hooks = DEFAULT_HOOKS) -
     return {r["id"] for r in done}
 
 
-def fail(tx: Tx, failures: Sequence[Failure], hooks: Hooks = DEFAULT_HOOKS) -> set[int]:
+def fail(tx: Tx, failures: Sequence[Failure], hooks: Hooks) -> set[int]:
     """Record failed executions: retry or discard; return the ids applied."""
     if not failures:
         return set()

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 import attrs
-import psycopg
 
+from cyclone_dsl.db.errors import UniqueViolation
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import children, fanout
 from cyclone_dsl.engine.transitions import (
-    DEFAULT_HOOKS,
     Hooks,
     activate,
     end_runs,
@@ -39,7 +38,7 @@ _OPEN = (RunState.RUNNING, RunState.PAUSED)
 _FAILED = (StepState.DISCARDED, StepState.CANCELLED)
 
 
-def cancel(tx: Tx, run_id: int, hooks: Hooks = DEFAULT_HOOKS) -> None:
+def cancel(tx: Tx, run_id: int, hooks: Hooks) -> None:
     """Cancel a run and every descendant run; running handlers see their leases end."""
     open_runs = _lock_tree(tx, run_id)
     if run_id not in open_runs:
@@ -71,7 +70,7 @@ class _Plan:
     child_plans: tuple[tuple[str, _Plan], ...]  # (node, plan) for a failed or cancelled child
 
 
-def retry(tx: Tx, run_id: int, node: str, hooks: Hooks = DEFAULT_HOOKS) -> None:
+def retry(tx: Tx, run_id: int, node: str, hooks: Hooks) -> None:
     """Operator retry: run again what the run needs to finish, starting from ``node``.
 
     ``node`` must be discarded or cancelled (an item task ``F[i]`` stands for its
@@ -107,9 +106,9 @@ def retry(tx: Tx, run_id: int, node: str, hooks: Hooks = DEFAULT_HOOKS) -> None:
             )
     plan = _plan(tx, run, {anchor})
     try:
-        with tx.conn.transaction():  # a savepoint: a refused reset leaves nothing written
+        with tx.savepoint():  # a savepoint: a refused reset leaves nothing written
             _apply(tx, plan, hooks)
-    except psycopg.errors.UniqueViolation:
+    except UniqueViolation:
         if not plan.unique:
             raise
         held = ", ".join(f"kind {kind!r} with unique key {key!r}" for kind, key in plan.unique)

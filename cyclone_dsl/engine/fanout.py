@@ -11,7 +11,11 @@ from cyclone_dsl.states import ErrorKind, StepState
 
 
 def expand_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
-    """Activation hook: an activated fan-out node (still ``pending``) creates its items."""
+    """Activation hook: an activated fan-out node (still ``pending``) creates its items.
+
+    A list longer than the node's ``max_items`` guard fails the node
+    (``item_limit``) and creates nothing.
+    """
     ids = [
         r["id"]
         for r in activated
@@ -20,11 +24,25 @@ def expand_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
     if not ids:
         return
     sources = tx.rows(Q.fan_out_sources, ids=ids)
-    items = tx.rows(Q.expand_fan_outs, ids=ids)
+    over = [s for s in sources if s["max_items"] is not None and s["length"] > s["max_items"]]
+    if over:
+        ids = [i for i in ids if i not in {s["id"] for s in over}]
+    items = tx.rows(Q.expand_fan_outs, ids=ids) if ids else []
     failpoint("fanout.after_expand")
     notify.wake_queues(tx, (i["queue"] for i in items if i["state"] == StepState.AVAILABLE))
     for source in sources:
-        if source["list_type"] != "array":
+        if source in over:
+            failed = tx.rows(
+                Q.discard_node,
+                id=source["id"],
+                error=(
+                    f"for_each over {source['node']!r} got {source['length']} items, over its "
+                    f"max_items of {source['max_items']}: no item was started"
+                ),
+                error_kind=ErrorKind.ITEM_LIMIT.value,
+            )
+            after_discards(tx, failed, hooks)
+        elif source["list_type"] != "array":
             failed = tx.rows(
                 Q.discard_node,
                 id=source["id"],
@@ -89,7 +107,12 @@ def items_discarded(tx: Tx, items: list[Row], hooks: Hooks) -> None:
             after_discards(tx, failed, hooks)
 
 
-def gate_on_resume(tx: Tx, run_id: int, hooks: Hooks) -> None:
-    """Resume hook: items set back to pending start again, up to max_parallel."""
-    for row in tx.rows(Q.fan_out_nodes_of_run, run_id=run_id):
-        advance(tx, run_id, row["node"], hooks)
+def gate_on_resume(tx: Tx, run: Row, hooks: Hooks) -> None:
+    """Resume hook: items set back to pending start again, up to max_parallel.
+
+    A run without fan-out (``has_fan_out``, read with the run lock) has none to look for.
+    """
+    if not run["has_fan_out"]:
+        return
+    for row in tx.rows(Q.fan_out_nodes_of_run, run_id=run["id"]):
+        advance(tx, run["id"], row["node"], hooks)

@@ -1,27 +1,18 @@
-"""Assembles the engine's hooks: mailbox, fan-out and child-run behaviour, and child compiling."""
+"""Assembles the engine's hooks: mailbox, fan-out and child-run behaviour."""
 
 from __future__ import annotations
 
-from cyclone_dsl.dsl.registry import Registry
 from cyclone_dsl.engine import children, fanout, signals
-from cyclone_dsl.engine.transitions import Hooks
-from cyclone_dsl.graph.compile import instantiate
-from cyclone_dsl.graph.rows import CompiledRun
-from cyclone_dsl.payload import JSONValue
+from cyclone_dsl.engine.transitions import ChildCompiler, Hooks
 
 
-def engine_hooks(registry: Registry, also: Registry | None = None) -> Hooks:
-    """The hooks every client, worker and scanner of this process runs transitions with.
+def build_hooks(compile_child: ChildCompiler | None) -> Hooks:
+    """The hooks every transition of an :class:`~cyclone_dsl.engine.core.Engine` runs with.
 
-    Child workflows compile from ``registry``, else from ``also``; one neither has is
-    left for a worker that has it (see ``children.start_deferred``).
+    ``compile_child`` turns a child node's workflow name and input into rows; a
+    child workflow it does not know (or every one, when it is None) is left for a
+    worker that has it (see ``children.start_deferred``).
     """
-
-    def compile_child(workflow: str, run_input: JSONValue) -> CompiledRun:
-        if also is not None and workflow not in registry.workflows:
-            return instantiate(also.workflow(workflow).template, run_input)
-        return instantiate(registry.workflow(workflow).template, run_input)
-
     return Hooks(
         compile_child=compile_child,
         on_activated=[

@@ -8,7 +8,7 @@ from datetime import timedelta
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import complete, notify
 from cyclone_dsl.engine.backoff import backoff_seconds
-from cyclone_dsl.engine.transitions import DEFAULT_HOOKS, Hooks, after_discards
+from cyclone_dsl.engine.transitions import Hooks, after_discards
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, StepState
 
@@ -30,7 +30,7 @@ def reclaim(
     *,
     max_reclaims: Mapping[str, int],
     default_max_reclaims: int,
-    hooks: Hooks = DEFAULT_HOOKS,
+    hooks: Hooks,
 ) -> list[Row]:
     """Reclaim one page of expired leases (locks runs first); return the steps changed."""
     if not page:
@@ -56,7 +56,7 @@ def timed_out_page(tx: Tx, *, after_id: int, limit: int, grace: timedelta) -> li
     return tx.rows(Q.timed_out_steps, after_id=after_id, limit=limit, grace=grace)
 
 
-def fail_timed_out(tx: Tx, page: list[Row], hooks: Hooks = DEFAULT_HOOKS) -> set[int]:
+def fail_timed_out(tx: Tx, page: list[Row], hooks: Hooks) -> set[int]:
     """Fail steps that outlived their timeout (the worker running them is stuck or gone)."""
     return complete.fail(
         tx,

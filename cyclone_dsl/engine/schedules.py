@@ -12,10 +12,10 @@ missed slot in turn, one per scanner pass.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
@@ -23,16 +23,16 @@ from croniter import croniter
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine.submit import insert_run
 from cyclone_dsl.engine.transitions import Hooks
-from cyclone_dsl.errors import CycloneError, ScheduleError, UnknownWorkflow
+from cyclone_dsl.errors import CycloneError, ScheduleError, UnknownDefinition
 from cyclone_dsl.failpoints import failpoint
-from cyclone_dsl.graph.rows import CompiledRun
+from cyclone_dsl.graph.rows import CompiledRun, ScheduleRow
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
 
 LOCAL = "Local"
 CatchUp = Literal["latest", "all"]
 #: (kind, input, schedule row) -> (rows of the run, the local def_version or None for a step)
-Compiler = Callable[[str, JSONValue, Row], tuple[CompiledRun, str | None]]
+Compiler = Callable[[str, JSONValue, Mapping[str, Any]], tuple[CompiledRun, str | None]]
 
 
 def zone(location: str | None) -> tzinfo:
@@ -70,46 +70,41 @@ def db_now(tx: Tx) -> datetime:
     return now
 
 
-def register(
-    tx: Tx,
-    *,
-    schedule_id: str,
-    kind: str,
-    cron: str,
-    location: str | None,
-    enabled: bool,
-    input_text: str,
-    def_version: str | None,
-    queue: str,
-    priority: int,
-    max_attempts: int,
-    timeout: timedelta | None,
-    retention: timedelta | None,
-) -> datetime:
+def register(tx: Tx, schedule: ScheduleRow) -> datetime:
     """Upsert a schedule (a changed cron or zone recomputes its next slot); return it."""
-    if not croniter.is_valid(cron):
-        raise ScheduleError(f"{cron!r} is not a valid cron expression")
-    location = location or LOCAL
-    first = next_slot(cron, location, db_now(tx))
+    if not croniter.is_valid(schedule.cron):
+        raise ScheduleError(f"{schedule.cron!r} is not a valid cron expression")
+    location = schedule.location or LOCAL
+    first = next_slot(schedule.cron, location, db_now(tx))
     row = tx.one(
         Q.upsert_schedule,
-        id=schedule_id,
-        kind=kind,
-        input=input_text,
-        cron_spec=cron,
+        id=schedule.id,
+        kind=schedule.kind,
+        input=schedule.input,
+        cron_spec=schedule.cron,
         location=location,
         next_run_at=first,
-        enabled=enabled,
-        max_attempts=max_attempts,
-        timeout=timeout,
-        queue=queue,
-        priority=priority,
-        retention=retention,
-        def_version=def_version,
+        enabled=schedule.enabled,
+        max_attempts=schedule.max_attempts,
+        timeout=schedule.timeout,
+        queue=schedule.queue,
+        priority=schedule.priority,
+        retention=schedule.retention,
+        def_version=schedule.def_version,
     )
     assert row is not None
     next_run_at: datetime = row["next_run_at"]
     return next_run_at
+
+
+def set_enabled(tx: Tx, schedule_id: str, enabled: bool) -> None:
+    if not tx.rows(Q.set_schedule_enabled, id=schedule_id, enabled=enabled):
+        raise ScheduleError(f"there is no schedule {schedule_id!r}")
+
+
+def delete(tx: Tx, schedule_id: str) -> None:
+    if not tx.rows(Q.delete_schedule, id=schedule_id):
+        raise ScheduleError(f"there is no schedule {schedule_id!r}")
 
 
 def lease_due(tx: Tx, *, owner: str, limit: int, lease: timedelta) -> list[Row]:
@@ -133,7 +128,7 @@ def fire(
     following = next_slot(cron, location, slot)
     try:
         compiled, local_version = compile_target(schedule["kind"], schedule["input"], schedule)
-    except UnknownWorkflow as exc:
+    except UnknownDefinition as exc:
         tx.run(Q.schedule_refused, id=schedule["id"], owner=owner, error=f"refused here: {exc}")
         return None
     except CycloneError as exc:
@@ -160,7 +155,7 @@ def fire(
         return None
     run_id: int | None = None
     try:
-        with tx.conn.transaction():  # a savepoint: a slot recorded before rolls back this run
+        with tx.savepoint():  # a savepoint: a slot recorded before rolls back this run
             candidate = insert_run(tx, compiled, hooks=hooks)
             if not tx.one(
                 Q.record_fire, schedule_id=schedule["id"], scheduled_for=slot, run_id=candidate

@@ -6,7 +6,7 @@ import json
 from enum import StrEnum
 
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine.transitions import DEFAULT_HOOKS, Hooks, after_completions
+from cyclone_dsl.engine.transitions import Hooks, after_completions
 from cyclone_dsl.errors import (
     AlreadyTerminal,
     MailboxFull,
@@ -35,9 +35,7 @@ def _capacity(wait: Row) -> int:
     return int(wait["wait_count"] or 1)
 
 
-def deliver(
-    tx: Tx, run_id: int, name: str, payload_text: str, hooks: Hooks = DEFAULT_HOOKS
-) -> Delivery:
+def deliver(tx: Tx, run_id: int, name: str, payload_text: str, hooks: Hooks) -> Delivery:
     """Deliver one signal (the run row is locked first, so senders serialise per run)."""
     locked = tx.rows(Q.lock_runs, run_ids=[run_id])
     if not locked:

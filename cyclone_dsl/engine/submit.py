@@ -7,11 +7,11 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 import attrs
-import psycopg
 
+from cyclone_dsl.db.errors import UniqueViolation
 from cyclone_dsl.db.tx import Tx
-from cyclone_dsl.engine.transitions import DEFAULT_HOOKS, Hooks, activate
-from cyclone_dsl.errors import DuplicateSubmit, InvalidArgument
+from cyclone_dsl.engine.transitions import Hooks, activate
+from cyclone_dsl.errors import SubmitContended
 from cyclone_dsl.graph.rows import CompiledRun, RunTemplate, StepRow
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import StepState
@@ -105,31 +105,32 @@ def _special_roots(graph: CompiledRun | RunTemplate) -> list[str]:
     return [s.node for s in graph.steps if s.state == StepState.PENDING and s.node not in with_deps]
 
 
+def _fan_out_limits(graph: CompiledRun | RunTemplate) -> list[tuple[str, int]]:
+    """(node, max_items) of the fan-out nodes that set a max_items guard."""
+    return [(s.node, s.fan_out_max_items) for s in graph.steps if s.fan_out_max_items is not None]
+
+
 def is_one_statement(compiled: CompiledRun) -> bool:
-    """Whether :func:`insert_run` is one statement (no root to activate after the insert).
+    """Whether :func:`insert_run` is one statement (nothing to activate or record after the
+    insert).
 
     Such a submit can run in autocommit mode: atomic on its own, and two round
     trips (BEGIN, COMMIT) shorter than an explicit transaction.
     """
-    return not _special_roots(compiled)
+    return not _special_roots(compiled) and not _fan_out_limits(compiled)
 
 
-def insert_run_params(
-    compiled: CompiledRun, *, deadline: timedelta | None = None
-) -> dict[str, object]:
-    """The parameters of ``Q.insert_run_graph``, the one statement of :func:`insert_run`
-    for a run with no root to activate.
-
-    For callers holding a connection the engine cannot drive (an async one, in
-    the caller's own transaction); the ``shift`` parameter is theirs to add.
-    """
-    if not is_one_statement(compiled):
-        raise InvalidArgument(
-            f"workflow {compiled.workflow!r} starts with a wait, timer, child or fan-out, which "
-            "must be activated in the submit transaction: submit it with Client.submit_tx on a "
-            "synchronous connection, or with submit()"
+def _record_fan_out_limits(
+    tx: Tx, run_ids: Sequence[int], graph: CompiledRun | RunTemplate
+) -> None:
+    limits = _fan_out_limits(graph)
+    if limits:
+        tx.rows(
+            Q.insert_fan_out_limits,
+            run_ids=[run_id for run_id in run_ids for _ in limits],
+            nodes=[node for _ in run_ids for node, _ in limits],
+            max_items=[limit for _ in run_ids for _, limit in limits],
         )
-    return _run_params(compiled, deadline=deadline)
 
 
 def insert_run(
@@ -142,7 +143,7 @@ def insert_run(
     scheduled_at: datetime | None = None,
     unique_key: str | None = None,
     sequence_key: str | None = None,
-    hooks: Hooks = DEFAULT_HOOKS,
+    hooks: Hooks,
 ) -> int:
     """Insert the run and its graph, activate special roots, wake workers; return the run id."""
     params = _run_params(
@@ -157,6 +158,7 @@ def insert_run(
     row = tx.one(Q.insert_run_graph, **params)
     assert row is not None
     run_id: int = row["run_id"]
+    _record_fan_out_limits(tx, [run_id], compiled)
     activate(tx, [(run_id, node) for node in _special_roots(compiled)], hooks)
     return run_id
 
@@ -168,7 +170,7 @@ def insert_runs(
     *,
     deadline: timedelta | None = None,
     scheduled_at: datetime | None = None,
-    hooks: Hooks = DEFAULT_HOOKS,
+    hooks: Hooks,
 ) -> list[int]:
     """Insert one run of ``template`` per input (JSON text) in two statements.
 
@@ -200,6 +202,7 @@ def insert_runs(
         scheduled_at=scheduled_at,
         wake=sorted({s.queue for s in template.steps if s.state == StepState.AVAILABLE}),
     )
+    _record_fan_out_limits(tx, ids, template)
     roots = _special_roots(template)
     activate(tx, [(run_id, node) for run_id in ids for node in roots], hooks)
     return ids
@@ -216,14 +219,14 @@ def insert_run_once(
         if existing is not None:
             return Submitted(existing["run_id"], created=False)
         try:
-            with tx.conn.transaction():  # a savepoint: a lost race must not abort the caller's tx
+            with tx.savepoint():  # a savepoint: a lost race must not abort the caller's tx
                 run_id = insert_run(
                     tx, compiled, deadline=deadline, submit_key=submit_key, hooks=hooks
                 )
-        except psycopg.errors.UniqueViolation:
+        except UniqueViolation:
             continue  # another caller committed the key meanwhile: read it back
         return Submitted(run_id, created=True)
-    raise DuplicateSubmit(f"submit key {submit_key!r} is contended; try again")
+    raise SubmitContended(f"submit key {submit_key!r} is contended; try again")
 
 
 def insert_standalone(
@@ -233,13 +236,16 @@ def insert_standalone(
     unique_key: str | None,
     sequence_key: str | None,
     scheduled_at: datetime | None,
+    hooks: Hooks,
 ) -> Submitted:
     """Enqueue standalone work; with a unique key, return the active holder instead.
 
     Without a unique key this is one statement (see :func:`is_one_statement`).
     """
     if unique_key is None:
-        run_id = insert_run(tx, compiled, scheduled_at=scheduled_at, sequence_key=sequence_key)
+        run_id = insert_run(
+            tx, compiled, scheduled_at=scheduled_at, sequence_key=sequence_key, hooks=hooks
+        )
         return Submitted(run_id, created=True)
     kind = compiled.steps[0].kind
     for _ in range(RACE_ATTEMPTS):
@@ -248,16 +254,17 @@ def insert_standalone(
             if existing is not None:
                 return Submitted(existing["run_id"], created=False)
         try:
-            with tx.conn.transaction():
+            with tx.savepoint():
                 run_id = insert_run(
                     tx,
                     compiled,
                     scheduled_at=scheduled_at,
                     unique_key=unique_key,
                     sequence_key=sequence_key,
+                    hooks=hooks,
                 )
-        except psycopg.errors.UniqueViolation:
+        except UniqueViolation:
             # The holder committed, or rolled back and freed the key: look again.
             continue
         return Submitted(run_id, created=True)
-    raise DuplicateSubmit(f"unique key {unique_key!r} of {kind!r} is contended; try again")
+    raise SubmitContended(f"unique key {unique_key!r} of {kind!r} is contended; try again")

@@ -34,17 +34,15 @@ class Hooks:
     on_activated: list[RowsHook] = attrs.field(factory=list)
     on_items_completed: list[RowsHook] = attrs.field(factory=list)
     on_items_discarded: list[RowsHook] = attrs.field(factory=list)
-    on_resumed: list[Callable[[Tx, int, Hooks], None]] = attrs.field(factory=list)
+    #: Called with the resumed run's row (id, state, has_fan_out, paused_at), locked.
+    on_resumed: list[Callable[[Tx, Row, Hooks], None]] = attrs.field(factory=list)
     #: Called with the runs that just ended (rows with id, parent_run_id, parent_node_id).
     on_runs_ended: list[Callable[[Tx, list[Row], RunState, Hooks], None]] = attrs.field(
         factory=list
     )
 
 
-DEFAULT_HOOKS = Hooks()
-
-
-def activate(tx: Tx, run_nodes: Iterable[tuple[int, str]], hooks: Hooks = DEFAULT_HOOKS) -> None:
+def activate(tx: Tx, run_nodes: Iterable[tuple[int, str]], hooks: Hooks) -> None:
     """Activate every listed pending node whose dependencies have all completed."""
     pairs = sorted(set(run_nodes))
     if not pairs:
@@ -59,7 +57,7 @@ def activate(tx: Tx, run_nodes: Iterable[tuple[int, str]], hooks: Hooks = DEFAUL
         hook(tx, rows, hooks)
 
 
-def after_completions(tx: Tx, completed: Sequence[Row], hooks: Hooks = DEFAULT_HOOKS) -> None:
+def after_completions(tx: Tx, completed: Sequence[Row], hooks: Hooks) -> None:
     """Follow-ups of completed steps (rows with run_id, node, item_of, has_downstream)."""
     items = [r for r in completed if r.get("item_of") is not None]
     if items:
@@ -76,7 +74,7 @@ def after_completions(tx: Tx, completed: Sequence[Row], hooks: Hooks = DEFAULT_H
     finish_if_done(tx, {r["run_id"] for r in completed if r.get("item_of") is None}, hooks)
 
 
-def finish_if_done(tx: Tx, run_ids: Iterable[int], hooks: Hooks = DEFAULT_HOOKS) -> list[Row]:
+def finish_if_done(tx: Tx, run_ids: Iterable[int], hooks: Hooks) -> list[Row]:
     """Complete the runs whose steps are all terminal; return the finished runs."""
     ids = sorted(set(run_ids))
     if not ids:
@@ -86,7 +84,7 @@ def finish_if_done(tx: Tx, run_ids: Iterable[int], hooks: Hooks = DEFAULT_HOOKS)
     return finished
 
 
-def after_discards(tx: Tx, discarded: Sequence[Row], hooks: Hooks = DEFAULT_HOOKS) -> None:
+def after_discards(tx: Tx, discarded: Sequence[Row], hooks: Hooks) -> None:
     """Apply ``on_dep_failure`` for discarded steps (rows with run_id, node, error).
 
     Nodes first, item tasks after: a contained failure completes its run once nothing is
@@ -149,7 +147,7 @@ def end_runs(
     *,
     error: str,
     error_kind: ErrorKind,
-    hooks: Hooks = DEFAULT_HOOKS,
+    hooks: Hooks,
 ) -> list[Row]:
     """Fail or cancel runs and every non-terminal step in them; return the runs ended."""
     ended = tx.rows(Q.end_runs, run_ids=sorted(run_ids), state=state.value)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine.transitions import (
-    DEFAULT_HOOKS,
     Hooks,
     activate,
     after_completions,
@@ -16,7 +15,7 @@ from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, RunState
 
 
-def fire_timers(tx: Tx, page: list[Row], hooks: Hooks = DEFAULT_HOOKS) -> int:
+def fire_timers(tx: Tx, page: list[Row], hooks: Hooks) -> int:
     if not page:
         return 0
     tx.rows(Q.lock_runs, run_ids=sorted({r["run_id"] for r in page}))
@@ -25,7 +24,7 @@ def fire_timers(tx: Tx, page: list[Row], hooks: Hooks = DEFAULT_HOOKS) -> int:
     return len(done)
 
 
-def time_out_signal_waits(tx: Tx, page: list[Row], hooks: Hooks = DEFAULT_HOOKS) -> int:
+def time_out_signal_waits(tx: Tx, page: list[Row], hooks: Hooks) -> int:
     if not page:
         return 0
     tx.rows(Q.lock_runs, run_ids=sorted({r["run_id"] for r in page}))
@@ -35,7 +34,7 @@ def time_out_signal_waits(tx: Tx, page: list[Row], hooks: Hooks = DEFAULT_HOOKS)
     return len(failed)
 
 
-def fail_past_deadline(tx: Tx, page: list[Row], hooks: Hooks = DEFAULT_HOOKS) -> int:
+def fail_past_deadline(tx: Tx, page: list[Row], hooks: Hooks) -> int:
     if not page:
         return 0
     run_ids = sorted(r["id"] for r in page)
@@ -62,7 +61,7 @@ def pause(tx: Tx, run_id: int) -> None:
     tx.rows(Q.pause_run, run_id=run_id)
 
 
-def resume(tx: Tx, run_id: int, hooks: Hooks = DEFAULT_HOOKS) -> None:
+def resume(tx: Tx, run_id: int, hooks: Hooks) -> None:
     """Resume a paused run; its deadline and timed waits move forward by the pause length."""
     run = _locked(tx, run_id)
     if RunState(run["state"]) != RunState.PAUSED:
@@ -70,7 +69,7 @@ def resume(tx: Tx, run_id: int, hooks: Hooks = DEFAULT_HOOKS) -> None:
     reopened = tx.rows(Q.resume_run, run_id=run_id, paused_at=run["paused_at"])
     activate(tx, ((run_id, r["node"]) for r in reopened if r["item_of"] is None), hooks)
     for hook in hooks.on_resumed:
-        hook(tx, run_id, hooks)
+        hook(tx, run, hooks)
 
 
 def _locked(tx: Tx, run_id: int) -> Row:

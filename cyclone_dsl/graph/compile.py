@@ -110,6 +110,7 @@ def compile_template(graph: Graph, *, def_version: str | None = None) -> RunTemp
                 ),
                 fan_out_parallel=fan_out.max_parallel if fan_out else None,
                 fan_out_max_bytes=fan_out.max_bytes if fan_out else None,
+                fan_out_max_items=fan_out.max_items if fan_out else None,
                 child_workflow=child.workflow if child else None,
                 child_needs_result=child.needs_result if child else None,
                 retention=options.retention,

@@ -69,6 +69,7 @@ class StepRow:
     on_dep_failure: str | None = None  # None means fail_run
     fan_out_parallel: int | None = None
     fan_out_max_bytes: int | None = None
+    fan_out_max_items: int | None = None  # stored on the extension track, not in cyclone_steps
     child_workflow: str | None = None
     child_needs_result: bool | None = None
     retention: timedelta | None = None
@@ -114,3 +115,26 @@ class RunTemplate:
     steps: tuple[StepRow, ...]
     deps: tuple[DepRow, ...]
     inputs: tuple[InputRow, ...]
+
+
+@attrs.frozen
+class ScheduleRow:
+    """A ``cyclone_schedules`` row as registration writes it (the engine computes the slot).
+
+    For a workflow schedule, ``queue``, ``priority``, ``max_attempts``, ``timeout``
+    and ``retention`` hold what the schedule set (the column defaults otherwise):
+    set ones replace the options of every step of each run it fires.
+    """
+
+    id: str
+    kind: str
+    cron: str
+    location: str | None
+    enabled: bool
+    input: str  # JSON text
+    def_version: str | None  # pinned workflow definition; None for a step or action
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int = 5
+    timeout: timedelta | None = None
+    retention: timedelta | None = None

@@ -123,6 +123,7 @@ class _Queries:
     ping: LiteralString
     allocate_run_ids: LiteralString
     insert_run_graphs: LiteralString
+    insert_fan_out_limits: LiteralString
     # waits.sql
     due_timers: LiteralString
     expired_signal_waits: LiteralString

@@ -20,13 +20,15 @@ ON CONFLICT (run_id, node) DO NOTHING
 RETURNING run_id, item_of, state, queue
 
 -- name: fan_out_sources
--- What each fan-out node would expand: the JSON type of its list.
-SELECT s.id, s.run_id, s.node, s.fan_out_max_bytes,
+-- What each fan-out node would expand: the JSON type and length of its list, and its
+-- max_items guard (NULL: none).
+SELECT s.id, s.run_id, s.node, s.fan_out_max_bytes, l.max_items,
        jsonb_typeof(coalesce(u.output, s.input)) AS list_type,
        coalesce(jsonb_array_length(CASE WHEN jsonb_typeof(coalesce(u.output, s.input)) = 'array'
                                         THEN coalesce(u.output, s.input) END), 0) AS length
 FROM cyclone_steps AS s
 LEFT JOIN cyclone_steps AS u ON u.run_id = s.run_id AND u.node = s.input_from
+LEFT JOIN cyclone_ext_fan_out_limits AS l ON l.run_id = s.run_id AND l.node = s.node
 WHERE s.id = ANY(%(ids)s::bigint[])
 
 -- name: activate_next_items

@@ -142,3 +142,7 @@ SELECT (SELECT count(*) FROM runs) AS runs,
        (SELECT count(pg_notify('cyclone_work', q))
         FROM unnest(%(wake)s::text[]) AS q) AS woken
 
+-- name: insert_fan_out_limits
+-- Record the max_items guard of fan-out nodes that set one (extension track).
+INSERT INTO cyclone_ext_fan_out_limits (run_id, node, max_items)
+SELECT * FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[], %(max_items)s::int[])

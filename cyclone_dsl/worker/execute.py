@@ -7,9 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cyclone_dsl import payload
-from cyclone_dsl.engine.backoff import backoff_seconds
-from cyclone_dsl.engine.claim import Claimed
-from cyclone_dsl.engine.complete import Failure, Success
+from cyclone_dsl.engine import Claimed, Failure, Success, backoff_seconds
 from cyclone_dsl.errors import InvalidPayload, PayloadTooLarge, Permanent
 from cyclone_dsl.states import ErrorKind
 from cyclone_dsl.worker.context import StepContext

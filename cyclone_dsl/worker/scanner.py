@@ -1,4 +1,8 @@
-"""The maintenance scanner: periodic, paginated passes, one leader per pass via advisory lock."""
+"""The maintenance scanner: periodic, paginated passes, one leader per pass via advisory lock.
+
+Each pass is a call of the :class:`~cyclone_dsl.engine.Engine`, one page per
+transaction; the leader lock of a pass is taken in the same transaction.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,11 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any
 
-import psycopg
-from psycopg_pool import ConnectionPool
-
+from cyclone_dsl.db.connect import Pool
+from cyclone_dsl.db.errors import DatabaseError
 from cyclone_dsl.db.tx import Row, Tx, in_transaction
-from cyclone_dsl.engine import children, scan, schedules, waits
-from cyclone_dsl.engine.transitions import Hooks
-from cyclone_dsl.sql import Q
+from cyclone_dsl.engine import CatchUp, Engine, Page
 
 log = logging.getLogger("cyclone.scanner")
 
@@ -28,31 +28,27 @@ class Scanner:
 
     def __init__(
         self,
-        pool: ConnectionPool[Any],
+        pool: Pool,
+        engine: Engine,
         *,
         interval: float,
         max_reclaims: Mapping[str, int],
         default_max_reclaims: int,
-        hooks: Hooks,
-        shift: timedelta,
         stopping: threading.Event,
         timeout_grace: timedelta = timedelta(seconds=5),
         owner: str = "scanner",
-        compile_target: schedules.Compiler | None = None,
-        catch_up: schedules.CatchUp = "latest",
+        catch_up: CatchUp = "latest",
         retention: timedelta | None = None,
     ) -> None:
         self.pool = pool
+        self.engine = engine
         self.interval = interval
         self.max_reclaims = dict(max_reclaims)
         self.default_max_reclaims = default_max_reclaims
-        self.hooks = hooks
-        self.shift = shift
         self.stopping = stopping
         self.timeout_grace = timeout_grace
         self.owner = owner
-        self.compile_target = compile_target
-        self.catch_up: schedules.CatchUp = catch_up
+        self.catch_up: CatchUp = catch_up
         self.retention = retention
         self.passes = 0
 
@@ -60,7 +56,7 @@ class Scanner:
         while not self.stopping.is_set():
             try:
                 self.scan_once()
-            except psycopg.Error as exc:
+            except DatabaseError as exc:
                 log.warning("scan pass failed (%s); the next pass retries", exc)
             except Exception:
                 log.exception("scan pass failed; the next pass retries")
@@ -68,30 +64,60 @@ class Scanner:
 
     def scan_once(self) -> int:
         """Run every pass once; return how many rows changed."""
-        changed = self._paginate("leases", self._reclaim_page)
-        changed += self._paginate("timeouts", self._timeout_page)
-        changed += self._paginate("timers", self._timer_page)
-        changed += self._paginate("signal_timeouts", self._signal_timeout_page)
-        changed += self._paginate("deadlines", self._deadline_page)
-        changed += self._paginate("children", self._child_repair_page)
-        if self.compile_target is not None:
+        engine = self.engine
+        changed = self._paginate(
+            "leases",
+            lambda tx, after: engine.reclaim_expired_leases(
+                tx,
+                after_id=after,
+                limit=PAGE,
+                max_reclaims=self.max_reclaims,
+                default_max_reclaims=self.default_max_reclaims,
+            ),
+        )
+        changed += self._paginate(
+            "timeouts",
+            lambda tx, after: engine.fail_timed_out_steps(
+                tx, after_id=after, limit=PAGE, grace=self.timeout_grace
+            ),
+        )
+        changed += self._paginate(
+            "timers", lambda tx, after: engine.fire_timers(tx, after_id=after, limit=PAGE)
+        )
+        changed += self._paginate(
+            "signal_timeouts",
+            lambda tx, after: engine.time_out_signal_waits(tx, after_id=after, limit=PAGE),
+        )
+        changed += self._paginate(
+            "deadlines",
+            lambda tx, after: engine.fail_past_deadlines(tx, after_id=after, limit=PAGE),
+        )
+        settled = self._paginate(
+            "children",
+            lambda tx, after: engine.settle_ended_children(tx, after_id=after, limit=PAGE),
+        )
+        if settled:
+            log.warning("settled %d parent nodes whose child run had ended", settled)
+        changed += settled
+        if engine.fires_schedules:
             changed += self.fire_schedules()
         if self.retention is not None:
             changed += self.expire_runs()
+        changed += self._paginate("workers", lambda tx, _: (engine.prune_workers(tx), None))
         self.passes += 1
         return changed
 
-    def _paginate(self, name: str, page_fn: Callable[[Tx, int], tuple[int, int | None]]) -> int:
+    def _paginate(self, name: str, page_fn: Callable[[Tx, int], Page]) -> int:
         """Run ``page_fn`` page after page, each in its own transaction under the leader lock."""
         cursor, total = 0, 0
         while not self.stopping.is_set():
 
-            def one_page(tx: Tx, after: int = cursor) -> tuple[int, int | None] | None:
-                if not scan.is_leader(tx, name):
+            def one_page(tx: Tx, after: int = cursor) -> Page | None:
+                if not self.engine.is_scan_leader(tx, name):
                     return None
                 return page_fn(tx, after)
 
-            result = in_transaction(self.pool, one_page, shift=self.shift)
+            result = in_transaction(self.pool, one_page)
             if result is None:
                 return total
             changed, next_cursor = result
@@ -101,83 +127,36 @@ class Scanner:
             cursor = next_cursor
         return total
 
-    def _reclaim_page(self, tx: Tx, after: int) -> tuple[int, int | None]:
-        page = scan.expired_page(tx, after_id=after, limit=PAGE)
-        rows = scan.reclaim(
-            tx,
-            page,
-            max_reclaims=self.max_reclaims,
-            default_max_reclaims=self.default_max_reclaims,
-            hooks=self.hooks,
-        )
-        if rows:
-            log.info("reclaimed %d expired leases", len(rows))
-        return len(rows), _next_cursor(page)
-
-    def _timeout_page(self, tx: Tx, after: int) -> tuple[int, int | None]:
-        page = scan.timed_out_page(tx, after_id=after, limit=PAGE, grace=self.timeout_grace)
-        changed = scan.fail_timed_out(tx, page, self.hooks)
-        return len(changed), _next_cursor(page)
-
-    def _timer_page(self, tx: Tx, after: int) -> tuple[int, int | None]:
-        page = tx.rows(Q.due_timers, after_id=after, limit=PAGE)
-        return waits.fire_timers(tx, page, self.hooks), _next_cursor(page)
-
-    def _signal_timeout_page(self, tx: Tx, after: int) -> tuple[int, int | None]:
-        page = tx.rows(Q.expired_signal_waits, after_id=after, limit=PAGE)
-        return waits.time_out_signal_waits(tx, page, self.hooks), _next_cursor(page)
-
-    def _deadline_page(self, tx: Tx, after: int) -> tuple[int, int | None]:
-        page = tx.rows(Q.expired_deadlines, after_id=after, limit=PAGE)
-        return waits.fail_past_deadline(tx, page, self.hooks), _next_cursor(page)
-
-    def _child_repair_page(self, tx: Tx, after: int) -> tuple[int, int | None]:
-        ended = children.repair_ended(tx, after_id=after, limit=PAGE, hooks=self.hooks)
-        if ended:
-            log.warning("settled %d parent nodes whose child run had ended", len(ended))
-        return len(ended), None  # settled rows leave the page: the next pass starts over
-
     def fire_schedules(self) -> int:
         """Lease due schedules, then fire each in its own transaction."""
-        compile_target = self.compile_target
-        assert compile_target is not None
         due = in_transaction(
             self.pool,
-            lambda tx: schedules.lease_due(tx, owner=self.owner, limit=50, lease=SCHEDULE_LEASE),
-            shift=self.shift,
+            lambda tx: self.engine.lease_due_schedules(
+                tx, owner=self.owner, limit=50, lease=SCHEDULE_LEASE
+            ),
         )
         fired = 0
         for row in due:
 
             def fire_one(tx: Tx, row: Row = row) -> int | None:
-                return schedules.fire(
-                    tx,
-                    row,
-                    owner=self.owner,
-                    compile_target=compile_target,
-                    hooks=self.hooks,
-                    catch_up=self.catch_up,
-                )
+                return self.engine.fire_schedule(tx, row, owner=self.owner, catch_up=self.catch_up)
 
-            fired += in_transaction(self.pool, fire_one, shift=self.shift) is not None
+            fired += in_transaction(self.pool, fire_one) is not None
         return fired
 
     def expire_runs(self) -> int:
         """Delete terminal runs past their retention, a batch per transaction."""
+        retention = self.retention
+        assert retention is not None
         total = 0
         while not self.stopping.is_set():
             deleted = in_transaction(
                 self.pool,
-                lambda tx: tx.rows(
-                    Q.expire_runs, default_retention=self.retention, limit=RETENTION_BATCH
+                lambda tx: self.engine.expire_runs(
+                    tx, default_retention=retention, limit=RETENTION_BATCH
                 ),
-                shift=self.shift,
             )
-            total += len(deleted)
-            if len(deleted) < RETENTION_BATCH:
+            total += deleted
+            if deleted < RETENTION_BATCH:
                 return total
         return total
-
-
-def _next_cursor(page: list[Row]) -> int | None:
-    return page[-1]["id"] if len(page) >= PAGE else None

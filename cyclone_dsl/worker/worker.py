@@ -40,23 +40,25 @@ from types import TracebackType
 from typing import Any
 
 import attrs
-import psycopg
 
 from cyclone_dsl import payload
-from cyclone_dsl.client.schedules import compiler_for, register_all
+from cyclone_dsl.db.callers import Connection
 from cyclone_dsl.db.connect import connect, make_pool
+from cyclone_dsl.db.errors import ConnectionFailure, DatabaseError
 from cyclone_dsl.db.listen import listen, ping
-from cyclone_dsl.db.tx import Tx, in_autocommit, in_transaction
+from cyclone_dsl.db.tx import ConnectionTx, Tx, in_autocommit, in_transaction
+from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.registry import Registry, default_registry
-from cyclone_dsl.engine import children as children_ops
-from cyclone_dsl.engine import claim as claim_ops
-from cyclone_dsl.engine import complete as complete_ops
-from cyclone_dsl.engine import workers as registry_ops
-from cyclone_dsl.engine.children import CHILD_WAKE
-from cyclone_dsl.engine.claim import Claimed
-from cyclone_dsl.engine.complete import Failure, Success
-from cyclone_dsl.engine.hooks import engine_hooks
-from cyclone_dsl.engine.notify import CANCEL_CHANNEL, WORK_CHANNEL, run_ids_of
+from cyclone_dsl.engine import (
+    CANCEL_CHANNEL,
+    CHILD_WAKE,
+    WORK_CHANNEL,
+    Claimed,
+    Engine,
+    Failure,
+    Success,
+    run_ids_of,
+)
 from cyclone_dsl.errors import InvalidArgument, WorkerCrashed
 from cyclone_dsl.migrate import check_database
 from cyclone_dsl.states import ErrorKind
@@ -120,7 +122,6 @@ class Worker:
         scanners: bool = True,
         retention: timedelta | None = timedelta(days=7),
         catch_up: str = "latest",
-        shift: timedelta = timedelta(0),
         name: str | None = None,
         registry: Registry | None = None,
     ) -> None:
@@ -149,9 +150,11 @@ class Worker:
         self.grace = grace
         self.batch_size = batch_size
         self.max_output_bytes = max_output_bytes
-        self.shift = shift
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
-        self.hooks = engine_hooks(self.registry, also=self._also)
+        self._engine = Engine(
+            compile_child=runs.child_compiler(self.registry, also=self._also),
+            compile_schedule=runs.compiler_for(self.registry),
+        )
         self._dsn = dsn
         self._max_reclaims = {
             kind: step.max_reclaims
@@ -290,7 +293,7 @@ class Worker:
         )
         try:
             self._register(refuse_conflicts=True)
-            registered = self._tx(lambda tx: register_all(tx, self.registry))
+            registered = self._tx(self._register_schedules)
         except BaseException:
             self._pool.close()
             raise
@@ -309,14 +312,12 @@ class Worker:
         if self._with_scanners:
             self._scanner = Scanner(
                 self._pool,
+                self._engine,
                 interval=self._scan_interval,
                 max_reclaims=self._max_reclaims,
                 default_max_reclaims=self._default_max_reclaims,
-                hooks=self.hooks,
-                shift=self.shift,
                 stopping=self._stopping,
                 owner=self.id,
-                compile_target=compiler_for(self.registry),
                 catch_up=self._catch_up,
                 retention=self._retention,
             )
@@ -329,6 +330,13 @@ class Worker:
             self.concurrency,
         )
 
+    def _register_schedules(self, tx: Tx) -> list[str]:
+        """Register every ``@schedule`` of the worker's registry; return their ids."""
+        rows = runs.registry_schedules(self.registry)
+        for row in rows:
+            self._engine.register_schedule(tx, row)
+        return [row.id for row in rows]
+
     def _fetch_loop_then_shutdown(self) -> None:
         try:
             self._fetch_loop()
@@ -339,7 +347,7 @@ class Worker:
 
     def _register(self, *, refuse_conflicts: bool) -> None:
         ignored = self._tx(
-            lambda tx: registry_ops.register(
+            lambda tx: self._engine.register_worker(
                 tx,
                 worker_id=self.id,
                 host=socket.gethostname(),
@@ -380,14 +388,14 @@ class Worker:
         if left:
             leases = [(f.step.id, f.step.generation) for f in left]
             try:
-                released = self._tx(lambda tx: claim_ops.release(tx, leases))
+                released = self._tx(lambda tx: self._engine.release(tx, leases))
                 log.info("released %d leases at shutdown", len(released))
-            except psycopg.Error:
+            except DatabaseError:
                 log.exception("could not release leases; they will expire and be reclaimed")
         if self._registered:
             try:
-                self._tx(lambda tx: registry_ops.stop(tx, self.id))
-            except psycopg.Error as exc:
+                self._tx(lambda tx: self._engine.stop_worker(tx, self.id))
+            except DatabaseError as exc:
                 log.warning("could not record the stop in the worker registry: %s", exc)
         self._outcomes.put(None)
         self._closing.set()
@@ -412,7 +420,7 @@ class Worker:
     # -- claiming and running ----------------------------------------------------------
 
     def _tx(self, work: Any) -> Any:
-        return in_transaction(self._pool, work, shift=self.shift)
+        return in_transaction(self._pool, work)
 
     def _fetch_loop(self) -> None:
         kinds = sorted(self.handlers)
@@ -436,9 +444,9 @@ class Worker:
                         break
             self._wake.clear()
             try:
-                claimed = in_autocommit(self._pool, self._claimer(kinds, free), shift=self.shift)
+                claimed = in_autocommit(self._pool, self._claimer(kinds, free))
                 backoff = 0.0
-            except psycopg.OperationalError as exc:
+            except ConnectionFailure as exc:
                 claimed = []
                 backoff = min(5.0, max(0.2, backoff * 2))
                 log.warning("claim failed (%s); retrying in %.1fs", exc, backoff)
@@ -462,7 +470,7 @@ class Worker:
     def _claimer(self, kinds: list[str], limit: int) -> Callable[[Tx], list[Claimed]]:
         self._refresh_serving()
         queues = self._rotated_queues()
-        return lambda tx: claim_ops.claim(
+        return lambda tx: self._engine.claim(
             tx,
             owner=self.id,
             queues=queues,
@@ -602,11 +610,11 @@ class Worker:
             try:
                 self._apply(group)
                 return
-            except psycopg.OperationalError as exc:
+            except ConnectionFailure as exc:
                 log.warning("committing outcomes failed (%s); retrying in %.1fs", exc, delay)
                 time.sleep(delay)
                 delay = min(10.0, delay * 2)
-            except psycopg.Error as exc:
+            except DatabaseError as exc:
                 if len(group) > 1:
                     for outcome in group:
                         self._commit_group([outcome])
@@ -618,7 +626,7 @@ class Worker:
         successes = [o for o in group if isinstance(o, Success)]
         failures = [o for o in group if isinstance(o, Failure)]
         if successes:
-            done = self._tx(lambda tx: complete_ops.complete(tx, successes, self.hooks))
+            done = self._tx(lambda tx: self._engine.complete(tx, successes))
             with self._count_lock:  # two completers: += is not atomic
                 self.completed_count += len(done)
             if len(done) < len(successes):
@@ -627,9 +635,9 @@ class Worker:
                     len(successes) - len(done),
                 )
         if failures:
-            self._tx(lambda tx: complete_ops.fail(tx, failures, self.hooks))
+            self._tx(lambda tx: self._engine.fail(tx, failures))
 
-    def _apply_poisoned(self, outcome: Success | Failure, exc: psycopg.Error) -> None:
+    def _apply_poisoned(self, outcome: Success | Failure, exc: DatabaseError) -> None:
         """The database refused this outcome: fail its step for good, with the reason."""
         log.error("step %s: the database refused its outcome: %s", outcome.step_id, exc)
         final = Failure(
@@ -640,8 +648,8 @@ class Worker:
             retry=False,
         )
         try:
-            self._tx(lambda tx: complete_ops.fail(tx, [final], self.hooks))
-        except psycopg.Error:
+            self._tx(lambda tx: self._engine.fail(tx, [final]))
+        except DatabaseError:
             log.exception(
                 "step %s: could not record its failure; its lease will expire", final.step_id
             )
@@ -650,13 +658,13 @@ class Worker:
 
     def _beat(self, step: Claimed) -> bool:
         held = self._tx(
-            lambda tx: claim_ops.heartbeat(tx, [(step.id, step.generation)], self.lease)
+            lambda tx: self._engine.heartbeat(tx, [(step.id, step.generation)], self.lease)
         )
         return step.id in held
 
     def _heartbeat_loop(self) -> None:
         interval = max(0.05, self.lease.total_seconds() / 3)
-        conn: psycopg.Connection[Any] | None = None
+        conn: Connection | None = None
         next_beat = time.monotonic() + interval
         while not self._closing.is_set():
             woken = self._check_now.wait(min(0.1, interval))
@@ -679,12 +687,12 @@ class Worker:
             try:
                 if conn is None or conn.closed:
                     conn = connect(self._dsn, name=f"cyclone-heartbeat-{os.getpid()}")
-                tx = Tx(conn, self.shift)
+                tx = ConnectionTx(conn)
                 leases = [(e.step.id, e.step.generation) for e in due]
-                held = claim_ops.heartbeat(tx, leases, self.lease)
+                held = self._engine.heartbeat(tx, leases, self.lease)
                 lost = [e for e in due if e.step.id not in held and not e.settled]
-                states = claim_ops.lease_states(tx, [e.step.id for e in lost]) if lost else {}
-            except psycopg.Error as exc:
+                states = self._engine.lease_states(tx, [e.step.id for e in lost]) if lost else {}
+            except DatabaseError as exc:
                 log.warning("heartbeat failed: %s", exc)
                 if conn is not None:
                     conn.close()
@@ -759,7 +767,7 @@ class Worker:
                             elif note.payload in self.queues:
                                 self._wake.set()
                         ping(conn)  # a dead or half-open connection shows up here
-            except psycopg.Error as exc:
+            except DatabaseError as exc:
                 if self._stopping.is_set():
                     return
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
@@ -795,23 +803,21 @@ class Worker:
                 if time.monotonic() < next_beat:
                     continue
                 next_beat = time.monotonic() + REGISTRY_BEAT_S
-                if not self._tx(lambda tx: registry_ops.beat(tx, self.id)):
+                if not self._tx(lambda tx: self._engine.beat_worker(tx, self.id)):
                     log.warning("worker %s was missing from the registry: registering", self.id)
                     self._register(refuse_conflicts=False)
                 self.start_deferred_children()  # in case a wake-up was missed
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + UNSERVED_CHECK_S
                     self.report_unserved()
-            except psycopg.Error as exc:
+            except DatabaseError as exc:
                 log.warning("worker housekeeping failed (%s); retrying", exc)
 
     def start_deferred_children(self) -> int:
         """Start child runs whose parent node waits in a run this worker serves, left by a
         process that did not have the child's definition; return how many."""
         started: int = self._tx(
-            lambda tx: children_ops.start_deferred(
-                tx, versions=self.serving.versions, hooks=self.hooks
-            )
+            lambda tx: self._engine.start_deferred_children(tx, versions=self.serving.versions)
         )
         if started:
             log.info("started %d child runs left for a worker with their definition", started)
@@ -821,7 +827,7 @@ class Worker:
         """Log (at most every 10 minutes per kind) the due work of this worker's queues that
         no live worker serves; return it."""
         rows: list[dict[str, Any]] = self._tx(
-            lambda tx: registry_ops.unserved(tx, queues=self.queues)
+            lambda tx: self._engine.unserved_work(tx, queues=self.queues)
         )
         now = time.monotonic()
         for row in rows:

@@ -129,7 +129,7 @@ def test_signal_pause_resume_cancel_retry(cyclone: Cli, client: Client) -> None:
         (("submit", "tests.cli.flows:flow", "--input", "{bad"), "--input is not valid JSON"),
         (("submit", "no_such_workflow"), "workflow 'no_such_workflow' is not registered"),
         (("submit", "no.such.module:flow"), "cannot import 'no.such.module'"),
-        (("runs", "--state", "sleeping"), "'sleeping' is not a valid RunState"),
+        (("runs", "--state", "sleeping"), "'sleeping' is not a run state; the states are running"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -13,6 +13,7 @@ from cyclone_dsl import (
     InvalidPayload,
     PayloadTooLarge,
     RunNotFound,
+    UnknownKind,
     UnknownWorkflow,
     Worker,
     step,
@@ -120,8 +121,12 @@ def test_bad_options_are_typed_errors(
 def test_unknown_names_and_ids(client: Client) -> None:
     with pytest.raises(UnknownWorkflow):
         client.submit("no_such_workflow", 1)
-    with pytest.raises(UnknownWorkflow):
+    with pytest.raises(UnknownKind, match="no @step or @action named 'no_such_step'"):
         client.enqueue("no_such_step", 1)
+    with pytest.raises(UnknownKind, match="is not a @step or @action"):
+        client.enqueue(object(), 1)
+    with pytest.raises(UnknownWorkflow, match="is not a @workflow"):
+        client.submit(echo, 1)
     with pytest.raises(RunNotFound):
         client.get_run(123456789)
     with pytest.raises(RunNotFound):

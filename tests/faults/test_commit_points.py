@@ -21,8 +21,7 @@ import pytest
 from cyclone_dsl import Client, Worker
 from cyclone_dsl.db.connect import make_pool
 from cyclone_dsl.db.tx import Tx, in_autocommit, in_transaction
-from cyclone_dsl.engine import claim as claim_ops
-from cyclone_dsl.engine.claim import Claimed
+from cyclone_dsl.engine import Claimed, Engine
 from cyclone_dsl.states import RunState
 from cyclone_dsl.testing.failpoints import arm, disarm
 from tests.faults import handlers
@@ -107,7 +106,7 @@ def test_a_claim_failing_on_a_later_queue_keeps_the_steps_already_claimed(
     lease = timedelta(seconds=30)
 
     def claim_both(tx: Tx) -> list[Claimed]:
-        return claim_ops.claim(
+        return Engine().claim(
             tx,
             owner="w",
             queues=["a", "b"],

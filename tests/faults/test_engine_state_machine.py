@@ -22,11 +22,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from cyclone_dsl import Registry, step, wait_signal, workflow
-from cyclone_dsl.client.base import compile_workflow
-from cyclone_dsl.db.tx import Tx
-from cyclone_dsl.engine import claim, complete, control, scan, signals, submit, waits
-from cyclone_dsl.engine.complete import Failure, Success
-from cyclone_dsl.engine.hooks import engine_hooks
+from cyclone_dsl.db.tx import ConnectionTx
+from cyclone_dsl.dsl.runs import child_compiler, compile_workflow
+from cyclone_dsl.engine import Engine, Failure, Success
 from cyclone_dsl.errors import (
     AlreadyTerminal,
     InvalidTransition,
@@ -55,7 +53,7 @@ def join(x):  # type: ignore[no-untyped-def]
 
 
 REGISTRY = Registry.from_objects([chain, join])
-HOOKS = engine_hooks(REGISTRY)
+ENGINE = Engine(compile_child=child_compiler(REGISTRY))
 VERSIONS = serving_of(REGISTRY).versions
 LEASE = timedelta(seconds=30)
 TERMINAL = {"completed", "discarded", "cancelled"}
@@ -76,7 +74,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def tx(self, work: Any) -> Any:
         with self.conn.transaction():
-            return work(Tx(self.conn, self.shift))
+            return work(ConnectionTx(self.conn, self.shift))
 
     def teardown(self) -> None:
         self.conn.execute("TRUNCATE cyclone_runs CASCADE")
@@ -85,12 +83,12 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(which=st.sampled_from([chain, join]), value=st.integers(0, 9))
     def submit_run(self, which: Any, value: int) -> None:
         compiled = compile_workflow(REGISTRY, which, value)
-        self.runs.append(self.tx(lambda tx: submit.insert_run(tx, compiled, hooks=HOOKS)))
+        self.runs.append(self.tx(lambda tx: ENGINE.submit(tx, compiled)))
 
     @rule(limit=st.integers(1, 3))
     def claim_some(self, limit: int) -> None:
         got = self.tx(
-            lambda tx: claim.claim(
+            lambda tx: ENGINE.claim(
                 tx,
                 owner="m",
                 queues=["default"],
@@ -111,7 +109,7 @@ class EngineMachine(RuleBasedStateMachine):
             return
         step_id = data.draw(st.sampled_from(sorted(self.leases)))
         generation = self.leases.pop(step_id)
-        self.tx(lambda tx: complete.complete(tx, [Success(step_id, generation, "1")], HOOKS))
+        self.tx(lambda tx: ENGINE.complete(tx, [Success(step_id, generation, "1")]))
 
     @rule(data=st.data())
     def fail_one(self, data: st.DataObject) -> None:
@@ -119,16 +117,15 @@ class EngineMachine(RuleBasedStateMachine):
             return
         step_id = data.draw(st.sampled_from(sorted(self.leases)))
         generation = self.leases.pop(step_id)
-        self.tx(
-            lambda tx: complete.fail(tx, [Failure(step_id, generation, "boom", "error")], HOOKS)
-        )
+        self.tx(lambda tx: ENGINE.fail(tx, [Failure(step_id, generation, "boom", "error")]))
 
     @rule()
     def expire_leases_and_scan(self) -> None:
         self.shift += LEASE + timedelta(seconds=1)
-        page = self.tx(lambda tx: scan.expired_page(tx, after_id=0, limit=100))
         self.tx(
-            lambda tx: scan.reclaim(tx, page, max_reclaims={}, default_max_reclaims=2, hooks=HOOKS)
+            lambda tx: ENGINE.reclaim_expired_leases(
+                tx, after_id=0, limit=100, max_reclaims={}, default_max_reclaims=2
+            )
         )
         self.stale.extend(self.leases.items())
         self.leases.clear()
@@ -141,9 +138,7 @@ class EngineMachine(RuleBasedStateMachine):
         before = self.conn.execute(
             "SELECT state, output, lease_generation FROM cyclone_steps WHERE id = %s", (step_id,)
         ).fetchone()
-        applied = self.tx(
-            lambda tx: complete.complete(tx, [Success(step_id, generation, "99")], HOOKS)
-        )
+        applied = self.tx(lambda tx: ENGINE.complete(tx, [Success(step_id, generation, "99")]))
         after = self.conn.execute(
             "SELECT state, output, lease_generation FROM cyclone_steps WHERE id = %s", (step_id,)
         ).fetchone()
@@ -158,13 +153,13 @@ class EngineMachine(RuleBasedStateMachine):
         run_id = data.draw(st.sampled_from(self.runs))
         try:
             if action == "signal":
-                self.tx(lambda tx: signals.deliver(tx, run_id, "go", '"yes"', HOOKS))
+                self.tx(lambda tx: ENGINE.signal(tx, run_id, "go", '"yes"'))
             elif action == "pause":
-                self.tx(lambda tx: waits.pause(tx, run_id))
+                self.tx(lambda tx: ENGINE.pause(tx, run_id))
             elif action == "resume":
-                self.tx(lambda tx: waits.resume(tx, run_id, HOOKS))
+                self.tx(lambda tx: ENGINE.resume(tx, run_id))
             else:
-                self.tx(lambda tx: control.cancel(tx, run_id, HOOKS))
+                self.tx(lambda tx: ENGINE.cancel(tx, run_id))
         except (AlreadyTerminal, InvalidTransition, MailboxFull, SignalNotDeliverable):
             pass
 

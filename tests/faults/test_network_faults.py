@@ -286,8 +286,7 @@ def test_waiting_for_a_run_survives_a_half_open_connection(network: Network) -> 
         def wait_async() -> None:
             async def wait() -> object:
                 async with AsyncClient(net.through_proxy) as async_waiter:
-                    await async_waiter.wait_terminal(run_id, 40)
-                    return (await async_waiter.get_run(run_id)).state
+                    return (await async_waiter.wait(run_id, 40)).state
 
             results["async"] = asyncio.run(wait())
 

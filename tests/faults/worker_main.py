@@ -8,6 +8,7 @@ import sys
 from datetime import timedelta
 
 from cyclone_dsl import Worker
+from cyclone_dsl.testing import set_clock_shift
 from tests.faults import handlers
 
 if __name__ == "__main__":
@@ -20,6 +21,7 @@ if __name__ == "__main__":
         import time_machine
 
         time_machine.travel(time.time() + skew, tick=True).start()
+    set_clock_shift(timedelta(seconds=float(os.environ.get("CYCLONE_FAULT_SHIFT", "0"))))
     Worker(
         sys.argv[1],
         [handlers],
@@ -28,5 +30,4 @@ if __name__ == "__main__":
         poll_interval=0.1,
         scan_interval=0.2,
         concurrency=8,
-        shift=timedelta(seconds=float(os.environ.get("CYCLONE_FAULT_SHIFT", "0"))),
     ).run()

@@ -119,7 +119,7 @@ def test_a_lost_connection_is_typed_and_the_next_call_reconnects(
 ) -> None:
     with Client(cyclone_dsn, pool_size=1) as client:
         client.run_counts()
-        with client._pool.connection() as conn:  # the pool's one connection
+        with client._db.pool.connection() as conn:  # the pool's one connection
             pid = conn.info.backend_pid
         with psycopg.connect(cyclone_admin_dsn, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))

@@ -25,7 +25,6 @@ nodes (accepted or refused). Checked:
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import re
 from collections import defaultdict
@@ -37,12 +36,8 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
-from cyclone_dsl.db.tx import Tx
-from cyclone_dsl.dsl.registry import Registry
-from cyclone_dsl.engine import claim, complete, control, signals, waits
-from cyclone_dsl.engine.complete import Failure, Success
-from cyclone_dsl.engine.hooks import engine_hooks
-from cyclone_dsl.engine.submit import insert_run
+from cyclone_dsl.db.tx import ConnectionTx
+from cyclone_dsl.engine import Engine, Failure, Success
 from cyclone_dsl.errors import (
     AlreadyTerminal,
     InvalidTransition,
@@ -63,7 +58,6 @@ from cyclone_dsl.graph.model import (
 )
 from cyclone_dsl.graph.rows import KIND_CHILD, KIND_SIGNAL, CompiledRun
 from cyclone_dsl.payload import JSONValue
-from cyclone_dsl.sql import Q
 
 KIND = "rp_k"
 LEASE = timedelta(seconds=30)
@@ -145,8 +139,7 @@ def compile_child(workflow: str, run_input: JSONValue) -> CompiledRun:
     return compile_run(CHILD_GRAPH, run_input)
 
 
-HOOKS = engine_hooks(Registry())
-HOOKS.compile_child = compile_child
+ENGINE = Engine(compile_child=compile_child)
 
 
 class Driver:
@@ -164,13 +157,13 @@ class Driver:
         self.signal_names = sorted(
             n.wait.signal_name for n in graph.nodes if n.wait is not None and n.wait.signal_name
         )
-        self.root = self.tx(lambda tx: insert_run(tx, self.compiled, hooks=HOOKS))
+        self.root = self.tx(lambda tx: ENGINE.submit(tx, self.compiled))
         self.accepted = 0
         self.refused = 0
 
     def tx(self, work: Any) -> Any:
         with self.conn.transaction():
-            return work(Tx(self.conn, self.shift))
+            return work(ConnectionTx(self.conn, self.shift))
 
     def read(self, query: LiteralString, *params: object) -> list[dict[str, Any]]:
         with self.conn.cursor(row_factory=dict_row) as cur:
@@ -188,9 +181,8 @@ class Driver:
             "limit": 100,
             "lease": LEASE,
         }
-        if "versions" in inspect.signature(claim.claim).parameters:
-            options["versions"] = self.versions
-        got = self.tx(lambda tx: claim.claim(tx, **options))
+        options["versions"] = self.versions
+        got = self.tx(lambda tx: ENGINE.claim(tx, **options))
         done: list[Success] = []
         failed: list[Failure] = []
         for item in got:
@@ -199,23 +191,22 @@ class Driver:
                 failed.append(Failure(item.id, item.generation, "boom", "error", retry=retry))
             else:
                 done.append(Success(item.id, item.generation, json.dumps([1, 2])))
-        self.tx(lambda tx: complete.complete(tx, done, HOOKS))
-        self.tx(lambda tx: complete.fail(tx, failed, HOOKS))  # one batch, as a worker sends
+        self.tx(lambda tx: ENGINE.complete(tx, done))
+        self.tx(lambda tx: ENGINE.fail(tx, failed))  # one batch, as a worker sends
         return len(got)
 
     def signal(self, run_id: int, name: str) -> None:
         with contextlib.suppress(AlreadyTerminal, MailboxFull, SignalNotDeliverable):
-            self.tx(lambda tx: signals.deliver(tx, run_id, name, json.dumps([1, 2]), HOOKS))
+            self.tx(lambda tx: ENGINE.signal(tx, run_id, name, json.dumps([1, 2])))
 
     def time_passes(self) -> None:
         self.shift += timedelta(seconds=6)
-        page = self.tx(lambda tx: tx.rows(Q.expired_signal_waits, after_id=0, limit=100))
-        self.tx(lambda tx: waits.time_out_signal_waits(tx, page, HOOKS))
+        self.tx(lambda tx: ENGINE.time_out_signal_waits(tx, after_id=0, limit=100))
 
     def retry(self, run_id: int, node: str) -> bool:
         before = self.snapshot()
         try:
-            self.tx(lambda tx: control.retry(tx, run_id, node, HOOKS))
+            self.tx(lambda tx: ENGINE.retry(tx, run_id, node))
         except InvalidTransition as exc:
             assert self.snapshot() == before, f"a refused retry of {node!r} wrote something"
             event("refused: " + re.sub(r"'[^']*'|\d+", "X", str(exc))[:70])
@@ -397,7 +388,7 @@ def _engine_run(conn: psycopg.Connection[Any], graph: Graph) -> tuple[int, dict[
     """Submit ``graph`` and claim its available steps; return the run and the claims by node."""
     compiled = compile_run(graph, "in")
     with conn.transaction():
-        run_id = insert_run(Tx(conn), compiled, hooks=HOOKS)
+        run_id = ENGINE.submit(ConnectionTx(conn), compiled)
     options: dict[str, Any] = {
         "owner": "prop",
         "queues": ["default"],
@@ -407,7 +398,7 @@ def _engine_run(conn: psycopg.Connection[Any], graph: Graph) -> tuple[int, dict[
     }
     options["versions"] = [(compiled.workflow, compiled.def_version)]
     with conn.transaction():
-        got = claim.claim(Tx(conn), **options)
+        got = ENGINE.claim(ConnectionTx(conn), **options)
     return run_id, {c.node: c for c in got}
 
 
@@ -441,10 +432,10 @@ def test_a_retry_of_one_of_two_nodes_that_failed_the_run_together_retries_both(
             for n in ("a", "b")
         ]
         with conn.transaction():
-            complete.fail(Tx(conn), failures, HOOKS)
+            ENGINE.fail(ConnectionTx(conn), failures)
         assert _state(conn, run_id) == ("failed", {"a": "discarded", "b": "discarded"})
         with conn.transaction():
-            control.retry(Tx(conn), run_id, "a", HOOKS)
+            ENGINE.retry(ConnectionTx(conn), run_id, "a")
         assert _state(conn, run_id) == ("running", {"a": "available", "b": "available"})
 
 
@@ -471,7 +462,7 @@ def test_a_batch_with_a_contained_and_an_uncontained_failure_fails_the_run(
             for n in ("a", "leaf")
         ]
         with conn.transaction():
-            complete.fail(Tx(conn), failures, HOOKS)
+            ENGINE.fail(ConnectionTx(conn), failures)
         assert _state(conn, run_id)[0] == "failed"
 
 
@@ -503,7 +494,7 @@ def test_a_failed_leaf_and_failed_items_in_one_batch_fail_the_run(cyclone_dsn: s
             for n in ("f[0]", "f[1]", "leaf")
         ]
         with conn.transaction():
-            complete.fail(Tx(conn), failures, HOOKS)
+            ENGINE.fail(ConnectionTx(conn), failures)
         state, steps = _state(conn, run_id)
     assert state == "failed"
     assert steps["leaf"] == "discarded"

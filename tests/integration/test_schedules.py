@@ -11,12 +11,12 @@ import pytest
 from croniter import croniter
 
 from cyclone_dsl import Client, Registry, child, step, workflow
-from cyclone_dsl.client.schedules import compiler_for
 from cyclone_dsl.db.connect import make_pool
-from cyclone_dsl.engine import schedules
-from cyclone_dsl.engine.hooks import engine_hooks
+from cyclone_dsl.dsl.runs import child_compiler, compiler_for
+from cyclone_dsl.engine import Engine, schedules
 from cyclone_dsl.errors import ScheduleError
 from cyclone_dsl.states import RunState
+from cyclone_dsl.testing import set_clock_shift
 from cyclone_dsl.worker.scanner import Scanner
 
 
@@ -31,17 +31,19 @@ def nightly(x):  # type: ignore[no-untyped-def]
 
 
 def scanner_for(dsn: str, registry: Registry, shift: timedelta, **options: object) -> Scanner:
+    """A scanner of ``registry``'s schedules; this process's database clock moves by ``shift``
+    (until the ``scanners`` fixture puts it back)."""
+    set_clock_shift(shift)
     pool = make_pool(dsn, name="test-scanner")
+    engine = Engine(compile_child=child_compiler(registry), compile_schedule=compiler_for(registry))
     return Scanner(
         pool,
+        engine,
         interval=1,
         max_reclaims={},
         default_max_reclaims=3,
-        hooks=engine_hooks(registry),
-        shift=shift,
         stopping=threading.Event(),
         owner=f"scanner-{id(pool)}",
-        compile_target=compiler_for(registry),
         **options,  # type: ignore[arg-type]
     )
 
@@ -50,6 +52,7 @@ def scanner_for(dsn: str, registry: Registry, shift: timedelta, **options: objec
 def scanners(cyclone_dsn: str) -> Iterator[list[Scanner]]:
     made: list[Scanner] = []
     yield made
+    set_clock_shift(timedelta(0))
     for scanner in made:
         scanner.pool.close()
 
@@ -255,3 +258,48 @@ def test_stats_read_the_views(client: Client) -> None:
     assert queue["expired_leases"] == 0
     assert any(k["kind"] == "sc_tick" and k["state"] == "available" for k in stats["kinds"])
     assert RunState.RUNNING in {r.state for r in client.list_runs()}
+
+
+@step(name="sc_routed", queue="sc_own_queue", priority=9, max_attempts=7)
+def routed(x: object) -> object:
+    return x
+
+
+@workflow(name="sc_two_steps")
+def two_steps(x):  # type: ignore[no-untyped-def]
+    return tick(routed(x))
+
+
+def test_a_workflow_schedule_applies_its_options_to_every_step_it_fires(
+    client: Client, cyclone_dsn: str, scanners: list[Scanner]
+) -> None:
+    schedule = client.schedule(
+        two_steps,
+        "* * * * *",
+        id="routed",
+        location="UTC",
+        queue="sc_night",
+        priority=4,
+        max_attempts=2,
+        timeout=timedelta(seconds=30),
+        retention=timedelta(days=2),
+    )
+    plain = client.schedule(two_steps, "* * * * *", id="plain", location="UTC")
+    shift = max(schedule.next_run_at, plain.next_run_at) - datetime.now(UTC)
+    registry = Registry.from_objects([two_steps])
+    scanners.append(scanner_for(cyclone_dsn, registry, shift + timedelta(seconds=1)))
+    assert scanners[0].fire_schedules() == 2
+    by_schedule = {s.id: s.last_run_id for s in client.list_schedules()}
+    fired = client.get_run(by_schedule["routed"]).steps
+    assert {(s.queue, s.priority, s.max_attempts) for s in fired} == {("sc_night", 4, 2)}
+    with psycopg.connect(cyclone_dsn) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT timeout, retention FROM cyclone_steps WHERE run_id = %s",
+            (by_schedule["routed"],),
+        ).fetchall()
+    assert rows == [(timedelta(seconds=30), timedelta(days=2))]
+    unchanged = {
+        (s.node, s.queue, s.priority, s.max_attempts)
+        for s in client.get_run(by_schedule["plain"]).steps
+    }
+    assert unchanged == {("sc_routed", "sc_own_queue", 9, 7), ("sc_tick", "default", 0, 5)}

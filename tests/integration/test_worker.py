@@ -14,7 +14,6 @@ import pytest
 from cyclone_dsl import (
     AsyncClient,
     Client,
-    InvalidArgument,
     RunFailed,
     StepContext,
     Worker,
@@ -24,9 +23,8 @@ from cyclone_dsl import (
 )
 from cyclone_dsl.db.connect import make_pool
 from cyclone_dsl.db.tx import in_transaction
-from cyclone_dsl.engine import claim, complete, scan
-from cyclone_dsl.engine.complete import Success
-from cyclone_dsl.engine.hooks import engine_hooks
+from cyclone_dsl.dsl.runs import child_compiler
+from cyclone_dsl.engine import Engine, Success, complete
 from cyclone_dsl.states import RunState, StepState
 
 gate = threading.Event()
@@ -141,12 +139,12 @@ def test_graceful_stop_releases_leases_without_spending_an_attempt(
 def test_a_stale_completion_is_fenced_after_a_reclaim(client: Client, cyclone_dsn: str) -> None:
     handle = client.enqueue(doubled, 3)
     pool = make_pool(cyclone_dsn, name="test-fencing")
-    hooks = engine_hooks(client.registry)
+    engine = Engine(compile_child=child_compiler(client.registry))
     lease = timedelta(seconds=30)
     try:
         (first,) = in_transaction(
             pool,
-            lambda tx: claim.claim(
+            lambda tx: engine.claim(
                 tx,
                 owner="a",
                 queues=["default"],
@@ -157,18 +155,17 @@ def test_a_stale_completion_is_fenced_after_a_reclaim(client: Client, cyclone_ds
             ),
         )
         later = timedelta(minutes=5)  # the database clock moves past the lease
-        page = in_transaction(
-            pool, lambda tx: scan.expired_page(tx, after_id=0, limit=10), shift=later
-        )
-        assert [r["id"] for r in page] == [first.id]
-        in_transaction(
+        reclaimed, _ = in_transaction(
             pool,
-            lambda tx: scan.reclaim(tx, page, max_reclaims={}, default_max_reclaims=3, hooks=hooks),
+            lambda tx: engine.reclaim_expired_leases(
+                tx, after_id=0, limit=10, max_reclaims={}, default_max_reclaims=3
+            ),
             shift=later,
         )
+        assert reclaimed == 1
         (second,) = in_transaction(
             pool,
-            lambda tx: claim.claim(
+            lambda tx: engine.claim(
                 tx,
                 owner="b",
                 queues=["default"],
@@ -182,13 +179,13 @@ def test_a_stale_completion_is_fenced_after_a_reclaim(client: Client, cyclone_ds
         assert second.generation == first.generation + 1
         stale = in_transaction(
             pool,
-            lambda tx: complete.complete(tx, [Success(first.id, first.generation, "1")], hooks),
+            lambda tx: engine.complete(tx, [Success(first.id, first.generation, "1")]),
         )
         assert stale == set()
         assert handle.get().step("wk_async").state is StepState.RUNNING
         fresh = in_transaction(
             pool,
-            lambda tx: complete.complete(tx, [Success(second.id, second.generation, "6")], hooks),
+            lambda tx: engine.complete(tx, [Success(second.id, second.generation, "6")]),
         )
         assert fresh == {second.id}
         run = handle.wait(timeout=5)
@@ -202,13 +199,13 @@ def test_a_stale_completion_is_fenced_after_a_reclaim(client: Client, cyclone_ds
 def test_reclaim_limit_discards_the_step(client: Client, cyclone_dsn: str) -> None:
     handle = client.enqueue(doubled, 3)
     pool = make_pool(cyclone_dsn, name="test-reclaim-limit")
-    hooks = engine_hooks(client.registry)
+    engine = Engine(compile_child=child_compiler(client.registry))
     try:
         for round_ in range(3):
             shift = timedelta(minutes=10 * (round_ + 1))
             in_transaction(
                 pool,
-                lambda tx: claim.claim(
+                lambda tx: engine.claim(
                     tx,
                     owner="crashy",
                     queues=["default"],
@@ -219,15 +216,14 @@ def test_reclaim_limit_discards_the_step(client: Client, cyclone_dsn: str) -> No
                 ),
                 shift=shift,
             )
-            page = in_transaction(
-                pool,
-                lambda tx: scan.expired_page(tx, after_id=0, limit=10),
-                shift=shift + timedelta(seconds=5),
-            )
             in_transaction(
                 pool,
-                lambda tx, page=page: scan.reclaim(
-                    tx, page, max_reclaims={"wk_async": 2}, default_max_reclaims=5, hooks=hooks
+                lambda tx: engine.reclaim_expired_leases(
+                    tx,
+                    after_id=0,
+                    limit=10,
+                    max_reclaims={"wk_async": 2},
+                    default_max_reclaims=5,
                 ),
                 shift=shift + timedelta(seconds=5),
             )
@@ -300,7 +296,7 @@ def test_async_submit_tx_exists_only_if_the_caller_commits(
 ) -> None:
     start_worker(doubled)
 
-    async def scenario() -> tuple[list[int], object, list[int]]:
+    async def scenario() -> tuple[list[int], object, object, int]:
         async with AsyncClient(cyclone_dsn) as aclient:
             async with await psycopg.AsyncConnection.connect(cyclone_dsn) as conn:
                 await aclient.submit_tx(conn, async_wf, 1)
@@ -308,13 +304,15 @@ def test_async_submit_tx_exists_only_if_the_caller_commits(
                 after_rollback = [r.id for r in await aclient.list_runs()]
                 committed = await aclient.submit_tx(conn, async_wf, 3)
                 await conn.commit()
-                with pytest.raises(InvalidArgument, match="starts with a wait"):
-                    await aclient.submit_tx(conn, gated, 1)
+                waiting = await aclient.submit_tx(conn, gated, 1)  # its root is a wait
                 await conn.commit()
+            await aclient.signal(waiting.id, "go")
             result = await committed.result(timeout=10)
-            return after_rollback, result, [r.id for r in await aclient.list_runs()]
+            gated_result = await waiting.result(timeout=10)
+            return after_rollback, result, gated_result, len(await aclient.list_runs())
 
-    after_rollback, result, runs = asyncio.run(scenario())
+    after_rollback, result, gated_result, runs = asyncio.run(scenario())
     assert after_rollback == []
     assert result == 12
-    assert len(runs) == 1  # the refused one wrote nothing
+    assert gated_result == 2
+    assert runs == 2

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATEST = 19
-EXT_LATEST = 2
+EXT_LATEST = 3
 TS = "timestamp with time zone"
 
 
@@ -532,6 +532,24 @@ EXT_TABLES: dict[str, Table] = {
         ],
         indexes=[Index("idx_ext_attempts_step", "step_id, id")],
         since=2,
+    ),
+    "cyclone_ext_fan_out_limits": Table(
+        columns=[
+            Column("run_id", "bigint", False),
+            Column("node", "text", False),
+            Column("max_items", "integer", False),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_fan_out_limits_pkey", "p", "PRIMARY KEY (run_id, node)"),
+            Constraint("cyclone_ext_fan_out_limits_max_items_check", "c", "max_items >= 1"),
+            Constraint(
+                "cyclone_ext_fan_out_limits_run_id_node_fkey",
+                "f",
+                "FOREIGN KEY (run_id, node) REFERENCES cyclone_steps(run_id, node) "
+                "ON DELETE CASCADE",
+            ),
+        ],
+        since=3,
     ),
 }
 

@@ -231,6 +231,7 @@ EXT_TABLES = (
     "cyclone_ext_worker_handlers",
     "cyclone_ext_worker_versions",
     "cyclone_ext_attempts",
+    "cyclone_ext_fan_out_limits",
 )
 
 
@@ -249,8 +250,8 @@ def test_the_core_then_the_extension_track_in_order(
     ext = [f"extension migration {m.version:03d}_{m.name} up" for m in load_extension_migrations()]
     assert applied(caplog) == core + ext
     assert version_rows(dsn) == [(19,)]
-    assert ext_version_rows(dsn) == [(2,)]
-    assert versions(dsn) == (19, 2)
+    assert ext_version_rows(dsn) == [(LATEST_EXTENSION_VERSION,)]
+    assert versions(dsn) == (19, LATEST_EXTENSION_VERSION)
     assert all(present(dsn, *EXT_TABLES).values())
 
 
@@ -258,14 +259,14 @@ def test_a_rerun_applies_nothing(
     empty_schema: tuple[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     _, dsn = empty_schema
-    assert migrate_versions(dsn) == (19, 2)
+    assert migrate_versions(dsn) == (19, LATEST_EXTENSION_VERSION)
     caplog.set_level(logging.INFO, logger="cyclone.migrate")
     caplog.clear()
-    assert migrate_versions(dsn) == (19, 2)
+    assert migrate_versions(dsn) == (19, LATEST_EXTENSION_VERSION)
     assert migrate(dsn, version=19) == 19
     assert applied(caplog) == []
     assert version_rows(dsn) == [(19,)]
-    assert ext_version_rows(dsn) == [(2,)]
+    assert ext_version_rows(dsn) == [(LATEST_EXTENSION_VERSION,)]
 
 
 def test_extension_version_moves_only_the_extension_track(
@@ -278,13 +279,16 @@ def test_extension_version_moves_only_the_extension_track(
         "cyclone_ext_worker_handlers": True,
         "cyclone_ext_worker_versions": True,
         "cyclone_ext_attempts": False,
+        "cyclone_ext_fan_out_limits": False,
     }
     caplog.set_level(logging.INFO, logger="cyclone.migrate")
-    assert migrate_versions(dsn) == (19, 2)
+    assert migrate_versions(dsn) == (19, LATEST_EXTENSION_VERSION)
     assert migrate_versions(dsn, version=19, extension_version=0) == (19, 0)
     assert not any(present(dsn, *EXT_TABLES).values())
     assert applied(caplog) == [
         "extension migration 002_attempts up",
+        "extension migration 003_fan_out_limits up",
+        "extension migration 003_fan_out_limits down",
         "extension migration 002_attempts down",
         "extension migration 001_workers down",
     ]
@@ -298,8 +302,12 @@ def test_extension_version_needs_the_core_at_its_latest(empty_schema: tuple[str,
     _, dsn = empty_schema
     with pytest.raises(MigrationError, match="needs the core schema at 19, not 18"):
         migrate(dsn, version=18, extension_version=1)
-    with pytest.raises(MigrationError, match=r"extension target version 3 is outside 0\.\.2"):
-        migrate(dsn, extension_version=3)
+    beyond = LATEST_EXTENSION_VERSION + 1
+    with pytest.raises(
+        MigrationError,
+        match=rf"extension target version {beyond} is outside 0\.\.{LATEST_EXTENSION_VERSION}",
+    ):
+        migrate(dsn, extension_version=beyond)
     assert versions(dsn) == (0, 0)  # refused before anything ran
 
 
@@ -315,18 +323,18 @@ def test_a_core_down_below_19_takes_the_extension_track_down_first(
         )
     caplog.set_level(logging.INFO, logger="cyclone.migrate")
     assert migrate_versions(dsn, version=18) == (18, 0)
-    assert applied(caplog) == [
-        "extension migration 002_attempts down",
-        "extension migration 001_workers down",
-        "migration 019_child_runs down",
+    ext_down = [
+        f"extension migration {m.version:03d}_{m.name} down"
+        for m in reversed(load_extension_migrations())
     ]
+    assert applied(caplog) == [*ext_down, "migration 019_child_runs down"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         "the core schema goes down to version 18 (below 19): taking the extension track "
-        "down from 2 to 0 first, which drops its tables"
+        f"down from {LATEST_EXTENSION_VERSION} to 0 first, which drops its tables"
     ]
     assert not any(present(dsn, *EXT_TABLES).values())
-    assert migrate_versions(dsn) == (19, 2)
+    assert migrate_versions(dsn) == (19, LATEST_EXTENSION_VERSION)
     assert migrate_versions(dsn, version=0) == (0, 0)  # 001's down needs the ext tables gone
     with psycopg.connect(dsn) as conn:
         left = conn.execute(
@@ -334,22 +342,22 @@ def test_a_core_down_below_19_takes_the_extension_track_down_first(
             "ORDER BY 1"
         ).fetchall()
     assert left == [(EXTENSION_VERSION_TABLE,), (SCHEMA_VERSION_TABLE,)]
-    assert migrate_versions(dsn) == (19, 2)
+    assert migrate_versions(dsn) == (19, LATEST_EXTENSION_VERSION)
 
 
 def test_extension_tables_on_a_core_taken_down_elsewhere_stay(
     empty_schema: tuple[str, str],
 ) -> None:
     """A build that knows no extension track (the Go build) takes the core to 18 and leaves
-    the extension at 2: migrate() brings the core back and keeps the extension."""
+    the extension at its latest: migrate() brings the core back and keeps the extension."""
     _, dsn = empty_schema
     migrate(dsn)
     down_19 = load_migrations()[18].down
     with psycopg.connect(dsn) as conn:
         conn.execute(down_19.encode())
         conn.execute(f"UPDATE {SCHEMA_VERSION_TABLE} SET version = 18")
-    assert versions(dsn) == (18, 2)
-    assert migrate_versions(dsn) == (19, 2)
+    assert versions(dsn) == (18, LATEST_EXTENSION_VERSION)
+    assert migrate_versions(dsn) == (19, LATEST_EXTENSION_VERSION)
 
 
 def test_a_newer_extension_track_is_refused_by_migrate_but_runs(
@@ -360,12 +368,16 @@ def test_a_newer_extension_track_is_refused_by_migrate_but_runs(
     _, dsn = empty_schema
     migrate(dsn)
     with psycopg.connect(dsn) as conn:
-        conn.execute(f"UPDATE {EXTENSION_VERSION_TABLE} SET version = 3")
+        conn.execute(
+            f"UPDATE {EXTENSION_VERSION_TABLE} SET version = %s", (LATEST_EXTENSION_VERSION + 1,)
+        )
     with pytest.raises(
-        SchemaVersionMismatch, match="extension schema version 3, newer than this build's 2"
+        SchemaVersionMismatch,
+        match=f"extension schema version {LATEST_EXTENSION_VERSION + 1}, newer than this "
+        f"build's {LATEST_EXTENSION_VERSION}",
     ):
         migrate(dsn)
-    assert versions(dsn) == (19, 3)
+    assert versions(dsn) == (19, LATEST_EXTENSION_VERSION + 1)
     with psycopg.connect(dsn) as conn:
         require_current_schema(conn)  # no error
 
@@ -415,7 +427,8 @@ def test_require_current_schema_on_an_unmigrated_schema(empty_schema: tuple[str,
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert str(raised.value) == (
         "the database is at schema version 0 (extension 0); this build needs 19 "
-        "(extension 2): run `cyclone migrate` (or cyclone_dsl.migrate(dsn))"
+        f"(extension {LATEST_EXTENSION_VERSION}): run `cyclone migrate` "
+        "(or cyclone_dsl.migrate(dsn))"
     )
     assert present(dsn, SCHEMA_VERSION_TABLE, EXTENSION_VERSION_TABLE) == {
         SCHEMA_VERSION_TABLE: False,
@@ -489,9 +502,10 @@ def test_concurrent_migrators_share_both_tracks(empty_schema: tuple[str, str]) -
     for t in threads:
         t.join()
     assert errors == []
-    assert sorted(results) == [(19, 1)] * 4 + [(19, 2)] * 4
+    assert sorted(results) == [(19, 1)] * 4 + [(19, LATEST_EXTENSION_VERSION)] * 4
     assert version_rows(dsn) == [(19,)]
-    assert ext_version_rows(dsn) in ([(1,)], [(2,)])  # the goal of the last lock holder
+    # The goal of the last lock holder:
+    assert ext_version_rows(dsn) in ([(1,)], [(LATEST_EXTENSION_VERSION,)])
 
 
 def test_cli_migrate_shows_and_moves_both_tracks(empty_schema: tuple[str, str]) -> None:
@@ -511,20 +525,23 @@ def test_cli_migrate_shows_and_moves_both_tracks(empty_schema: tuple[str, str]) 
         "version": 0,
         "latest": 19,
         "extension_version": 0,
-        "extension_latest": 2,
+        "extension_latest": LATEST_EXTENSION_VERSION,
     }
     assert run("--extension-target", "1") == "schema version 0 -> 19, extension version 0 -> 1\n"
     assert run("--status") == (
-        "schema version 19 (this build: 19)\nextension version 1 (this build: 2)\n"
+        f"schema version 19 (this build: 19)\nextension version 1 (this build: "
+        f"{LATEST_EXTENSION_VERSION})\n"
     )
     assert json.loads(run("--json")) == {
         "before": 19,
         "version": 19,
         "extension_before": 1,
-        "extension_version": 2,
+        "extension_version": LATEST_EXTENSION_VERSION,
     }
-    assert run() == "schema version at 19, extension version at 2\n"
-    assert run("--target", "18") == "schema version 19 -> 18, extension version 2 -> 0\n"
+    assert run() == f"schema version at 19, extension version at {LATEST_EXTENSION_VERSION}\n"
+    assert run("--target", "18") == (
+        f"schema version 19 -> 18, extension version {LATEST_EXTENSION_VERSION} -> 0\n"
+    )
     with pytest.raises(MigrationError, match="needs the core schema at 19"):
         runner.invoke(
             cli,

@@ -1,0 +1,126 @@
+"""Engine work inside the caller's own transaction, on a sync or an async connection.
+
+``submit_tx`` and its siblings run the engine's transitions on a connection
+the application owns, so that a run exists exactly when the application
+commits. The engine is written once, against :class:`~cyclone_dsl.db.tx.Tx`.
+On an :class:`psycopg.AsyncConnection` it runs in a worker thread, and every
+statement it issues is sent back to the event loop that owns the connection
+(the thread waits for the rows); the loop stays free meanwhile, since the
+calling coroutine is only awaiting that thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine, Iterator
+from datetime import timedelta
+from typing import Any, LiteralString, TypeVar
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+
+from cyclone_dsl.db.tx import ConnectionTx, Row, Tx, with_shift
+from cyclone_dsl.sql import Q
+
+T = TypeVar("T")
+
+#: The connections ``submit_tx`` and its siblings accept (re-exported for the clients).
+Connection = psycopg.Connection[Any]
+AsyncConnection = psycopg.AsyncConnection[Any]
+
+
+def in_callers_transaction(conn: Connection, work: Callable[[Tx], T], *, shift: timedelta) -> T:
+    """Run ``work`` in the caller's transaction on ``conn``, all or nothing.
+
+    Inside an open transaction, ``work`` runs in a savepoint: if it fails,
+    what it wrote is rolled back and the caller's transaction stays usable.
+    On an idle connection that is not in autocommit mode the caller's
+    transaction is begun first, as the caller's own first statement would,
+    so the caller still decides the commit. On an autocommit connection,
+    ``work`` runs in a transaction of its own, committed when it returns.
+    """
+    if conn.info.transaction_status == TransactionStatus.IDLE and not conn.autocommit:
+        conn.execute(Q.ping)
+    with conn.transaction():
+        return work(ConnectionTx(conn, shift))
+
+
+async def in_callers_async_transaction(
+    conn: AsyncConnection, work: Callable[[Tx], T], *, shift: timedelta
+) -> T:
+    """:func:`in_callers_transaction` for an async connection (see the module docstring)."""
+    if conn.info.transaction_status == TransactionStatus.IDLE and not conn.autocommit:
+        await conn.execute(Q.ping)
+    loop = asyncio.get_running_loop()
+    async with conn.transaction():
+        engine_thread = asyncio.ensure_future(
+            asyncio.to_thread(work, AsyncConnectionTx(conn, loop, shift))
+        )
+        try:
+            return await asyncio.shield(engine_thread)
+        except asyncio.CancelledError:
+            # The thread still issues statements on ``conn``: the transaction block must
+            # not roll back under it. Let it finish, then let the cancellation through.
+            with contextlib.suppress(Exception):
+                await engine_thread
+            raise
+
+
+class AsyncConnectionTx:
+    """A :class:`Tx` whose statements run on an async connection's event loop.
+
+    Used from a thread other than the loop's (see the module docstring).
+    """
+
+    __slots__ = ("conn", "loop", "shift")
+
+    def __init__(
+        self, conn: AsyncConnection, loop: asyncio.AbstractEventLoop, shift: timedelta
+    ) -> None:
+        self.conn = conn
+        self.loop = loop
+        self.shift = shift
+
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    async def _fetch(self, query: LiteralString, params: dict[str, object], many: bool) -> Any:
+        async with self.conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(query, params)
+            if cur.description is None:
+                return [] if many else None
+            return await (cur.fetchall() if many else cur.fetchone())
+
+    async def _rowcount(self, query: LiteralString, params: dict[str, object]) -> int:
+        async with self.conn.cursor() as cur:
+            await cur.execute(query, params)
+            return cur.rowcount
+
+    def rows(self, query: LiteralString, **params: object) -> list[Row]:
+        found: list[Row] = self._call(self._fetch(query, with_shift(params, self.shift), True))
+        return found
+
+    def one(self, query: LiteralString, **params: object) -> Row | None:
+        found: Row | None = self._call(self._fetch(query, with_shift(params, self.shift), False))
+        return found
+
+    def run(self, query: LiteralString, **params: object) -> int:
+        return self._call(self._rowcount(query, with_shift(params, self.shift)))
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        block = self.conn.transaction()
+        self._call(block.__aenter__())
+        try:
+            yield
+        except BaseException as exc:
+            if not self._call(block.__aexit__(type(exc), exc, exc.__traceback__)):
+                raise
+        else:
+            self._call(block.__aexit__(None, None, None))
+
+    @property
+    def commits_each_statement(self) -> bool:
+        return self.conn.info.transaction_status == TransactionStatus.IDLE

@@ -1,0 +1,171 @@
+"""Following the database with LISTEN: one plan, run by a sync or an async driver.
+
+Waiting for a run to end (and, later, following its events) is a loop of
+reads and waits for notifications, with reconnects when the connection dies.
+That loop is written once, as a *plan*: a generator that yields what it wants
+done (:class:`Listen`, :class:`Read`, :class:`Notifications`, :class:`Pause`)
+and gets the result sent back. :func:`follow` runs a plan on a blocking
+connection, :func:`follow_async` on an asyncio one; neither knows what the
+plan is for.
+
+When the connection fails (lost, refused, or silent for longer than
+:data:`~cyclone_dsl.db.listen.PING_TIMEOUT_S`), the driver closes it and
+throws :class:`ConnectionLost` into the plan, which decides whether to give
+up or :class:`Pause` and go on; the next :class:`Listen` opens a new
+connection. Every read is bounded, so a plan's own deadline holds whatever
+the network does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Generator
+from typing import Any, LiteralString, TypeVar
+
+import attrs
+import psycopg
+from psycopg.rows import dict_row
+
+from cyclone_dsl.db.clock import current_shift
+from cyclone_dsl.db.connect import connect, connect_async
+from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen, listen_async
+from cyclone_dsl.db.tx import Row, with_shift
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class Listen:
+    """Make sure a connection is open and LISTENs on ``channels`` (reply: None)."""
+
+    channels: tuple[str, ...]
+
+
+@attrs.frozen
+class Read:
+    """Run one named query (reply: its first row, or None)."""
+
+    query: LiteralString
+    params: dict[str, object] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Notifications:
+    """Wait up to ``timeout`` seconds for notifications (reply: their payloads, perhaps
+    none); returns as soon as one arrives."""
+
+    timeout: float
+
+
+@attrs.frozen
+class Pause:
+    """Sleep (reply: None)."""
+
+    seconds: float
+
+
+Request = Listen | Read | Notifications | Pause
+Plan = Generator[Request, Any, T]
+
+
+class ConnectionLost(Exception):
+    """Thrown into a plan when its connection failed; the next :class:`Listen` reconnects."""
+
+
+def follow(dsn: str, plan: Plan[T], *, name: str) -> T:
+    """Run ``plan`` on blocking connections to ``dsn``; return what the plan returns."""
+    conn: psycopg.Connection[Any] | None = None
+    reply: object = None
+    failure: ConnectionLost | None = None
+    try:
+        while True:
+            try:
+                request = plan.throw(failure) if failure is not None else plan.send(reply)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            failure, reply = None, None
+            try:
+                if isinstance(request, Pause):
+                    time.sleep(request.seconds)
+                elif isinstance(request, Listen):
+                    if conn is None:
+                        conn = connect(dsn, name=name)
+                        for channel in request.channels:
+                            listen(conn, channel)
+                elif conn is None:
+                    failure = ConnectionLost("no connection: the plan must Listen first")
+                elif isinstance(request, Read):
+                    with (
+                        answer_within(conn, PING_TIMEOUT_S),
+                        conn.cursor(row_factory=dict_row) as cur,
+                    ):
+                        cur.execute(request.query, with_shift(request.params, current_shift()))
+                        reply = cur.fetchone()
+                else:
+                    reply = [
+                        n.payload for n in conn.notifies(timeout=request.timeout, stop_after=1)
+                    ]
+            except psycopg.OperationalError as exc:
+                if conn is not None:
+                    conn.close()
+                conn = None
+                failure = ConnectionLost(_first_line(exc))
+    finally:
+        plan.close()
+        if conn is not None:
+            conn.close()
+
+
+async def follow_async(dsn: str, plan: Plan[T], *, name: str) -> T:
+    """:func:`follow` on asyncio connections: never blocks the event loop."""
+    conn: psycopg.AsyncConnection[Any] | None = None
+    reply: object = None
+    failure: ConnectionLost | None = None
+    try:
+        while True:
+            try:
+                request = plan.throw(failure) if failure is not None else plan.send(reply)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            failure, reply = None, None
+            try:
+                if isinstance(request, Pause):
+                    await asyncio.sleep(request.seconds)
+                elif isinstance(request, Listen):
+                    if conn is None:
+                        conn = await connect_async(dsn, name=name)
+                        for channel in request.channels:
+                            await listen_async(conn, channel)
+                elif conn is None:
+                    failure = ConnectionLost("no connection: the plan must Listen first")
+                elif isinstance(request, Read):
+                    reply = await _read_async(conn, request)
+                else:
+                    reply = [
+                        n.payload
+                        async for n in conn.notifies(timeout=request.timeout, stop_after=1)
+                    ]
+            except psycopg.OperationalError as exc:
+                if conn is not None:
+                    await conn.close()
+                conn = None
+                failure = ConnectionLost(_first_line(exc))
+    finally:
+        plan.close()
+        if conn is not None:
+            await conn.close()
+
+
+async def _read_async(conn: psycopg.AsyncConnection[Any], request: Read) -> Row | None:
+    with answer_within(conn, PING_TIMEOUT_S):
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(request.query, with_shift(request.params, current_shift()))
+            return await cur.fetchone()
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

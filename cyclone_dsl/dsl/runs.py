@@ -1,0 +1,350 @@
+"""From definitions to rows, without I/O: workflows, standalone work, child runs, schedules.
+
+Shared by the clients, the worker and the scanner (the engine takes the
+compilers it needs as callables, so it never imports the DSL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import attrs
+
+from cyclone_dsl.dsl.registry import Registry
+from cyclone_dsl.dsl.schedule import ScheduleSpec, check_schedule
+from cyclone_dsl.dsl.step import (
+    StepDef,
+    call_problem,
+    count_fits,
+    handler_signature,
+    make_options,
+    takes_positional,
+)
+from cyclone_dsl.dsl.workflow import WorkflowDef
+from cyclone_dsl.errors import (
+    InvalidArgument,
+    ScheduleError,
+    UnknownDefinition,
+    UnknownKind,
+    UnknownWorkflow,
+)
+from cyclone_dsl.graph.compile import instantiate
+from cyclone_dsl.graph.model import NodeOptions
+from cyclone_dsl.graph.rows import CompiledRun, RunTemplate, ScheduleRow, StepRow
+from cyclone_dsl.graph.validate import check_options
+from cyclone_dsl.payload import JSONValue, encode
+from cyclone_dsl.states import StepState
+
+
+def resolve_workflow(registry: Registry, workflow: object) -> WorkflowDef:
+    if isinstance(workflow, WorkflowDef):
+        return workflow
+    if isinstance(workflow, str):
+        return registry.workflow(workflow)
+    raise UnknownWorkflow(f"{workflow!r} is not a @workflow (or the name of a registered one)")
+
+
+def resolve_step(registry: Registry, step: object) -> StepDef[Any, Any]:
+    if isinstance(step, StepDef):
+        return step
+    if isinstance(step, str):
+        return registry.kind(step)
+    raise UnknownKind(f"{step!r} is not a @step or @action (or a registered kind name)")
+
+
+def resolve_schedulable(registry: Registry, target: object) -> StepDef[Any, Any] | WorkflowDef:
+    """A workflow or handler, given as the object or by name."""
+    if isinstance(target, StepDef | WorkflowDef):
+        return target
+    if isinstance(target, str):
+        if target in registry.workflows:
+            return registry.workflows[target]
+        return registry.kind(target)
+    raise UnknownDefinition(f"{target!r} is not a @workflow, @step or @action")
+
+
+def workflow_template(registry: Registry, workflow: object) -> RunTemplate:
+    """The rows every run of ``workflow`` shares (for bulk submits)."""
+    return resolve_workflow(registry, workflow).template
+
+
+def compile_workflow(registry: Registry, workflow: object, run_input: JSONValue) -> CompiledRun:
+    return instantiate(workflow_template(registry, workflow), run_input)
+
+
+def standalone_template(
+    registry: Registry,
+    step: object,
+    *,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+    timeout: timedelta | float | None,
+    retention: timedelta | float | None,
+) -> RunTemplate:
+    """Standalone work: one available step whose kind is also the run's workflow name.
+
+    Refuses (:class:`InvalidArgument`) a handler a worker could not call the
+    standalone way: with the input as its one positional argument, or with no
+    argument when it takes no positional parameter.
+    """
+    definition = resolve_step(registry, step)
+    check_standalone_handler(definition)
+    options = step_options(
+        definition,
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        retention=retention,
+    )
+    row = StepRow(
+        node=definition.name,
+        kind=definition.name,
+        state=StepState.AVAILABLE.value,
+        queue=options.queue,
+        priority=options.priority,
+        max_attempts=options.max_attempts,
+        timeout=options.timeout,
+        retention=options.retention,
+        input_is_run_input=True,
+    )
+    return RunTemplate(
+        workflow=definition.name,
+        def_version="standalone",
+        result_node=definition.name if definition.keep_output else None,
+        has_fan_out=False,
+        steps=(row,),
+        deps=(),
+        inputs=(),
+    )
+
+
+def compile_standalone(
+    registry: Registry,
+    step: object,
+    run_input: JSONValue,
+    *,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+    timeout: timedelta | float | None,
+    retention: timedelta | float | None,
+) -> CompiledRun:
+    """A standalone run (see :func:`standalone_template`) with its input."""
+    template = standalone_template(
+        registry,
+        step,
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        retention=retention,
+    )
+    check_standalone_inputs(resolve_step(registry, step), (run_input,))
+    return instantiate(template, run_input, what="the input")
+
+
+def check_standalone_handler(definition: StepDef[Any, Any]) -> None:
+    """Refuse a handler that standalone work cannot call (it would fail at run time)."""
+    signature = handler_signature(definition.fn)
+    if signature is None:
+        return
+    passed = 1 if takes_positional(signature) else 0
+    problem = call_problem(definition.fn, definition.name, passed, "standalone work")
+    if problem is None:
+        return
+    if passed and not count_fits(signature, passed):
+        problem += (
+            " (enqueue() passes its input as the one positional argument): give the handler "
+            "one parameter and pass a dict or a list to carry several values, or call it "
+            "from a @workflow, which can pass 2 to 4 arguments"
+        )
+    raise InvalidArgument(f"cannot enqueue {definition.name!r}: {problem}")
+
+
+def check_standalone_inputs(definition: StepDef[Any, Any], inputs: Iterable[JSONValue]) -> None:
+    """Refuse an input for a handler that takes no positional parameter (it would be dropped)."""
+    signature = handler_signature(definition.fn)
+    if signature is None or takes_positional(signature):
+        return
+    values = list(inputs)
+    for index, value in enumerate(values):
+        if value is not None:
+            which = "an input" if len(values) == 1 else f"an input (inputs[{index}])"
+            raise InvalidArgument(
+                f"cannot enqueue {definition.name!r} with {which}: the handler takes no "
+                "positional argument, so standalone work calls it with none and the input "
+                "would be dropped; enqueue it without an input (None), or give the handler "
+                "a parameter for it"
+            )
+
+
+def step_options(
+    definition: StepDef[Any, Any],
+    *,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+    timeout: timedelta | float | None,
+    retention: timedelta | float | None,
+) -> NodeOptions:
+    """The handler's options with the given overrides, validated."""
+    try:
+        options = make_options(
+            definition.options,
+            {
+                "queue": queue,
+                "priority": priority,
+                "max_attempts": max_attempts,
+                "timeout": timeout,
+                "retention": retention,
+            },
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(str(exc)) from None
+    problems = check_options(options)
+    if problems:
+        raise InvalidArgument("; ".join(problems))
+    return options
+
+
+def schedule_row(target: StepDef[Any, Any] | WorkflowDef, spec: ScheduleSpec) -> ScheduleRow:
+    """The row that registers ``spec`` of ``target`` (validated; a workflow is pinned)."""
+    check_schedule(spec)
+    input_text = encode(spec.input, what="the schedule input")
+    if isinstance(target, WorkflowDef):
+        try:
+            overrides = make_options(
+                NodeOptions(),
+                {
+                    "queue": spec.queue,
+                    "priority": spec.priority,
+                    "max_attempts": spec.max_attempts,
+                    "timeout": spec.timeout,
+                    "retention": spec.retention,
+                },
+            )
+        except (TypeError, ValueError) as exc:
+            raise ScheduleError(str(exc)) from None
+        problems = check_options(overrides)
+        if problems:
+            raise ScheduleError("; ".join(problems))
+        return ScheduleRow(
+            id=spec.id or target.name,
+            kind=target.name,
+            cron=spec.cron,
+            location=spec.location,
+            enabled=spec.enabled,
+            input=input_text,
+            def_version=target.def_version,
+            queue=spec.queue or DEFAULT_SCHEDULE.queue,
+            priority=spec.priority if spec.priority is not None else DEFAULT_SCHEDULE.priority,
+            max_attempts=spec.max_attempts or DEFAULT_SCHEDULE.max_attempts,
+            timeout=spec.timeout,
+            retention=spec.retention,
+        )
+    options = step_options(
+        target,
+        queue=spec.queue,
+        priority=spec.priority,
+        max_attempts=spec.max_attempts,
+        timeout=spec.timeout,
+        retention=spec.retention,
+    )
+    return ScheduleRow(
+        id=spec.id or target.name,
+        kind=target.name,
+        cron=spec.cron,
+        location=spec.location,
+        enabled=spec.enabled,
+        input=input_text,
+        def_version=None,
+        queue=options.queue,
+        priority=options.priority,
+        max_attempts=options.max_attempts,
+        timeout=options.timeout,
+        retention=options.retention,
+    )
+
+
+#: What a workflow schedule stores for the options it does not set.
+DEFAULT_SCHEDULE = ScheduleRow(
+    id="", kind="", cron="", location=None, enabled=True, input="null", def_version=None
+)
+
+
+def registry_schedules(registry: Registry) -> list[ScheduleRow]:
+    """The rows of every ``@schedule`` of the registry's workflows and handlers."""
+    targets: list[StepDef[Any, Any] | WorkflowDef] = [
+        *registry.workflows.values(),
+        *registry.kinds.values(),
+    ]
+    return [schedule_row(target, spec) for target in targets for spec in target.schedules]
+
+
+def _seconds(value: float | None) -> timedelta | None:
+    return timedelta(seconds=value) if value else None
+
+
+def with_schedule_options(compiled: CompiledRun, row: Mapping[str, Any]) -> CompiledRun:
+    """A fired workflow run whose steps take the options its schedule set."""
+    changes: dict[str, Any] = {}
+    if row["queue"] != DEFAULT_SCHEDULE.queue:
+        changes["queue"] = row["queue"]
+    if row["priority"] != DEFAULT_SCHEDULE.priority:
+        changes["priority"] = row["priority"]
+    if row["max_attempts"] != DEFAULT_SCHEDULE.max_attempts:
+        changes["max_attempts"] = row["max_attempts"]
+    if row["timeout_s"]:
+        changes["timeout"] = _seconds(row["timeout_s"])
+    if row["retention_s"]:
+        changes["retention"] = _seconds(row["retention_s"])
+    if not changes:
+        return compiled
+    return attrs.evolve(compiled, steps=tuple(attrs.evolve(s, **changes) for s in compiled.steps))
+
+
+#: (kind, input, schedule row) -> (rows of the run, the local def_version or None for a step)
+ScheduleCompiler = Callable[[str, JSONValue, Mapping[str, Any]], tuple[CompiledRun, str | None]]
+
+
+def compiler_for(registry: Registry) -> ScheduleCompiler:
+    """How a scanner of this process turns a due schedule into a run."""
+
+    def compile_target(
+        kind: str, run_input: JSONValue, row: Mapping[str, Any]
+    ) -> tuple[CompiledRun, str | None]:
+        if kind in registry.workflows:
+            definition = registry.workflows[kind]
+            compiled = with_schedule_options(compile_workflow(registry, definition, run_input), row)
+            return compiled, definition.def_version
+        compiled = compile_standalone(
+            registry,
+            kind,
+            run_input,
+            queue=row["queue"],
+            priority=row["priority"],
+            max_attempts=row["max_attempts"],
+            timeout=_seconds(row["timeout_s"]),
+            retention=_seconds(row["retention_s"]),
+        )
+        return compiled, None
+
+    return compile_target
+
+
+def child_compiler(
+    registry: Registry, also: Registry | None = None
+) -> Callable[[str, JSONValue], CompiledRun]:
+    """Compiles child runs from ``registry``, else from ``also``; an unknown workflow raises
+    :class:`UnknownWorkflow` (the engine leaves the child for a worker that has it)."""
+
+    def compile_child(workflow: str, run_input: JSONValue) -> CompiledRun:
+        if also is not None and workflow not in registry.workflows:
+            return instantiate(also.workflow(workflow).template, run_input)
+        return instantiate(registry.workflow(workflow).template, run_input)
+
+    return compile_child

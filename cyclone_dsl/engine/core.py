@@ -1,0 +1,332 @@
+"""The :class:`Engine`: one object, built once with its hooks, through which every write goes.
+
+Clients, workers, scanners, the CLI and the dashboard hold an ``Engine`` and
+call its methods inside a transaction they open (a :class:`~cyclone_dsl.db.tx.Tx`):
+the transaction's boundary is theirs (a pooled transaction, the caller's own
+for ``submit_tx``, an autocommit claim), the transition is the engine's.
+Nothing else writes Cyclone's tables.
+
+The engine does not import the DSL: what needs a definition is given to it
+as a callable. ``compile_child`` turns a child node's workflow and input into
+rows; without it (a process that has no registry) a child run is left for a
+worker that has its definition. ``compile_schedule`` turns a due schedule into
+a run; without it, this engine fires no schedules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+
+from cyclone_dsl.db.tx import Row, Tx
+from cyclone_dsl.engine import (
+    children,
+    claim,
+    complete,
+    control,
+    scan,
+    schedules,
+    signals,
+    submit,
+    waits,
+    workers,
+)
+from cyclone_dsl.engine.claim import Claimed
+from cyclone_dsl.engine.complete import Failure, Success
+from cyclone_dsl.engine.hooks import build_hooks
+from cyclone_dsl.engine.schedules import CatchUp, Compiler
+from cyclone_dsl.engine.signals import Delivery
+from cyclone_dsl.engine.submit import Submitted
+from cyclone_dsl.engine.transitions import ChildCompiler
+from cyclone_dsl.errors import InvalidArgument
+from cyclone_dsl.graph.rows import CompiledRun, RunTemplate, ScheduleRow
+from cyclone_dsl.sql import Q
+from cyclone_dsl.states import RunState
+
+#: One page of a scanner pass: (rows changed, the cursor of the next page or None).
+Page = tuple[int, int | None]
+
+
+class Engine:
+    """The state machine of runs and steps; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        compile_child: ChildCompiler | None = None,
+        compile_schedule: Compiler | None = None,
+    ) -> None:
+        self._hooks = build_hooks(compile_child)
+        self._compile_schedule = compile_schedule
+
+    @property
+    def fires_schedules(self) -> bool:
+        """Whether this engine can turn due schedules into runs."""
+        return self._compile_schedule is not None
+
+    # -- runs ------------------------------------------------------------------------
+
+    @staticmethod
+    def is_one_statement(compiled: CompiledRun) -> bool:
+        """Whether :meth:`submit` of ``compiled`` is one statement (autocommit is enough)."""
+        return submit.is_one_statement(compiled)
+
+    def submit(
+        self,
+        tx: Tx,
+        compiled: CompiledRun,
+        *,
+        deadline: timedelta | None = None,
+        scheduled_at: datetime | None = None,
+    ) -> int:
+        """Insert a run and its graph, activate its roots, wake workers; return its id."""
+        return submit.insert_run(
+            tx, compiled, deadline=deadline, scheduled_at=scheduled_at, hooks=self._hooks
+        )
+
+    def submit_once(
+        self, tx: Tx, compiled: CompiledRun, *, key: str, deadline: timedelta | None = None
+    ) -> Submitted:
+        """Insert unless a run of this workflow holds ``key`` (in any state)."""
+        return submit.insert_run_once(
+            tx, compiled, submit_key=key, deadline=deadline, hooks=self._hooks
+        )
+
+    def submit_many(
+        self,
+        tx: Tx,
+        template: RunTemplate,
+        inputs: Sequence[str],
+        *,
+        deadline: timedelta | None = None,
+        scheduled_at: datetime | None = None,
+    ) -> list[int]:
+        """Insert one run of ``template`` per input (JSON text); return their ids."""
+        return submit.insert_runs(
+            tx, template, inputs, deadline=deadline, scheduled_at=scheduled_at, hooks=self._hooks
+        )
+
+    def enqueue(
+        self,
+        tx: Tx,
+        compiled: CompiledRun,
+        *,
+        unique_key: str | None = None,
+        sequence_key: str | None = None,
+        scheduled_at: datetime | None = None,
+    ) -> Submitted:
+        """Insert standalone work; with ``unique_key``, return the active holder instead."""
+        return submit.insert_standalone(
+            tx,
+            compiled,
+            unique_key=unique_key,
+            sequence_key=sequence_key,
+            scheduled_at=scheduled_at,
+            hooks=self._hooks,
+        )
+
+    def cancel(self, tx: Tx, run_id: int) -> None:
+        control.cancel(tx, run_id, self._hooks)
+
+    def retry(self, tx: Tx, run_id: int, node: str) -> None:
+        control.retry(tx, run_id, node, self._hooks)
+
+    def pause(self, tx: Tx, run_id: int) -> None:
+        waits.pause(tx, run_id)
+
+    def resume(self, tx: Tx, run_id: int) -> None:
+        waits.resume(tx, run_id, self._hooks)
+
+    def signal(self, tx: Tx, run_id: int, name: str, payload_text: str) -> Delivery:
+        return signals.deliver(tx, run_id, name, payload_text, self._hooks)
+
+    def purge(
+        self, tx: Tx, *, states: Sequence[RunState], older_than: timedelta, limit: int
+    ) -> int:
+        """Delete one batch of terminal runs that ended more than ``older_than`` ago.
+
+        A child run is kept while its parent exists and has not completed.
+        """
+        if any(not state.is_terminal for state in states):
+            raise InvalidArgument("only terminal runs (completed, failed, cancelled) can be purged")
+        deleted = tx.rows(
+            Q.purge_runs, states=[s.value for s in states], older_than=older_than, limit=limit
+        )
+        return len(deleted)
+
+    def expire_runs(self, tx: Tx, *, default_retention: timedelta, limit: int) -> int:
+        """Delete one batch of terminal runs past their retention (a step's, else the default)."""
+        return len(tx.rows(Q.expire_runs, default_retention=default_retention, limit=limit))
+
+    # -- leases --------------------------------------------------------------------
+
+    def claim(
+        self,
+        tx: Tx,
+        *,
+        owner: str,
+        queues: Sequence[str],
+        kinds: Sequence[str],
+        versions: Sequence[tuple[str, str]],
+        limit: int,
+        lease: timedelta,
+    ) -> list[Claimed]:
+        return claim.claim(
+            tx,
+            owner=owner,
+            queues=queues,
+            kinds=kinds,
+            versions=versions,
+            limit=limit,
+            lease=lease,
+        )
+
+    def heartbeat(self, tx: Tx, leases: Sequence[tuple[int, int]], lease: timedelta) -> set[int]:
+        return claim.heartbeat(tx, leases, lease)
+
+    def release(self, tx: Tx, leases: Sequence[tuple[int, int]]) -> set[int]:
+        return claim.release(tx, leases)
+
+    def lease_states(self, tx: Tx, step_ids: Sequence[int]) -> dict[int, str]:
+        return claim.lease_states(tx, step_ids)
+
+    def complete(self, tx: Tx, results: Sequence[Success]) -> set[int]:
+        return complete.complete(tx, results, self._hooks)
+
+    def fail(self, tx: Tx, failures: Sequence[Failure]) -> set[int]:
+        return complete.fail(tx, failures, self._hooks)
+
+    # -- scanner passes: each call handles one page, in the caller's transaction --------
+
+    def is_scan_leader(self, tx: Tx, scanner: str) -> bool:
+        """Take this transaction's lock on one scanner pass (False: another process has it)."""
+        return scan.is_leader(tx, scanner)
+
+    def reclaim_expired_leases(
+        self,
+        tx: Tx,
+        *,
+        after_id: int,
+        limit: int,
+        max_reclaims: Mapping[str, int],
+        default_max_reclaims: int,
+    ) -> Page:
+        page = scan.expired_page(tx, after_id=after_id, limit=limit)
+        rows = scan.reclaim(
+            tx,
+            page,
+            max_reclaims=max_reclaims,
+            default_max_reclaims=default_max_reclaims,
+            hooks=self._hooks,
+        )
+        return len(rows), _next_cursor(page, limit)
+
+    def fail_timed_out_steps(self, tx: Tx, *, after_id: int, limit: int, grace: timedelta) -> Page:
+        page = scan.timed_out_page(tx, after_id=after_id, limit=limit, grace=grace)
+        return len(scan.fail_timed_out(tx, page, self._hooks)), _next_cursor(page, limit)
+
+    def fire_timers(self, tx: Tx, *, after_id: int, limit: int) -> Page:
+        page = tx.rows(Q.due_timers, after_id=after_id, limit=limit)
+        return waits.fire_timers(tx, page, self._hooks), _next_cursor(page, limit)
+
+    def time_out_signal_waits(self, tx: Tx, *, after_id: int, limit: int) -> Page:
+        page = tx.rows(Q.expired_signal_waits, after_id=after_id, limit=limit)
+        return waits.time_out_signal_waits(tx, page, self._hooks), _next_cursor(page, limit)
+
+    def fail_past_deadlines(self, tx: Tx, *, after_id: int, limit: int) -> Page:
+        page = tx.rows(Q.expired_deadlines, after_id=after_id, limit=limit)
+        return waits.fail_past_deadline(tx, page, self._hooks), _next_cursor(page, limit)
+
+    def settle_ended_children(self, tx: Tx, *, after_id: int, limit: int) -> Page:
+        """Settle parent nodes still ``waiting_child`` whose child run has ended (a repair).
+
+        Settled nodes leave the page, so the next pass starts over: no cursor.
+        """
+        ended = children.repair_ended(tx, after_id=after_id, limit=limit, hooks=self._hooks)
+        return len(ended), None
+
+    def start_deferred_children(
+        self, tx: Tx, *, versions: Sequence[tuple[str, str]], limit: int = 100
+    ) -> int:
+        """Start the child runs left waiting by a process without their definition, in runs
+        of the given ``(workflow, def_version)`` pairs; return how many started."""
+        return children.start_deferred(tx, versions=versions, hooks=self._hooks, limit=limit)
+
+    # -- schedules -------------------------------------------------------------------
+
+    def register_schedule(self, tx: Tx, schedule: ScheduleRow) -> datetime:
+        """Create or update a schedule; return its next slot."""
+        return schedules.register(tx, schedule)
+
+    def set_schedule_enabled(self, tx: Tx, schedule_id: str, enabled: bool) -> None:
+        schedules.set_enabled(tx, schedule_id, enabled)
+
+    def delete_schedule(self, tx: Tx, schedule_id: str) -> None:
+        schedules.delete(tx, schedule_id)
+
+    def lease_due_schedules(self, tx: Tx, *, owner: str, limit: int, lease: timedelta) -> list[Row]:
+        return schedules.lease_due(tx, owner=owner, limit=limit, lease=lease)
+
+    def fire_schedule(
+        self, tx: Tx, schedule: Row, *, owner: str, catch_up: CatchUp = "latest"
+    ) -> int | None:
+        """Fire one leased schedule's due slot; return the run id (None: refused or done)."""
+        if self._compile_schedule is None:
+            raise InvalidArgument("this engine has no schedule compiler: it fires nothing")
+        return schedules.fire(
+            tx,
+            schedule,
+            owner=owner,
+            compile_target=self._compile_schedule,
+            hooks=self._hooks,
+            catch_up=catch_up,
+        )
+
+    # -- the worker registry -----------------------------------------------------------
+
+    def register_worker(
+        self,
+        tx: Tx,
+        *,
+        worker_id: str,
+        host: str,
+        pid: int,
+        queues: Sequence[str],
+        concurrency: int,
+        identities: Mapping[str, str],
+        versions: Sequence[tuple[str, str]],
+        refuse_conflicts: bool = True,
+    ) -> list[Row]:
+        return workers.register(
+            tx,
+            worker_id=worker_id,
+            host=host,
+            pid=pid,
+            queues=queues,
+            concurrency=concurrency,
+            identities=identities,
+            versions=versions,
+            refuse_conflicts=refuse_conflicts,
+        )
+
+    def beat_worker(self, tx: Tx, worker_id: str) -> bool:
+        return workers.beat(tx, worker_id)
+
+    def stop_worker(self, tx: Tx, worker_id: str) -> None:
+        workers.stop(tx, worker_id)
+
+    def prune_workers(self, tx: Tx) -> int:
+        """Forget workers stopped or silent for a day; return how many."""
+        return workers.prune(tx)
+
+    def list_workers(self, tx: Tx) -> list[Row]:
+        """Known workers, live ones first (see :func:`~cyclone_dsl.engine.workers.listing`)."""
+        return workers.listing(tx)
+
+    def unserved_work(self, tx: Tx, queues: Sequence[str] | None = None) -> list[Row]:
+        """Due available work that no live worker serves, grouped by queue, kind and version."""
+        return workers.unserved(tx, queues)
+
+
+def _next_cursor(page: list[Row], limit: int) -> int | None:
+    return page[-1]["id"] if len(page) >= limit else None
