@@ -6,6 +6,7 @@ from cyclone_dsl.client.handle import RunHandle
 from cyclone_dsl.client.model import Attempt, Run, Step
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.db.embedded import EmbeddedServer, embedded_database
+from cyclone_dsl.dsl.builder import NodeRef, Ref
 from cyclone_dsl.dsl.compose import child, define_result, for_each
 from cyclone_dsl.dsl.registry import Registry
 from cyclone_dsl.dsl.schedule import schedule
@@ -67,8 +68,10 @@ __all__ = [
     "InvalidTransition",
     "MailboxFull",
     "NoOutput",
+    "NodeRef",
     "PayloadTooLarge",
     "Permanent",
+    "Ref",
     "Registry",
     "Run",
     "RunFailed",

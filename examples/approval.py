@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from cyclone_dsl import step, wait_any, workflow
+from cyclone_dsl import NodeRef, Ref, step, wait_any, workflow
 
 
 @step(name="ap_request")
@@ -29,7 +29,7 @@ def escalate(request: dict[str, object]) -> str:
 
 
 @workflow(name="ap_approval")
-def approval(expense):  # type: ignore[no-untyped-def]
+def approval(expense: Ref[dict[str, object]]) -> NodeRef[str]:
     requested = request(expense)
     decision = wait_any(["approve", "reject"], timeout=timedelta(seconds=1), after=[requested])
     apply_decision(decision, on_dep_failure="cancel_branch")

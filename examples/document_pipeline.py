@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cyclone_dsl import child, for_each, step, workflow
+from cyclone_dsl import NodeRef, Ref, child, for_each, step, workflow
 
 
 @step(name="doc_split")
@@ -24,12 +24,12 @@ def count_words(pages: list[str]) -> dict[str, int]:
 
 
 @workflow(name="doc_index")
-def index(pages):  # type: ignore[no-untyped-def]
+def index(pages: Ref[list[str]]) -> NodeRef[dict[str, int]]:
     return count_words(pages)
 
 
 @workflow(name="doc_pipeline")
-def pipeline(document):  # type: ignore[no-untyped-def]
+def pipeline(document: Ref[dict[str, object]]) -> NodeRef[dict[str, int]]:
     pages = for_each(ocr_page, over=split(document), max_parallel=4)
     return child(index, pages)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cyclone_dsl import Client, Worker, embedded_database, migrate, step, workflow
+from cyclone_dsl import Client, NodeRef, Ref, Worker, embedded_database, migrate, step, workflow
 
 
 @step
@@ -21,7 +21,7 @@ def combine(greeting: str, shouted: str) -> str:
 
 
 @workflow
-def hello(name):  # type: ignore[no-untyped-def]
+def hello(name: Ref[str]) -> NodeRef[str]:
     return combine(greet(name), shout(name))
 
 

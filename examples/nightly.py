@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from cyclone_dsl import schedule, step, workflow
+from cyclone_dsl import NodeRef, Ref, schedule, step, workflow
 
 
 @step(name="nightly_cleanup")
@@ -20,7 +20,7 @@ def cleanup(params: dict[str, int]) -> str:
 
 @schedule("30 2 * * *", id="nightly-cleanup", location="Europe/Paris", input={"days": 30})
 @workflow(name="nightly")
-def nightly(params):  # type: ignore[no-untyped-def]
+def nightly(params: Ref[dict[str, int]]) -> NodeRef[str]:
     return cleanup(params)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from cyclone_dsl import action, for_each, step, wait_signal, workflow
+from cyclone_dsl import NodeRef, Ref, action, for_each, step, wait_signal, workflow
 
 
 @step(max_attempts=3, timeout=timedelta(seconds=30), name="ex_fetch_order")
@@ -46,7 +46,7 @@ def notify(payment: dict[str, object]) -> None:
 
 
 @workflow(name="ex_orders")
-def orders(order_id):  # type: ignore[no-untyped-def]
+def orders(order_id: Ref[str]) -> NodeRef[dict[str, object]]:
     order = fetch_order(order_id)
     approval = wait_signal("approved", timeout=timedelta(hours=1))
     payment = charge(order, approval)

@@ -12,7 +12,7 @@ import contextvars
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 import attrs
 
@@ -38,6 +38,8 @@ _active: contextvars.ContextVar[Builder | None] = contextvars.ContextVar(
     "cyclone_builder", default=None
 )
 
+T_co = TypeVar("T_co", covariant=True)
+
 OPTION_NAMES = frozenset(
     {"queue", "priority", "max_attempts", "timeout", "retention", "on_dep_failure"}
 )
@@ -61,8 +63,8 @@ class PendingNode:
     default_id: str
     kind: str
     binding: Binding
-    args: list[Arg | NodeRef]
-    control: list[NodeRef]
+    args: list[Arg | NodeRef[Any]]
+    control: list[NodeRef[Any]]
     options: dict[str, Any]
     wait: WaitSpec | None = None
     fan_out: FanOutSpec | None = None
@@ -82,13 +84,15 @@ _BRANCH = (
 )
 
 
-class BuildTimeRef:
-    """Base of the references a builder hands out: the run input and node outputs.
+class Ref(Generic[T_co]):
+    """What a builder hands out: the run input or a node's output, standing for a ``T_co``.
 
-    They stand for values that exist only when a run executes, so every
+    References stand for values that exist only when a run executes, so every
     operation that needs the value raises :class:`BuildTimeValue` (a
     ``TypeError``) instead of freezing a placeholder into the graph. ``repr()``,
-    ``is`` and hashing (by identity) keep working.
+    ``is`` and hashing (by identity) keep working. The type checker sees none
+    of the refusing operations, so ``ref["id"]``, ``ref + 1``, ``len(ref)``, a
+    ``for`` loop over a reference or a typo in an attribute are type errors too.
     """
 
     __slots__ = ()
@@ -105,124 +109,125 @@ class BuildTimeRef:
 
     __hash__ = object.__hash__
 
-    def __str__(self) -> str:
-        self._refuse("str()", _IN_A_STEP.format(what="build the text"))
+    if not TYPE_CHECKING:
 
-    def __format__(self, spec: str) -> str:
-        self._refuse("an f-string or format()", _IN_A_STEP.format(what="build the text"))
+        def __str__(self) -> str:
+            self._refuse("str()", _IN_A_STEP.format(what="build the text"))
 
-    def __bool__(self) -> bool:
-        self._refuse("an `if`, `while`, `and`, `or`, `not` or bool()", _BRANCH)
+        def __format__(self, spec: str) -> str:
+            self._refuse("an f-string or format()", _IN_A_STEP.format(what="build the text"))
 
-    def __iter__(self) -> NoReturn:
-        self._refuse(
-            "iteration (a `for` loop, unpacking, list())",
-            _IN_A_STEP.format(what="loop")
-            + ", or run a step per element with for_each(handler, over=reference)",
-        )
+        def __bool__(self) -> bool:
+            self._refuse("an `if`, `while`, `and`, `or`, `not` or bool()", _BRANCH)
 
-    def __len__(self) -> int:
-        self._refuse("len()", _IN_A_STEP.format(what="measure it"))
+        def __iter__(self) -> NoReturn:
+            self._refuse(
+                "iteration (a `for` loop, unpacking, list())",
+                _IN_A_STEP.format(what="loop")
+                + ", or run a step per element with for_each(handler, over=reference)",
+            )
 
-    def __contains__(self, item: object) -> bool:
-        self._refuse("an `in` test", _IN_A_STEP.format(what="test it") + "; " + _BRANCH)
+        def __len__(self) -> int:
+            self._refuse("len()", _IN_A_STEP.format(what="measure it"))
 
-    def __getitem__(self, key: object) -> NoReturn:
-        self._refuse(f"indexing ([{key!r}])", _IN_A_STEP.format(what="read the item"))
+        def __contains__(self, item: object) -> bool:
+            self._refuse("an `in` test", _IN_A_STEP.format(what="test it") + "; " + _BRANCH)
 
-    def __int__(self) -> int:
-        self._refuse("int()", _IN_A_STEP.format(what="convert it"))
+        def __getitem__(self, key: object) -> NoReturn:
+            self._refuse(f"indexing ([{key!r}])", _IN_A_STEP.format(what="read the item"))
 
-    def __float__(self) -> float:
-        self._refuse("float()", _IN_A_STEP.format(what="convert it"))
+        def __int__(self) -> int:
+            self._refuse("int()", _IN_A_STEP.format(what="convert it"))
 
-    def __index__(self) -> int:
-        self._refuse(
-            "an integer index (a list index, a slice, range())", _IN_A_STEP.format(what="use it")
-        )
+        def __float__(self) -> float:
+            self._refuse("float()", _IN_A_STEP.format(what="convert it"))
 
-    def _compare(self, symbol: str) -> NoReturn:
-        self._refuse(
-            f"a comparison ({symbol})",
-            _IN_A_STEP.format(what="compare") + "; to act on the outcome, " + _BRANCH,
-        )
+        def __index__(self) -> int:
+            self._refuse(
+                "an integer index (a list index, a slice, range())",
+                _IN_A_STEP.format(what="use it"),
+            )
 
-    def __eq__(self, other: object) -> bool:
-        self._compare("==")
+        def _compare(self, symbol: str) -> NoReturn:
+            self._refuse(
+                f"a comparison ({symbol})",
+                _IN_A_STEP.format(what="compare") + "; to act on the outcome, " + _BRANCH,
+            )
 
-    def __ne__(self, other: object) -> bool:
-        self._compare("!=")
+        def __eq__(self, other: object) -> bool:
+            self._compare("==")
 
-    def __lt__(self, other: object) -> bool:
-        self._compare("<")
+        def __ne__(self, other: object) -> bool:
+            self._compare("!=")
 
-    def __le__(self, other: object) -> bool:
-        self._compare("<=")
+        def __lt__(self, other: object) -> bool:
+            self._compare("<")
 
-    def __gt__(self, other: object) -> bool:
-        self._compare(">")
+        def __le__(self, other: object) -> bool:
+            self._compare("<=")
 
-    def __ge__(self, other: object) -> bool:
-        self._compare(">=")
+        def __gt__(self, other: object) -> bool:
+            self._compare(">")
 
-    def _arithmetic(self, symbol: str) -> NoReturn:
-        self._refuse(f"arithmetic ({symbol})", _IN_A_STEP.format(what="compute"))
+        def __ge__(self, other: object) -> bool:
+            self._compare(">=")
 
-    def __add__(self, other: object) -> NoReturn:
-        self._arithmetic("+")
+        def _arithmetic(self, symbol: str) -> NoReturn:
+            self._refuse(f"arithmetic ({symbol})", _IN_A_STEP.format(what="compute"))
 
-    def __radd__(self, other: object) -> NoReturn:
-        self._arithmetic("+")
+        def __add__(self, other: object) -> NoReturn:
+            self._arithmetic("+")
 
-    def __sub__(self, other: object) -> NoReturn:
-        self._arithmetic("-")
+        def __radd__(self, other: object) -> NoReturn:
+            self._arithmetic("+")
 
-    def __rsub__(self, other: object) -> NoReturn:
-        self._arithmetic("-")
+        def __sub__(self, other: object) -> NoReturn:
+            self._arithmetic("-")
 
-    def __mul__(self, other: object) -> NoReturn:
-        self._arithmetic("*")
+        def __rsub__(self, other: object) -> NoReturn:
+            self._arithmetic("-")
 
-    def __rmul__(self, other: object) -> NoReturn:
-        self._arithmetic("*")
+        def __mul__(self, other: object) -> NoReturn:
+            self._arithmetic("*")
 
-    def __truediv__(self, other: object) -> NoReturn:
-        self._arithmetic("/")
+        def __rmul__(self, other: object) -> NoReturn:
+            self._arithmetic("*")
 
-    def __rtruediv__(self, other: object) -> NoReturn:
-        self._arithmetic("/")
+        def __truediv__(self, other: object) -> NoReturn:
+            self._arithmetic("/")
 
-    def __floordiv__(self, other: object) -> NoReturn:
-        self._arithmetic("//")
+        def __rtruediv__(self, other: object) -> NoReturn:
+            self._arithmetic("/")
 
-    def __rfloordiv__(self, other: object) -> NoReturn:
-        self._arithmetic("//")
+        def __floordiv__(self, other: object) -> NoReturn:
+            self._arithmetic("//")
 
-    def __mod__(self, other: object) -> NoReturn:
-        self._arithmetic("%")
+        def __rfloordiv__(self, other: object) -> NoReturn:
+            self._arithmetic("//")
 
-    def __rmod__(self, other: object) -> NoReturn:
-        self._arithmetic("%")
+        def __mod__(self, other: object) -> NoReturn:
+            self._arithmetic("%")
 
-    def __pow__(self, other: object) -> NoReturn:
-        self._arithmetic("**")
+        def __rmod__(self, other: object) -> NoReturn:
+            self._arithmetic("%")
 
-    def __rpow__(self, other: object) -> NoReturn:
-        self._arithmetic("**")
+        def __pow__(self, other: object) -> NoReturn:
+            self._arithmetic("**")
 
-    def __neg__(self) -> NoReturn:
-        self._arithmetic("unary -")
+        def __rpow__(self, other: object) -> NoReturn:
+            self._arithmetic("**")
 
-    def __pos__(self) -> NoReturn:
-        self._arithmetic("unary +")
+        def __neg__(self) -> NoReturn:
+            self._arithmetic("unary -")
 
-    def __abs__(self) -> NoReturn:
-        self._arithmetic("abs()")
+        def __pos__(self) -> NoReturn:
+            self._arithmetic("unary +")
 
-    def __round__(self, ndigits: int | None = None) -> NoReturn:
-        self._arithmetic("round()")
+        def __abs__(self) -> NoReturn:
+            self._arithmetic("abs()")
 
-    if not TYPE_CHECKING:  # hidden from mypy, so a typo on a reference stays a type error
+        def __round__(self, ndigits: int | None = None) -> NoReturn:
+            self._arithmetic("round()")
 
         def __getattr__(self, name: str) -> NoReturn:
             # Dunder and private names (copy, pickle, attrs, introspection) and the
@@ -232,18 +237,22 @@ class BuildTimeRef:
             self._refuse(f"attribute access (.{name})", _IN_A_STEP.format(what=f"read .{name}"))
 
 
+#: The former name of :class:`Ref`.
+BuildTimeRef = Ref
+
+
 def _field_names(cls: type) -> frozenset[str]:
     return frozenset(a.name for a in getattr(cls, "__attrs_attrs__", ()))
 
 
 @attrs.define(eq=False, repr=False)
-class NodeRef(BuildTimeRef):
+class NodeRef(Ref[T_co]):
     """A symbolic reference to a node's output inside a workflow builder."""
 
     builder: Builder
     node: PendingNode
 
-    def named(self, node_id: str) -> NodeRef:
+    def named(self, node_id: str) -> NodeRef[T_co]:
         """Give the node an explicit id (unique within the workflow); returns the same ref."""
         given: object = node_id  # untyped callers may pass a reference
         if not isinstance(given, str):
@@ -263,7 +272,7 @@ class NodeRef(BuildTimeRef):
 
 
 @attrs.define(eq=False, repr=False)
-class RunInputRef(BuildTimeRef):
+class RunInputRef(Ref[T_co]):
     """The run input as seen by the builder (it becomes a literal at submit)."""
 
     builder: Builder
@@ -280,11 +289,11 @@ class Builder:
     name: str
     nodes: list[PendingNode] = attrs.field(factory=list)
     problems: list[tuple[str | None, str]] = attrs.field(factory=list)
-    result: NodeRef | None = None
+    result: NodeRef[Any] | None = None
     steps: dict[str, StepDef[Any, Any]] = attrs.field(factory=dict)
     children: dict[str, WorkflowDef] = attrs.field(factory=dict)
 
-    def arg(self, value: object, where: str) -> Arg | NodeRef:
+    def arg(self, value: object, where: str) -> Arg | NodeRef[Any]:
         if isinstance(value, NodeRef):
             if value.builder is not self:
                 self.problems.append(
@@ -322,7 +331,7 @@ class Builder:
         fan_out: FanOutSpec | None = None,
         child: ChildSpec | None = None,
         keep_output: bool = True,
-    ) -> NodeRef:
+    ) -> NodeRef[Any]:
         where = f"call of {default_id!r}"
         if len(call_args) == 1 and isinstance(call_args[0], list | tuple):
             binding = Binding.ARRAY
@@ -351,7 +360,7 @@ class Builder:
         self.nodes.append(node)
         return NodeRef(self, node)
 
-    def _control(self, after: object, where: str) -> list[NodeRef]:
+    def _control(self, after: object, where: str) -> list[NodeRef[Any]]:
         if after is None:
             return []
         items = list(after) if isinstance(after, list | tuple) else [after]
@@ -401,7 +410,7 @@ class Builder:
             node.final_id = candidate
 
     def _freeze(self, node: PendingNode) -> Node:
-        def to_arg(value: Arg | NodeRef) -> Arg:
+        def to_arg(value: Arg | NodeRef[Any]) -> Arg:
             if isinstance(value, NodeRef):
                 return Arg(ArgKind.REF, ref=value.node.final_id)
             return value
@@ -423,7 +432,7 @@ class Builder:
 
 def _holds_ref(value: object, depth: int = 0) -> bool:
     """Whether a literal list, tuple or dict holds a builder reference (to explain the error)."""
-    if isinstance(value, BuildTimeRef):
+    if isinstance(value, Ref):
         return True
     if depth > 32:
         return False

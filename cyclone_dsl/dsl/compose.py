@@ -2,24 +2,75 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar, overload
 
-from cyclone_dsl.dsl.builder import NodeRef, require_builder
+from typing_extensions import Unpack
+
+from cyclone_dsl.dsl.builder import NodeRef, Ref, require_builder
+from cyclone_dsl.dsl.signatures import After, FanOutOptions, Fn1, Fn1Ctx, HasHandler
 from cyclone_dsl.dsl.step import StepDef
 from cyclone_dsl.dsl.workflow import WorkflowDef
 from cyclone_dsl.errors import InvalidGraph
 from cyclone_dsl.graph.model import ChildSpec, FanOutSpec
 from cyclone_dsl.graph.rows import KIND_CHILD
 
+E = TypeVar("E")
+O = TypeVar("O")  # noqa: E741 - the output of an item handler
 
+
+@overload
 def for_each(
-    handler: StepDef[Any, Any] | object,
+    handler: HasHandler[Fn1[E, Coroutine[Any, Any, O]]],
     *,
-    over: Any,
+    over: Sequence[E] | Ref[Sequence[E]],
     max_parallel: int = 0,
     max_bytes: int = 0,
     max_items: int | None = None,
-    after: Any = None,
+    after: After = None,
+    **options: Unpack[FanOutOptions],
+) -> NodeRef[list[O]]: ...
+@overload
+def for_each(
+    handler: HasHandler[Fn1Ctx[E, Coroutine[Any, Any, O]]],
+    *,
+    over: Sequence[E] | Ref[Sequence[E]],
+    max_parallel: int = 0,
+    max_bytes: int = 0,
+    max_items: int | None = None,
+    after: After = None,
+    **options: Unpack[FanOutOptions],
+) -> NodeRef[list[O]]: ...
+@overload
+def for_each(
+    handler: HasHandler[Fn1[E, O]],
+    *,
+    over: Sequence[E] | Ref[Sequence[E]],
+    max_parallel: int = 0,
+    max_bytes: int = 0,
+    max_items: int | None = None,
+    after: After = None,
+    **options: Unpack[FanOutOptions],
+) -> NodeRef[list[O]]: ...
+@overload
+def for_each(
+    handler: HasHandler[Fn1Ctx[E, O]],
+    *,
+    over: Sequence[E] | Ref[Sequence[E]],
+    max_parallel: int = 0,
+    max_bytes: int = 0,
+    max_items: int | None = None,
+    after: After = None,
+    **options: Unpack[FanOutOptions],
+) -> NodeRef[list[O]]: ...
+def for_each(
+    handler: object,
+    *,
+    over: object,
+    max_parallel: int = 0,
+    max_bytes: int = 0,
+    max_items: int | None = None,
+    after: object = None,
     **options: Any,
 ) -> Any:
     """Run ``handler`` once per element of the list ``over`` produces.
@@ -33,7 +84,7 @@ def for_each(
     if not isinstance(handler, StepDef):
         builder.problems.append((None, f"for_each needs a @step or @action, not {handler!r}"))
         return None
-    ref = handler.with_options(after=after, **options)(over)
+    ref = handler.with_options(**{**options, "after": after})(over)
     assert isinstance(ref, NodeRef)
     ref.node.fan_out = FanOutSpec(
         max_parallel=max_parallel,
@@ -45,15 +96,16 @@ def for_each(
     return ref
 
 
-def child(workflow: WorkflowDef | object, input: Any = None, *, after: Any = None) -> Any:
+def child(workflow: WorkflowDef, input: object = None, *, after: After = None) -> NodeRef[Any]:
     """Start a run of ``workflow`` with ``input``; the node completes when that run does.
 
     If ``workflow`` defines a result, the node's output is that result.
     """
     builder = require_builder("child")
-    if not isinstance(workflow, WorkflowDef):
-        builder.problems.append((None, f"child() needs a @workflow, not {workflow!r}"))
-        return None
+    given: object = workflow  # untyped callers may pass anything
+    if not isinstance(given, WorkflowDef):
+        builder.problems.append((None, f"child() needs a @workflow, not {given!r}"))
+        return None  # type: ignore[return-value]  # the problem fails the build
     try:
         needs_result = workflow.has_result
     except InvalidGraph as exc:
@@ -70,10 +122,11 @@ def child(workflow: WorkflowDef | object, input: Any = None, *, after: Any = Non
     )
 
 
-def define_result(ref: Any) -> None:
+def define_result(ref: NodeRef[object]) -> None:
     """Mark ``ref``'s output as the run's result (the same as returning it from the builder)."""
     builder = require_builder("define_result")
-    if not isinstance(ref, NodeRef) or ref.builder is not builder:
+    given: object = ref  # untyped callers may pass anything
+    if not isinstance(given, NodeRef) or given.builder is not builder:
         builder.problems.append((None, f"define_result() needs a node of this workflow: {ref!r}"))
         return
-    builder.result = ref
+    builder.result = given

@@ -1,4 +1,9 @@
-"""``@step`` and ``@action``: handlers that run on workers and nodes inside workflows."""
+"""``@step`` and ``@action``: handlers that run on workers and nodes inside workflows.
+
+``StepDef[P, R]`` keeps the handler's parameters ``P`` and return type ``R``;
+how a call of it is typed (a plain call returning ``R``, or a builder call
+returning ``NodeRef[...]``) is :class:`~cyclone_dsl.dsl.signatures.StepCalls`.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,14 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
 import attrs
+from typing_extensions import Unpack
 
 from cyclone_dsl.dsl.builder import OPTION_NAMES, active_builder, duration
 from cyclone_dsl.dsl.schedule import ScheduleSpec, pending_schedules
+from cyclone_dsl.dsl.signatures import CallOptions, OnDepFailure, StepCalls
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.graph.model import NodeOptions
 from cyclone_dsl.graph.validate import check_options
@@ -146,7 +153,7 @@ def keyword_problem(name: str, unknown: Sequence[str], fn: Callable[..., Any]) -
 
 
 @attrs.define(eq=False, repr=False)
-class StepDef(Generic[P, R]):
+class StepDef(StepCalls[P, R]):
     """A registered handler kind. Call it in a builder to add a node; elsewhere it runs."""
 
     fn: Callable[P, R]
@@ -169,7 +176,7 @@ class StepDef(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<{'step' if self.keep_output else 'action'} {self.name}>"
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         builder = active_builder()
         if builder is None:
             return self.fn(*args, **kwargs)
@@ -202,9 +209,9 @@ class StepDef(Generic[P, R]):
         ref.node.problems.extend(problems)
         if node_id is not None:
             ref.named(node_id)
-        return ref  # type: ignore[return-value]  # a NodeRef stands for R inside a builder
+        return ref
 
-    def with_options(self, **options: Any) -> StepDef[P, R]:
+    def with_options(self, **options: Unpack[CallOptions]) -> StepDef[P, R]:
         """The same handler with per-node options (and ``after=`` / ``node_id=``) bound."""
         return attrs.evolve(self, bound={**self._bound, **options}, origin=self._origin or self)
 
@@ -276,7 +283,7 @@ def step(
     queue: str | None = None,
     priority: int | None = None,
     retention: timedelta | float | None = None,
-    on_dep_failure: str | None = None,
+    on_dep_failure: OnDepFailure | None = None,
     max_reclaims: int | None = None,
 ) -> Callable[[Callable[P, R]], StepDef[P, R]]: ...
 def step(
@@ -289,7 +296,7 @@ def step(
     queue: str | None = None,
     priority: int | None = None,
     retention: timedelta | float | None = None,
-    on_dep_failure: str | None = None,
+    on_dep_failure: OnDepFailure | None = None,
     max_reclaims: int | None = None,
 ) -> StepDef[P, R] | Callable[[Callable[P, R]], StepDef[P, R]]:
     """Declare a step: a handler whose output is kept and can feed other nodes."""
@@ -315,7 +322,7 @@ def action(
     queue: str | None = None,
     priority: int | None = None,
     retention: timedelta | float | None = None,
-    on_dep_failure: str | None = None,
+    on_dep_failure: OnDepFailure | None = None,
     max_reclaims: int | None = None,
 ) -> Callable[[Callable[P, R]], StepDef[P, R]]: ...
 def action(
@@ -328,7 +335,7 @@ def action(
     queue: str | None = None,
     priority: int | None = None,
     retention: timedelta | float | None = None,
-    on_dep_failure: str | None = None,
+    on_dep_failure: OnDepFailure | None = None,
     max_reclaims: int | None = None,
 ) -> StepDef[P, R] | Callable[[Callable[P, R]], StepDef[P, R]]:
     """Declare an action: like a step, but its output is not kept (stored as NULL)."""

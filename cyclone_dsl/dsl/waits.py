@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from cyclone_dsl.dsl.builder import BuildTimeRef, duration, require_builder
+from cyclone_dsl.dsl.builder import NodeRef, Ref, duration, require_builder
+from cyclone_dsl.dsl.signatures import After
 from cyclone_dsl.graph.model import WaitSpec
 from cyclone_dsl.graph.rows import KIND_SIGNAL, KIND_TIMER
 
@@ -20,7 +21,9 @@ def _id_of(name: object) -> str:
     return name if isinstance(name, str) else "signal"
 
 
-def wait_signal(name: str, *, timeout: timedelta | float | None = None, after: Any = None) -> Any:
+def wait_signal(
+    name: str, *, timeout: timedelta | float | None = None, after: After = None
+) -> NodeRef[Any]:
     """Wait for one signal ``name``; the node's output is its payload.
 
     With ``timeout``, the wait fails (error kind ``signal_timeout``) when no
@@ -32,8 +35,8 @@ def wait_signal(name: str, *, timeout: timedelta | float | None = None, after: A
 
 
 def wait_n(
-    name: str, n: int, *, timeout: timedelta | float | None = None, after: Any = None
-) -> Any:
+    name: str, n: int, *, timeout: timedelta | float | None = None, after: After = None
+) -> NodeRef[list[Any]]:
     """Wait for ``n`` signals ``name``; the output is the list of payloads in arrival order."""
     builder = require_builder("wait_n")
     spec = WaitSpec(signal_name=name, count=n, duration=_timeout(timeout))
@@ -41,17 +44,17 @@ def wait_n(
 
 
 def wait_any(
-    names: Sequence[str], *, timeout: timedelta | float | None = None, after: Any = None
-) -> Any:
+    names: Sequence[str], *, timeout: timedelta | float | None = None, after: After = None
+) -> NodeRef[dict[str, Any]]:
     """Wait for the first of several signals; the output is ``{"name": ..., "payload": ...}``."""
     builder = require_builder("wait_any")
-    listed: tuple[Any, ...] = (names,) if isinstance(names, BuildTimeRef) else tuple(names)
+    listed: tuple[Any, ...] = (names,) if isinstance(names, Ref) else tuple(names)
     spec = WaitSpec(signal_names=listed, duration=_timeout(timeout))
     default_id = "any_" + "_".join(_id_of(n) for n in listed)
     return builder.add(default_id, KIND_SIGNAL, (), after=after, wait=spec)
 
 
-def wait_timer(length: timedelta | float, *, after: Any = None) -> Any:
+def wait_timer(length: timedelta | float, *, after: After = None) -> NodeRef[None]:
     """Wait ``length`` (from activation); completed by the timer scanner, not by a worker."""
     builder = require_builder("wait_timer")
     spec = WaitSpec(duration=duration(length, "duration"), timer=True)  # type: ignore[arg-type]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextvars
 import inspect
 from collections.abc import Callable
-from typing import Any, overload
+from typing import Any, TypeAlias, overload
 
 import attrs
 
-from cyclone_dsl.dsl.builder import RunInputRef, building
+from cyclone_dsl.dsl.builder import NodeRef, Ref, RunInputRef, building
 from cyclone_dsl.dsl.schedule import ScheduleSpec, pending_schedules
 from cyclone_dsl.errors import InvalidArgument, InvalidGraph
 from cyclone_dsl.graph.compile import compile_template
@@ -20,6 +20,12 @@ from cyclone_dsl.graph.validate import problems_of
 
 _building_now: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
     "cyclone_building_workflows", default=()
+)
+
+
+#: A builder takes the run input (as a reference) or nothing, and returns its result node or None.
+BuilderFunction: TypeAlias = (
+    Callable[[], NodeRef[Any] | None] | Callable[[Ref[Any]], NodeRef[Any] | None]
 )
 
 
@@ -122,12 +128,12 @@ def _define(fn: Callable[..., Any], name: str | None) -> WorkflowDef:
 
 
 @overload
-def workflow(fn: Callable[..., Any], /) -> WorkflowDef: ...
+def workflow(fn: BuilderFunction, /) -> WorkflowDef: ...
 @overload
-def workflow(*, name: str | None = None) -> Callable[[Callable[..., Any]], WorkflowDef]: ...
+def workflow(*, name: str | None = None) -> Callable[[BuilderFunction], WorkflowDef]: ...
 def workflow(
-    fn: Callable[..., Any] | None = None, /, *, name: str | None = None
-) -> WorkflowDef | Callable[[Callable[..., Any]], WorkflowDef]:
+    fn: BuilderFunction | None = None, /, *, name: str | None = None
+) -> WorkflowDef | Callable[[BuilderFunction], WorkflowDef]:
     """Declare a workflow; its function runs once, in a builder, to describe the graph."""
     if fn is not None:
         return _define(fn, name)

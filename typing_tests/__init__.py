@@ -1,0 +1,1 @@
+"""Files the type checker reads, never runs: see README.md."""
