@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +27,42 @@ def test_the_site_builds_without_warnings(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "WARNING" not in result.stderr, result.stderr
     assert (tmp_path / "guarantees" / "index.html").exists()
+    missing = [
+        f"{page.relative_to(ROOT)} includes {included} but its page does not show it"
+        for page, included in includes()
+        if included.endswith(".py") and not shows(built_page(tmp_path, page), ROOT / included)
+    ]
+    assert missing == []
+
+
+#: A snippet include line of pymdownx.snippets, as written in a page.
+INCLUDE = re.compile(r'^--8<-- "([^"]+)"$', re.MULTILINE)
+
+
+def includes() -> list[tuple[Path, str]]:
+    """(page, included file) for every snippet include of the docs; a line that looks like
+    a mangled include (a formatter once turned ``--8<--`` into ``--8 < --``) fails here."""
+    found = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        text = page.read_text()
+        assert "--8 <" not in text, f"{page.relative_to(ROOT)} has a mangled snippet include"
+        found += [(page, name) for name in INCLUDE.findall(text)]
+    assert found, "no snippet include found: the pattern is stale"
+    return found
+
+
+def built_page(site: Path, page: Path) -> str:
+    relative = page.relative_to(ROOT / "docs").with_suffix("")
+    folder = site if relative.name == "index" else site / relative
+    return (folder / "index.html").read_text()
+
+
+def shows(html_text: str, included: Path) -> bool:
+    """Whether the built page shows the included file: each of its code lines appears in
+    the page's text once the syntax-highlighting markup is stripped."""
+    text = html.unescape(re.sub(r"<[^>]+>", "", html_text))
+    lines = [line.strip() for line in included.read_text().splitlines() if line.strip()]
+    return all(line in text for line in lines)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])

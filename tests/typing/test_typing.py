@@ -50,10 +50,9 @@ REPORTED = re.compile(
 FENCE = re.compile(r"^(?P<indent>\s*)```python\s*$")
 SKIP = re.compile(r"^<!--\s*typing:\s*skip\b(?P<reason>.*?)-->$")
 SNIPPET = re.compile(r'^-+8<-+\s+"(?P<path>[^"]+)"\s*$')
-# `ruff format` formats python blocks in Markdown and turns an include into `--8 < --"..."`,
-# which mkdocs shows as text (docs/quickstart.md has one); <!-- fmt: off --> ... <!-- fmt: on -->
-# around the block keeps it. Such a line is still checked as the include it means to be.
-MANGLED_SNIPPET = re.compile(r'^--8 < --"(?P<path>[^"]+)"\s*$')
+# `ruff format` formats python blocks in Markdown and would turn an include into
+# `--8 < --"..."`, which mkdocs shows as text: <!-- fmt: off --> ... <!-- fmt: on --> around
+# the block keeps it (tests/docs checks that the built pages show what they include).
 
 
 def file_key(path: Path | str) -> str:
@@ -115,7 +114,7 @@ def write_blocks(directory: Path) -> list[Block]:
             text: list[str] = []
             origins: list[str] = []
             for offset, line in enumerate(body, start=1):
-                include = SNIPPET.match(line) or MANGLED_SNIPPET.match(line)
+                include = SNIPPET.match(line)
                 if include is None:
                     text.append(line)
                     origins.append(f"{document.relative_to(ROOT)}:{fence + offset}")
