@@ -94,3 +94,24 @@ def test_the_schema_reference_lists_every_migration() -> None:
     page = (ROOT / "docs" / "reference" / "schema.md").read_text()
     rows = {line.split("|")[1].strip() for line in page.splitlines() if line.startswith("| ")}
     assert {str(m.version) for m in load_migrations()} <= rows
+
+
+FIGURE = re.compile(r"(\d[\d,]*(?:\.\d+)?)\s*(steps/s|jobs/s|ms|x)\b")
+
+
+def test_the_comparison_cites_only_measured_figures() -> None:
+    """Every figure on the comparison page is one of the performance page's measured
+    figures (with the same unit, as rounded there): it cannot drift from the benchmark."""
+    measured: dict[str, list[float]] = {}
+    for number, unit in FIGURE.findall((ROOT / "docs" / "performance.md").read_text()):
+        measured.setdefault(unit, []).append(float(number.replace(",", "")))
+    cited = FIGURE.findall((ROOT / "docs" / "comparison.md").read_text())
+    assert cited, "the comparison cites no figure: the pattern is stale"
+    unmatched = []
+    for number, unit in cited:
+        shown = float(number.replace(",", ""))
+        decimals = len(number.split(".")[1]) if "." in number else 0
+        tolerance = 0.5 * 10**-decimals + 1e-9
+        if not any(abs(value - shown) <= tolerance for value in measured.get(unit, [])):
+            unmatched.append(f"{number} {unit}")
+    assert unmatched == []
