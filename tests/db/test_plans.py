@@ -82,6 +82,19 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
             Q.activate_ready,
             {"run_ids": [r["run_id"] for r in steps], "nodes": ["b"] * len(steps)},
         ),
+        # Scanner passes: each runs every second on the pass's leader.
+        "expired_leases": (Q.expired_leases, {"after_id": 0, "limit": 500}),
+        "timed_out_steps": (
+            Q.timed_out_steps,
+            {"after_id": 0, "limit": 500, "grace": timedelta(seconds=5)},
+        ),
+        "due_timers": (Q.due_timers, {"after_id": 0, "limit": 500}),
+        "expired_signal_waits": (Q.expired_signal_waits, {"after_id": 0, "limit": 500}),
+        "expired_deadlines": (Q.expired_deadlines, {"after_id": 0, "limit": 500}),
+        "ended_children_of_waiting_nodes": (
+            Q.ended_children_of_waiting_nodes,
+            {"after_id": 0, "limit": 500},
+        ),
     }
 
 
@@ -115,6 +128,12 @@ def loaded(cyclone_admin_dsn: str) -> Any:
         "assemble_inputs",
         "downstream_nodes",
         "activate_ready",
+        "expired_leases",
+        "timed_out_steps",
+        "due_timers",
+        "expired_signal_waits",
+        "expired_deadlines",
+        "ended_children_of_waiting_nodes",
     ],
 )
 def test_hot_statements_never_scan_a_big_table(loaded: str, name: str, mode: str) -> None:

@@ -70,3 +70,25 @@ def test_a_parent_left_waiting_for_an_ended_child_is_repaired(
     run = handle.wait(timeout=20)
     assert run.state == "failed"
     assert run.step("cs_held").error_kind == "child_failed"
+
+
+def test_a_parent_left_waiting_for_a_completed_child_gets_its_result(
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    """The same repair for a child run that completed behind the engine: the parent node
+    completes with the child's result, and the run goes on."""
+    import psycopg
+
+    handle = client.submit(parent, 1)
+    (child_run,) = client.children_of(handle.id)
+    with psycopg.connect(cyclone_dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE cyclone_steps SET state = 'completed', output = '7' WHERE run_id = %s",
+            (child_run["id"],),
+        )
+        conn.execute(
+            "UPDATE cyclone_runs SET state = 'completed', finished_at = now() WHERE id = %s",
+            (child_run["id"],),
+        )
+    start_worker(parent)
+    assert handle.result(timeout=20) == 7
