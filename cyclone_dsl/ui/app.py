@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import json
 import secrets
-from datetime import datetime
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
@@ -27,6 +27,7 @@ from starlette.staticfiles import StaticFiles
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.errors import CycloneError, InvalidArgument, RunNotFound
 from cyclone_dsl.states import RunState
+from cyclone_dsl.ui.chart import queue_chart
 from cyclone_dsl.ui.graph import draw
 
 CSRF_COOKIE = "cyclone_csrf"
@@ -159,7 +160,14 @@ def create_app(client: Client, *, read_only: bool = False, token: str | None = N
         return back(url, message=f"{action}: done")
 
     def queues(request: Request) -> HTMLResponse:
-        return page(request, "queues.html", stats=client.stats(), workers=client.workers())
+        stats = client.stats()
+        return page(
+            request,
+            "queues.html",
+            stats=stats,
+            chart=queue_chart(stats["queues"], datetime.now(UTC)),
+            workers=client.workers(),
+        )
 
     def schedules(request: Request) -> HTMLResponse:
         return page(request, "schedules.html", schedules=client.list_schedules())

@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 
 from cyclone_dsl import Client, Worker, step, wait_signal, workflow
 from cyclone_dsl.ui.app import CSRF_COOKIE, create_app
+from tests.ui.geometry import SVG, axis_labels, check_routes, graph_of, parse_svg
 
 
 @step(name="ui_echo")
@@ -20,6 +21,15 @@ def echo(x: object) -> object:
 @workflow(name="ui_wait")
 def waits(x):  # type: ignore[no-untyped-def]
     return echo(wait_signal("go"))
+
+
+@workflow(name="ui_skip")
+def skips(x):  # type: ignore[no-untyped-def]
+    """Edges that skip rows: top -> bottom passes the mids' row and deep's."""
+    top = echo.named("top")(x)
+    mids = [echo.named(f"mid{i}")(top) for i in range(3)]
+    deep = echo.named("deep")(mids[0])
+    return echo.named("bottom")([top, deep, *mids])
 
 
 @pytest.fixture
@@ -161,3 +171,31 @@ def test_the_queues_page_shows_unserved_work_and_live_workers(
     worker = start_worker(echo)
     page = web.get("/queues").text
     assert worker.id in page
+
+
+def test_the_run_graph_draws_skip_level_edges_beside_the_nodes_between(
+    web: TestClient, client: Client
+) -> None:
+    handle = client.submit(skips, 1)
+    boxes, edges, skipping = graph_of(parse_svg(web.get(f"/runs/{handle.id}").text, 'class="dag"'))
+    assert set(boxes) == {"top", "mid0", "mid1", "mid2", "deep", "bottom"}
+    assert len(edges) == 9
+    assert skipping == {"top->bottom", "mid0->bottom", "mid1->bottom", "mid2->bottom"}
+    assert check_routes(boxes, edges) == []
+
+
+def test_the_queue_chart_shows_the_current_totals(web: TestClient, client: Client) -> None:
+    client.enqueue(echo, 1, queue="nobody")
+    client.enqueue(echo, 2, queue="other")
+    chart = parse_svg(web.get("/queues").text, 'id="chart"')
+    assert axis_labels(chart, "x-axis")[-1] == "now"
+    assert axis_labels(chart, "y-axis") == ["0", "1", "2"]
+    legend = {
+        str(item.get("data-series")): " ".join("".join(item.itertext()).split())
+        for item in chart.iter(f"{SVG}g")
+        if item.get("class") == "legend-item"
+    }
+    assert legend == {"available": "available 2", "running": "running 0", "waiting": "waiting 0"}
+    time_range = chart.find(f"{SVG}text[@class='time-range']")
+    assert time_range is not None
+    assert re.fullmatch(r"\d\d:\d\d:\d\d - \d\d:\d\d:\d\d UTC", str(time_range.text))
