@@ -8,6 +8,7 @@ from cyclone_dsl.client.sync import Client
 from cyclone_dsl.db.embedded import EmbeddedServer, embedded_database
 from cyclone_dsl.dsl.builder import NodeRef, Ref
 from cyclone_dsl.dsl.compose import child, define_result, for_each
+from cyclone_dsl.dsl.flow import Concurrency, Debounce, RateLimit
 from cyclone_dsl.dsl.registry import Registry
 from cyclone_dsl.dsl.schedule import schedule
 from cyclone_dsl.dsl.step import StepDef, action, step
@@ -57,8 +58,10 @@ __all__ = [
     "AsyncRunHandle",
     "Attempt",
     "Client",
+    "Concurrency",
     "CycloneError",
     "DatabaseUnavailable",
+    "Debounce",
     "Delivery",
     "EmbeddedServer",
     "HandlerConflict",
@@ -71,6 +74,7 @@ __all__ = [
     "NodeRef",
     "PayloadTooLarge",
     "Permanent",
+    "RateLimit",
     "Ref",
     "Registry",
     "Run",

@@ -26,6 +26,7 @@ from cyclone_dsl.db.callers import AsyncConnection, in_callers_async_transaction
 from cyclone_dsl.db.clock import current_shift
 from cyclone_dsl.db.follow import follow_async
 from cyclone_dsl.dsl import runs
+from cyclone_dsl.dsl.flow import Debounce
 from cyclone_dsl.dsl.registry import Registry
 from cyclone_dsl.engine import Delivery
 from cyclone_dsl.payload import JSONValue
@@ -90,11 +91,18 @@ class AsyncClient:
     # -- submitting ----------------------------------------------------------------
 
     async def submit(
-        self, workflow: object, input: JSONValue = None, *, deadline: timedelta | None = None
+        self,
+        workflow: object,
+        input: JSONValue = None,
+        *,
+        deadline: timedelta | None = None,
+        debounce: Debounce | None = None,
     ) -> AsyncRunHandle:
         """See :meth:`Client.submit`."""
-        handle = await asyncio.to_thread(self._client.submit, workflow, input, deadline=deadline)
-        return self._handle(handle.id)
+        handle = await asyncio.to_thread(
+            self._client.submit, workflow, input, deadline=deadline, debounce=debounce
+        )
+        return self._handle(handle.id, handle.created)
 
     async def submit_tx(
         self,
@@ -177,6 +185,7 @@ class AsyncClient:
         unique_key: str | None = None,
         sequence_key: str | None = None,
         retention: timedelta | float | None = None,
+        concurrency_key: str | None = None,
     ) -> AsyncRunHandle:
         """See :meth:`Client.enqueue`."""
         handle = await asyncio.to_thread(
@@ -191,6 +200,7 @@ class AsyncClient:
             unique_key=unique_key,
             sequence_key=sequence_key,
             retention=retention,
+            concurrency_key=concurrency_key,
         )
         return self._handle(handle.id, handle.created)
 
@@ -208,6 +218,7 @@ class AsyncClient:
         unique_key: str | None = None,
         sequence_key: str | None = None,
         retention: timedelta | float | None = None,
+        concurrency_key: str | None = None,
     ) -> AsyncRunHandle:
         """:meth:`Client.enqueue_tx` on the caller's async connection."""
         compiled = self._client._standalone(
@@ -221,6 +232,7 @@ class AsyncClient:
             unique_key=unique_key,
             sequence_key=sequence_key,
             retention=retention,
+            concurrency_key=concurrency_key,
         )
         enqueue = self._client._enqueue
         submitted = await in_callers_async_transaction(
@@ -405,6 +417,14 @@ class AsyncClient:
         return await asyncio.to_thread(
             self._client.purge, older_than=older_than, states=states, batch_size=batch_size
         )
+
+    async def set_queue_limit(self, queue: str, limit: int | None) -> None:
+        """See :meth:`Client.set_queue_limit`."""
+        await asyncio.to_thread(self._client.set_queue_limit, queue, limit)
+
+    async def why_waiting(self, run_id: int) -> dict[str, str]:
+        """See :meth:`Client.why_waiting`."""
+        return await asyncio.to_thread(self._client.why_waiting, run_id)
 
     async def stats(self) -> dict[str, list[dict[str, Any]]]:
         """See :meth:`Client.stats`."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.states import RunState
@@ -56,3 +58,27 @@ def check_key(what: str, key: object) -> None:
         raise InvalidArgument(f"{what} must not contain NUL characters")
     if len(key.encode("utf-8")) > MAX_KEY_BYTES:
         raise InvalidArgument(f"{what} is longer than {MAX_KEY_BYTES} bytes")
+
+
+def check_queue_limit(queue: object, limit: object) -> None:
+    if not isinstance(queue, str) or not queue or len(queue.encode()) > 256 or "\x00" in queue:
+        raise InvalidArgument(f"queue must be a non-empty name of at most 256 bytes: {queue!r}")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise InvalidArgument(f"a queue limit must be an integer >= 1 or None, not {limit!r}")
+
+
+def wait_reason(row: Mapping[str, Any]) -> str:
+    """Why a step waits, in words, from a row of the engine's wait reasons."""
+    scope: str = row["scope"]
+    kind, _, name = scope.partition(":")
+    share = f"{row['key']}: " if row["key"] else ""
+    full = f"{row['in_use']}/{row['max_count']}"
+    if kind == "rate":
+        until = row["free_at"]
+        when = until.strftime("%H:%M:%S") if until is not None else "the window has room"
+        return f"rate limited until {when} ({name}, {share}{full} in the window)"
+    if kind == "run":
+        return f"waiting for a run slot of {name} ({share}{full} runs under way)"
+    if kind == "queue":
+        return f"waiting for queue {name} ({full} running: its cap)"
+    return f"waiting for a concurrency slot ({share}{full})"

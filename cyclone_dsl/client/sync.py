@@ -22,6 +22,7 @@ from cyclone_dsl.db.embedded import ENV_URL
 from cyclone_dsl.db.pool import PooledDatabase
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.dsl import runs
+from cyclone_dsl.dsl.flow import Debounce, key_of
 from cyclone_dsl.dsl.registry import Registry, default_registry
 from cyclone_dsl.engine import Delivery, Engine, Submitted
 from cyclone_dsl.errors import InvalidArgument, RunNotFound
@@ -79,11 +80,31 @@ class Client:
     # -- submitting ----------------------------------------------------------------
 
     def submit(
-        self, workflow: object, input: JSONValue = None, *, deadline: timedelta | None = None
+        self,
+        workflow: object,
+        input: JSONValue = None,
+        *,
+        deadline: timedelta | None = None,
+        debounce: Debounce | None = None,
     ) -> RunHandle:
-        """Start a run of ``workflow`` with ``input``; the whole graph is written at once."""
+        """Start a run of ``workflow`` with ``input``; the whole graph is written at once.
+
+        With ``debounce``, submits of one key inside its window make one run,
+        which starts ``debounce.delay`` after the last of them, with its input;
+        the handle of a submit that joined an open window has ``created=False``.
+        """
         compiled = runs.compile_workflow(self.registry, workflow, input)
         deadline = base.check_deadline(deadline)
+        if debounce is not None:
+            if not isinstance(debounce, Debounce):
+                raise InvalidArgument(f"debounce must be a Debounce, not {debounce!r}")
+            key = key_of(f"workflow {compiled.workflow!r} debounce", debounce.key, input)
+            submitted = self._db.transaction(
+                lambda tx: self._engine.submit_debounced(
+                    tx, compiled, key=key, delay=debounce.delay, deadline=deadline
+                )
+            )
+            return RunHandle(submitted.run_id, self, submitted.created)
         run_id = self._db.transaction(
             lambda tx: self._engine.submit(tx, compiled, deadline=deadline),
             one_statement=Engine.is_one_statement(compiled),
@@ -125,9 +146,10 @@ class Client:
         """Start one run per input, all in one transaction (the graph is sent once): bulk loads."""
         template = runs.workflow_template(self.registry, workflow)
         texts = [encode(value, what="the run input") for value in inputs]
+        flows = runs.workflow_flows(self.registry, workflow, inputs)
         deadline = base.check_deadline(deadline)
         ids = self._db.transaction(
-            lambda tx: self._engine.submit_many(tx, template, texts, deadline=deadline)
+            lambda tx: self._engine.submit_many(tx, template, texts, deadline=deadline, flows=flows)
         )
         return [RunHandle(run_id, self) for run_id in ids]
 
@@ -192,6 +214,7 @@ class Client:
         unique_key: str | None = None,
         sequence_key: str | None = None,
         retention: timedelta | float | None = None,
+        concurrency_key: str | None = None,
     ) -> RunHandle:
         """Enqueue standalone work: one run of one step (its ``workflow`` is the kind).
 
@@ -199,6 +222,8 @@ class Client:
         duplicate returns the holder's handle with ``created=False``. With
         ``sequence_key``, steps of one key run one at a time, in order of
         ``scheduled_at`` (a step in backoff can be overtaken by a later one).
+        ``concurrency_key`` replaces, for this step, the key its kind's
+        :class:`Concurrency` would take from the input.
         """
         compiled = self._standalone(
             step,
@@ -211,10 +236,12 @@ class Client:
             unique_key=unique_key,
             sequence_key=sequence_key,
             retention=retention,
+            concurrency_key=concurrency_key,
         )
         submitted = self._db.transaction(
             lambda tx: self._enqueue(tx, compiled, unique_key, sequence_key, scheduled_at),
-            one_statement=unique_key is None,  # a unique key may need a re-read and a retry
+            # A unique key may need a re-read and a retry; limits write their gates too.
+            one_statement=unique_key is None and Engine.is_one_statement(compiled),
         )
         return RunHandle(submitted.run_id, self, submitted.created)
 
@@ -232,6 +259,7 @@ class Client:
         unique_key: str | None = None,
         sequence_key: str | None = None,
         retention: timedelta | float | None = None,
+        concurrency_key: str | None = None,
     ) -> RunHandle:
         """:meth:`enqueue` inside the caller's transaction on ``conn``: the step exists iff
         the caller commits."""
@@ -246,6 +274,7 @@ class Client:
             unique_key=unique_key,
             sequence_key=sequence_key,
             retention=retention,
+            concurrency_key=concurrency_key,
         )
         submitted = in_callers_transaction(
             conn,
@@ -267,6 +296,7 @@ class Client:
         unique_key: str | None,
         sequence_key: str | None,
         retention: timedelta | float | None,
+        concurrency_key: str | None,
     ) -> CompiledRun:
         compiled = runs.compile_standalone(
             self.registry,
@@ -277,6 +307,7 @@ class Client:
             max_attempts=max_attempts,
             timeout=timeout,
             retention=retention,
+            concurrency_key=concurrency_key,
         )
         if unique_key is not None:
             base.check_key("unique_key", unique_key)
@@ -325,9 +356,12 @@ class Client:
         )
         runs.check_standalone_inputs(runs.resolve_step(self.registry, step), inputs)
         texts = [encode(value, what="the input") for value in inputs]
+        flows = runs.standalone_flows(self.registry, step, inputs)
         base.check_scheduled_at(scheduled_at)
         ids = self._db.transaction(
-            lambda tx: self._engine.submit_many(tx, template, texts, scheduled_at=scheduled_at)
+            lambda tx: self._engine.submit_many(
+                tx, template, texts, scheduled_at=scheduled_at, flows=flows
+            )
         )
         return [RunHandle(run_id, self) for run_id in ids]
 
@@ -587,6 +621,25 @@ class Client:
             if deleted < batch_size:
                 return total
 
+    def set_queue_limit(self, queue: str, limit: int | None) -> None:
+        """Cap how many steps of ``queue`` run at once, across all workers (None: no cap).
+
+        Workers read caps every few seconds; a step already running is never
+        stopped by a lower cap, but no new one starts above it.
+        """
+        base.check_queue_limit(queue, limit)
+        self._db.transaction(lambda tx: self._engine.set_queue_cap(tx, queue, limit))
+
+    def why_waiting(self, run_id: int) -> dict[str, str]:
+        """For each due step of the run that a limit holds back, why, in words:
+        ``waiting for a concurrency slot (tenant-7: 3/3)`` or ``rate limited until 12:00:03``.
+        """
+        rows = self._db.transaction(lambda tx: self._engine.wait_reasons(tx, run_id))
+        reasons: dict[str, list[str]] = {}
+        for row in rows:
+            reasons.setdefault(row["node"], []).append(base.wait_reason(row))
+        return {node: "; ".join(found) for node, found in reasons.items()}
+
     def stats(self) -> dict[str, list[dict[str, Any]]]:
         """Queues and kinds (the ``cyclone_v_queues`` and ``cyclone_v_kinds`` views), and the
         work that no live worker serves.
@@ -595,12 +648,19 @@ class Client:
         (``workflow``, ``def_version``) no live worker serves, grouped, with ``steps``
         and the ``oldest`` due time: work that waits for a worker of another deploy (see
         the versioning guide). It looks at the first 10,000 due steps at most.
+
+        ``limits`` lists every limited share (flow control): ``scope``
+        (``step:<kind>``, ``run:<workflow>``, ``rate:<name>`` or ``queue:<queue>``),
+        ``key``, ``max_count``, ``per_s`` (a rate's window), ``in_use`` (running, or
+        started in the window), ``waiting`` (due steps held back) and, for a full
+        rate, ``next_free_at``.
         """
         return self._db.transaction(
             lambda tx: {
                 "queues": tx.rows(Q.queue_stats),
                 "kinds": tx.rows(Q.kind_stats),
                 "unserved": self._engine.unserved_work(tx),
+                "limits": self._engine.flow_stats(tx),
             }
         )
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from cyclone_dsl.dsl.gating import standalone_flow, workflow_flow
 from cyclone_dsl.dsl.registry import Registry
 from cyclone_dsl.dsl.schedule import ScheduleSpec, check_schedule
 from cyclone_dsl.dsl.step import (
@@ -32,7 +33,7 @@ from cyclone_dsl.errors import (
 )
 from cyclone_dsl.graph.compile import instantiate
 from cyclone_dsl.graph.model import NodeOptions
-from cyclone_dsl.graph.rows import CompiledRun, RunTemplate, ScheduleRow, StepRow
+from cyclone_dsl.graph.rows import CompiledRun, RunFlow, RunTemplate, ScheduleRow, StepRow
 from cyclone_dsl.graph.validate import check_options
 from cyclone_dsl.payload import JSONValue, encode
 from cyclone_dsl.states import StepState
@@ -71,7 +72,33 @@ def workflow_template(registry: Registry, workflow: object) -> RunTemplate:
 
 
 def compile_workflow(registry: Registry, workflow: object, run_input: JSONValue) -> CompiledRun:
-    return instantiate(workflow_template(registry, workflow), run_input)
+    """Every row of one run of ``workflow`` with ``run_input``, with its flow control."""
+    return compile_definition(resolve_workflow(registry, workflow), run_input)
+
+
+def compile_definition(definition: WorkflowDef, run_input: JSONValue) -> CompiledRun:
+    compiled = instantiate(definition.template, run_input)
+    flow = workflow_flow(
+        definition.name,
+        definition.concurrency,
+        definition.step_defs(),
+        compiled.steps,
+        run_input,
+    )
+    return compiled if flow is None else attrs.evolve(compiled, flow=flow)
+
+
+def workflow_flows(
+    registry: Registry, workflow: object, inputs: Iterable[JSONValue]
+) -> list[RunFlow | None]:
+    """The flow control of one run per input (for bulk submits; None where nothing applies)."""
+    definition = resolve_workflow(registry, workflow)
+    handlers = definition.step_defs()
+    steps = definition.template.steps
+    return [
+        workflow_flow(definition.name, definition.concurrency, handlers, steps, value)
+        for value in inputs
+    ]
 
 
 def standalone_template(
@@ -132,6 +159,7 @@ def compile_standalone(
     max_attempts: int | None,
     timeout: timedelta | float | None,
     retention: timedelta | float | None,
+    concurrency_key: str | None = None,
 ) -> CompiledRun:
     """A standalone run (see :func:`standalone_template`) with its input."""
     template = standalone_template(
@@ -143,8 +171,19 @@ def compile_standalone(
         timeout=timeout,
         retention=retention,
     )
-    check_standalone_inputs(resolve_step(registry, step), (run_input,))
-    return instantiate(template, run_input, what="the input")
+    definition = resolve_step(registry, step)
+    check_standalone_inputs(definition, (run_input,))
+    compiled = instantiate(template, run_input, what="the input")
+    flow = standalone_flow(definition, run_input, concurrency_key=concurrency_key)
+    return compiled if flow is None else attrs.evolve(compiled, flow=flow)
+
+
+def standalone_flows(
+    registry: Registry, step: object, inputs: Iterable[JSONValue]
+) -> list[RunFlow | None]:
+    """The flow control of one standalone run per input (for bulk enqueues)."""
+    definition = resolve_step(registry, step)
+    return [standalone_flow(definition, value) for value in inputs]
 
 
 def check_standalone_handler(definition: StepDef[Any, Any]) -> None:
@@ -344,7 +383,7 @@ def child_compiler(
 
     def compile_child(workflow: str, run_input: JSONValue) -> CompiledRun:
         if also is not None and workflow not in registry.workflows:
-            return instantiate(also.workflow(workflow).template, run_input)
-        return instantiate(registry.workflow(workflow).template, run_input)
+            return compile_definition(also.workflow(workflow), run_input)
+        return compile_definition(registry.workflow(workflow), run_input)
 
     return compile_child

@@ -17,6 +17,7 @@ import attrs
 from typing_extensions import Unpack
 
 from cyclone_dsl.dsl.builder import OPTION_NAMES, active_builder, duration
+from cyclone_dsl.dsl.flow import Concurrency, RateLimit
 from cyclone_dsl.dsl.schedule import ScheduleSpec, pending_schedules
 from cyclone_dsl.dsl.signatures import CallOptions, OnDepFailure, StepCalls
 from cyclone_dsl.errors import InvalidArgument
@@ -164,6 +165,8 @@ class StepDef(StepCalls[P, R]):
     schedules: list[ScheduleSpec] = attrs.field(factory=list)
     _bound: dict[str, Any] = attrs.field(factory=dict, alias="bound")
     _origin: StepDef[Any, Any] | None = attrs.field(default=None, alias="origin")
+    concurrency: Concurrency | None = None
+    rate_limit: RateLimit | None = None
 
     @property
     def is_async(self) -> bool:
@@ -227,6 +230,7 @@ def _define(
     name: str | None,
     max_reclaims: int | None,
     options: dict[str, Any],
+    flow: _Flow,
 ) -> StepDef[P, R]:
     if not callable(fn):
         raise InvalidArgument(f"@step decorates a function, not {fn!r}")
@@ -241,15 +245,32 @@ def _define(
         problems.append(
             f"a handler name must be a non-empty string not starting with '@': {kind!r}"
         )
+    given: dict[str, object] = {"concurrency": flow.concurrency, "rate_limit": flow.rate_limit}
+    for option, expected in (("concurrency", Concurrency), ("rate_limit", RateLimit)):
+        if given[option] is not None and not isinstance(given[option], expected):
+            problems.append(f"{option} must be a {expected.__name__}, not {given[option]!r}")
     if problems:
         raise InvalidArgument(f"@step {kind!r}: " + "; ".join(problems))
     definition = StepDef(
-        fn, kind, keep_output, built, max_reclaims, schedules=pending_schedules(fn)
+        fn,
+        kind,
+        keep_output,
+        built,
+        max_reclaims,
+        schedules=pending_schedules(fn),
+        concurrency=flow.concurrency,
+        rate_limit=flow.rate_limit,
     )
     from cyclone_dsl.dsl.registry import default_registry
 
     default_registry().register(definition)
     return definition
+
+
+@attrs.frozen
+class _Flow:
+    concurrency: Concurrency | None
+    rate_limit: RateLimit | None
 
 
 def _decorator(
@@ -258,18 +279,19 @@ def _decorator(
     name: str | None,
     max_reclaims: int | None,
     options: dict[str, Any],
+    flow: _Flow,
 ) -> StepDef[P, R] | Callable[[Callable[P, R]], StepDef[P, R]]:
-    if fn is not None:
+    def define(inner: Callable[P, R]) -> StepDef[P, R]:
         return _define(
-            fn, keep_output=keep_output, name=name, max_reclaims=max_reclaims, options=options
+            inner,
+            keep_output=keep_output,
+            name=name,
+            max_reclaims=max_reclaims,
+            options=options,
+            flow=flow,
         )
 
-    def wrap(inner: Callable[P, R]) -> StepDef[P, R]:
-        return _define(
-            inner, keep_output=keep_output, name=name, max_reclaims=max_reclaims, options=options
-        )
-
-    return wrap
+    return define(fn) if fn is not None else define
 
 
 @overload
@@ -285,6 +307,8 @@ def step(
     retention: timedelta | float | None = None,
     on_dep_failure: OnDepFailure | None = None,
     max_reclaims: int | None = None,
+    concurrency: Concurrency | None = None,
+    rate_limit: RateLimit | None = None,
 ) -> Callable[[Callable[P, R]], StepDef[P, R]]: ...
 def step(
     fn: Callable[P, R] | None = None,
@@ -298,8 +322,15 @@ def step(
     retention: timedelta | float | None = None,
     on_dep_failure: OnDepFailure | None = None,
     max_reclaims: int | None = None,
+    concurrency: Concurrency | None = None,
+    rate_limit: RateLimit | None = None,
 ) -> StepDef[P, R] | Callable[[Callable[P, R]], StepDef[P, R]]:
-    """Declare a step: a handler whose output is kept and can feed other nodes."""
+    """Declare a step: a handler whose output is kept and can feed other nodes.
+
+    ``concurrency`` caps how many steps of this kind run at once per key, and
+    ``rate_limit`` how many start per window, across every worker (see
+    :class:`Concurrency` and :class:`RateLimit`).
+    """
     options = {
         "max_attempts": max_attempts,
         "timeout": timeout,
@@ -308,7 +339,7 @@ def step(
         "retention": retention,
         "on_dep_failure": on_dep_failure,
     }
-    return _decorator(True, fn, name, max_reclaims, options)
+    return _decorator(True, fn, name, max_reclaims, options, _Flow(concurrency, rate_limit))
 
 
 @overload
@@ -324,6 +355,8 @@ def action(
     retention: timedelta | float | None = None,
     on_dep_failure: OnDepFailure | None = None,
     max_reclaims: int | None = None,
+    concurrency: Concurrency | None = None,
+    rate_limit: RateLimit | None = None,
 ) -> Callable[[Callable[P, R]], StepDef[P, R]]: ...
 def action(
     fn: Callable[P, R] | None = None,
@@ -337,6 +370,8 @@ def action(
     retention: timedelta | float | None = None,
     on_dep_failure: OnDepFailure | None = None,
     max_reclaims: int | None = None,
+    concurrency: Concurrency | None = None,
+    rate_limit: RateLimit | None = None,
 ) -> StepDef[P, R] | Callable[[Callable[P, R]], StepDef[P, R]]:
     """Declare an action: like a step, but its output is not kept (stored as NULL)."""
     options = {
@@ -347,4 +382,4 @@ def action(
         "retention": retention,
         "on_dep_failure": on_dep_failure,
     }
-    return _decorator(False, fn, name, max_reclaims, options)
+    return _decorator(False, fn, name, max_reclaims, options, _Flow(concurrency, rate_limit))

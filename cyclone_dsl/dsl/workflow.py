@@ -10,6 +10,7 @@ from typing import Any, TypeAlias, overload
 import attrs
 
 from cyclone_dsl.dsl.builder import NodeRef, Ref, RunInputRef, building
+from cyclone_dsl.dsl.flow import Concurrency
 from cyclone_dsl.dsl.schedule import ScheduleSpec, pending_schedules
 from cyclone_dsl.errors import InvalidArgument, InvalidGraph
 from cyclone_dsl.graph.compile import compile_template
@@ -36,6 +37,7 @@ class WorkflowDef:
     fn: Callable[..., Any]
     name: str
     schedules: list[ScheduleSpec] = attrs.field(factory=list)
+    concurrency: Concurrency | None = None
     _graph: Graph | None = None
     _def_version: str | None = None
     _template: RunTemplate | None = None
@@ -104,7 +106,9 @@ class WorkflowDef:
         return graph
 
 
-def _define(fn: Callable[..., Any], name: str | None) -> WorkflowDef:
+def _define(
+    fn: Callable[..., Any], name: str | None, concurrency: Concurrency | None = None
+) -> WorkflowDef:
     if not callable(fn):
         raise InvalidArgument(f"@workflow decorates a function, not {fn!r}")
     params = [
@@ -120,7 +124,14 @@ def _define(fn: Callable[..., Any], name: str | None) -> WorkflowDef:
     workflow_name = name or fn.__name__
     if not isinstance(workflow_name, str) or not workflow_name:
         raise InvalidArgument(f"a workflow name must be a non-empty string: {workflow_name!r}")
-    definition = WorkflowDef(fn, workflow_name, schedules=pending_schedules(fn))
+    given: object = concurrency
+    if given is not None and not isinstance(given, Concurrency):
+        raise InvalidArgument(
+            f"@workflow {workflow_name!r}: concurrency must be a Concurrency, not {concurrency!r}"
+        )
+    definition = WorkflowDef(
+        fn, workflow_name, schedules=pending_schedules(fn), concurrency=concurrency
+    )
     from cyclone_dsl.dsl.registry import default_registry
 
     default_registry().register(definition)
@@ -130,11 +141,22 @@ def _define(fn: Callable[..., Any], name: str | None) -> WorkflowDef:
 @overload
 def workflow(fn: BuilderFunction, /) -> WorkflowDef: ...
 @overload
-def workflow(*, name: str | None = None) -> Callable[[BuilderFunction], WorkflowDef]: ...
 def workflow(
-    fn: BuilderFunction | None = None, /, *, name: str | None = None
+    *, name: str | None = None, concurrency: Concurrency | None = None
+) -> Callable[[BuilderFunction], WorkflowDef]: ...
+def workflow(
+    fn: BuilderFunction | None = None,
+    /,
+    *,
+    name: str | None = None,
+    concurrency: Concurrency | None = None,
 ) -> WorkflowDef | Callable[[BuilderFunction], WorkflowDef]:
-    """Declare a workflow; its function runs once, in a builder, to describe the graph."""
+    """Declare a workflow; its function runs once, in a builder, to describe the graph.
+
+    ``concurrency`` caps how many runs of each key are under way at once; a run
+    beyond it waits, its steps unclaimed, until one of its key ends (see
+    :class:`Concurrency`).
+    """
     if fn is not None:
-        return _define(fn, name)
-    return lambda inner: _define(inner, name)
+        return _define(fn, name, concurrency)
+    return lambda inner: _define(inner, name, concurrency)

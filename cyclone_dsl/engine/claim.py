@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 
 import attrs
@@ -39,6 +39,7 @@ class Claimed:
     workflow: str
     def_version: str
     deadline_at: datetime | None
+    gated: bool = False  # claimed through the gated path: a limit applies to it
 
 
 def claim(
@@ -50,11 +51,19 @@ def claim(
     versions: Sequence[tuple[str, str]],
     limit: int,
     lease: timedelta,
+    gated: bool = False,
+    capped: Collection[str] = (),
+    per_queue: Mapping[str, int] | None = None,
+    cursors: dict[str, str] | None = None,
 ) -> list[Claimed]:
     """Lease up to ``limit`` available steps: queue by queue, priority DESC then scheduled_at.
 
     Only steps of the ``kinds`` given, in runs whose ``(workflow, def_version)``
-    is one of ``versions`` (the definitions the claimer has), are taken.
+    is one of ``versions`` (the definitions the claimer has), are taken; at most
+    ``per_queue[q]`` from queue ``q``. With ``gated``, steps that limits apply to
+    are taken first, fairly across their keys (``cursors[q]``, the key a queue's
+    last claim ended on, is moved on); a queue in ``capped`` has a cap across all
+    workers, and each of its steps takes one of its slots.
 
     Each queue's claim is one statement, complete on its own: ``tx`` may be an
     autocommit connection (the worker's), so a claim costs one round trip.
@@ -66,20 +75,40 @@ def claim(
     # not left to run only after their lease expires.
     own_commits = tx.commits_each_statement
     rows: list[Row] = []
+    params: dict[str, object] = {
+        "owner": owner,
+        "kinds": list(kinds),
+        "workflows": [w for w, _ in versions],
+        "versions": [v for _, v in versions],
+        "lease": lease,
+    }
     for queue in queues:
+        room = limit - len(rows)
+        if per_queue is not None and queue in per_queue:
+            room = min(room, per_queue[queue])
+        if room <= 0:
+            continue
         try:
             if rows:
                 failpoint("claim.between_queues")
-            rows += tx.rows(
-                Q.claim_steps,
-                owner=owner,
-                queue=queue,
-                kinds=list(kinds),
-                workflows=[w for w, _ in versions],
-                versions=[v for _, v in versions],
-                limit=limit - len(rows),
-                lease=lease,
-            )
+            if gated:
+                after = cursors.get(queue, "") if cursors is not None else ""
+                got = tx.rows(
+                    Q.claim_gated_steps,
+                    **params,
+                    queue=queue,
+                    limit=room,
+                    after_key=after,
+                    max_keys=room,
+                    capped=queue in capped,
+                )
+                if got and cursors is not None:
+                    cursors[queue] = max(got, key=lambda r: (r["turn"], r["key_ord"]))["fair_key"]
+                rows += got
+                room -= len(got)
+            if room > 0:
+                statement = Q.claim_capped_steps if queue in capped else Q.claim_steps
+                rows += tx.rows(statement, **params, queue=queue, limit=room)
         except ConnectionFailure:
             if rows and own_commits:
                 log.warning(
@@ -108,6 +137,7 @@ def claim(
             workflow=r["workflow"],
             def_version=r["def_version"],
             deadline_at=r["deadline_at"],
+            gated="fair_key" in r,
         )
         for r in rows
     ]

@@ -19,6 +19,8 @@ class Success:
     step_id: int
     generation: int
     output: str | None  # JSON text, None for an action or a None result
+    extra_units: int = 0  # rate-limit units the handler used beyond its claim's
+    wake_queue: str | None = None  # a limited step: its end frees a slot, wake that queue
 
 
 @attrs.frozen
@@ -30,6 +32,7 @@ class Failure:
     panic_stack: str | None = None
     retry: bool = True
     delay_s: float = 0.0
+    wake_queue: str | None = None  # a limited step: its end frees a slot, wake that queue
 
 
 def complete(tx: Tx, results: Sequence[Success], hooks: Hooks) -> set[int]:
@@ -44,6 +47,7 @@ def complete(tx: Tx, results: Sequence[Success], hooks: Hooks) -> set[int]:
         outputs=[r.output for r in results],
     )
     after_completions(tx, done, hooks)
+    notify.wake_queues(tx, (r.wake_queue for r in results if r.wake_queue is not None))
     failpoint("complete.before_commit")
     return {r["id"] for r in done}
 
@@ -63,7 +67,8 @@ def fail(tx: Tx, failures: Sequence[Failure], hooks: Hooks) -> set[int]:
         error_kinds=[f.error_kind for f in failures],
         stacks=[f.panic_stack for f in failures],
     )
-    notify.wake_queues(tx, (r["queue"] for r in rows if r["state"] == StepState.AVAILABLE))
+    woken = [r["queue"] for r in rows if r["state"] == StepState.AVAILABLE]
+    notify.wake_queues(tx, [*woken, *(f.wake_queue for f in failures if f.wake_queue)])
     discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
     if discarded:
         after_discards(tx, discarded, hooks)

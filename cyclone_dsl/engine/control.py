@@ -8,7 +8,7 @@ import attrs
 
 from cyclone_dsl.db.errors import UniqueViolation
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import children, fanout
+from cyclone_dsl.engine import children, fanout, gates
 from cyclone_dsl.engine.transitions import (
     Hooks,
     activate,
@@ -238,6 +238,7 @@ def _apply(tx: Tx, plan: _Plan, hooks: Hooks) -> None:
         tx.rows(Q.retry_reset_items, run_id=run_id, nodes=list(plan.fan_outs))
     if plan.reopen:
         tx.rows(Q.retry_reopen_run, run_id=run_id)
+    gates.unpark(tx, run_id)
     # Waits get a fresh timeout and timers their full duration; fan-outs without items
     # expand; child nodes without a child run start one; buffered signals are consumed.
     activate(tx, ((run_id, n) for n in plan.reset), hooks)

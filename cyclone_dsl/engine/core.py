@@ -15,7 +15,7 @@ a run; without it, this engine fires no schedules.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from cyclone_dsl.db.tx import Row, Tx
@@ -24,6 +24,8 @@ from cyclone_dsl.engine import (
     claim,
     complete,
     control,
+    debounce,
+    gates,
     scan,
     schedules,
     signals,
@@ -39,7 +41,7 @@ from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import Submitted
 from cyclone_dsl.engine.transitions import ChildCompiler
 from cyclone_dsl.errors import InvalidArgument
-from cyclone_dsl.graph.rows import CompiledRun, RunTemplate, ScheduleRow
+from cyclone_dsl.graph.rows import CompiledRun, RunFlow, RunTemplate, ScheduleRow
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
 
@@ -84,6 +86,22 @@ class Engine:
             tx, compiled, deadline=deadline, scheduled_at=scheduled_at, hooks=self._hooks
         )
 
+    def submit_debounced(
+        self,
+        tx: Tx,
+        compiled: CompiledRun,
+        *,
+        key: str,
+        delay: timedelta,
+        deadline: timedelta | None = None,
+    ) -> Submitted:
+        """Submit into the debounce window of (workflow, ``key``) (see
+        :mod:`cyclone_dsl.engine.debounce`); ``created`` is False when the submit joined an
+        open window's run."""
+        return debounce.submit(
+            tx, compiled, key=key, delay=delay, deadline=deadline, hooks=self._hooks
+        )
+
     def submit_once(
         self, tx: Tx, compiled: CompiledRun, *, key: str, deadline: timedelta | None = None
     ) -> Submitted:
@@ -100,10 +118,20 @@ class Engine:
         *,
         deadline: timedelta | None = None,
         scheduled_at: datetime | None = None,
+        flows: Sequence[RunFlow | None] | None = None,
     ) -> list[int]:
-        """Insert one run of ``template`` per input (JSON text); return their ids."""
+        """Insert one run of ``template`` per input (JSON text); return their ids.
+
+        ``flows[i]`` is the flow control of the run of ``inputs[i]`` (None: no limit).
+        """
         return submit.insert_runs(
-            tx, template, inputs, deadline=deadline, scheduled_at=scheduled_at, hooks=self._hooks
+            tx,
+            template,
+            inputs,
+            deadline=deadline,
+            scheduled_at=scheduled_at,
+            flows=flows,
+            hooks=self._hooks,
         )
 
     def enqueue(
@@ -170,7 +198,12 @@ class Engine:
         versions: Sequence[tuple[str, str]],
         limit: int,
         lease: timedelta,
+        gated: bool = False,
+        capped: Collection[str] = (),
+        per_queue: Mapping[str, int] | None = None,
+        cursors: dict[str, str] | None = None,
     ) -> list[Claimed]:
+        """Lease up to ``limit`` steps (see :func:`cyclone_dsl.engine.claim.claim`)."""
         return claim.claim(
             tx,
             owner=owner,
@@ -179,6 +212,10 @@ class Engine:
             versions=versions,
             limit=limit,
             lease=lease,
+            gated=gated,
+            capped=capped,
+            per_queue=per_queue,
+            cursors=cursors,
         )
 
     def heartbeat(self, tx: Tx, leases: Sequence[tuple[int, int]], lease: timedelta) -> set[int]:
@@ -191,7 +228,9 @@ class Engine:
         return claim.lease_states(tx, step_ids)
 
     def complete(self, tx: Tx, results: Sequence[Success]) -> set[int]:
-        return complete.complete(tx, results, self._hooks)
+        done = complete.complete(tx, results, self._hooks)
+        gates.charge_units(tx, [(r.step_id, r.extra_units) for r in results if r.extra_units])
+        return done
 
     def fail(self, tx: Tx, failures: Sequence[Failure]) -> set[int]:
         return complete.fail(tx, failures, self._hooks)
@@ -251,6 +290,25 @@ class Engine:
         """Start the child runs left waiting by a process without their definition, in runs
         of the given ``(workflow, def_version)`` pairs; return how many started."""
         return children.start_deferred(tx, versions=versions, hooks=self._hooks, limit=limit)
+
+    def park_ended_gates(self, tx: Tx, *, after_id: int, limit: int) -> Page:
+        """Park the gates of ended steps, one page (claims no longer walk past them)."""
+        return gates.park_ended(tx, after_id=after_id, limit=limit)
+
+    # -- flow control ----------------------------------------------------------------
+
+    def set_queue_cap(self, tx: Tx, queue: str, cap: int | None) -> None:
+        """Cap the running steps of ``queue`` across all workers (None: remove the cap)."""
+        gates.set_queue_cap(tx, queue, cap)
+
+    def queue_caps(self, tx: Tx) -> dict[str, int]:
+        return gates.queue_caps(tx)
+
+    def flow_stats(self, tx: Tx) -> list[Row]:
+        return gates.flow_stats(tx)
+
+    def wait_reasons(self, tx: Tx, run_id: int) -> list[Row]:
+        return gates.wait_reasons(tx, run_id)
 
     # -- schedules -------------------------------------------------------------------
 

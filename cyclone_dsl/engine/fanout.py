@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import notify
+from cyclone_dsl.engine import gates, notify
 from cyclone_dsl.engine.transitions import Hooks, after_completions, after_discards
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.sql import Q
@@ -28,6 +28,8 @@ def expand_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
     if over:
         ids = [i for i in ids if i not in {s["id"] for s in over}]
     items = tx.rows(Q.expand_fan_outs, ids=ids) if ids else []
+    if items:
+        gates.gate_items(tx, ids)
     failpoint("fanout.after_expand")
     notify.wake_queues(tx, (i["queue"] for i in items if i["state"] == StepState.AVAILABLE))
     for source in sources:

@@ -10,9 +10,10 @@ import attrs
 
 from cyclone_dsl.db.errors import UniqueViolation
 from cyclone_dsl.db.tx import Tx
+from cyclone_dsl.engine import gates
 from cyclone_dsl.engine.transitions import Hooks, activate
 from cyclone_dsl.errors import SubmitContended
-from cyclone_dsl.graph.rows import CompiledRun, RunTemplate, StepRow
+from cyclone_dsl.graph.rows import CompiledRun, RunFlow, RunTemplate, StepRow
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import StepState
 
@@ -99,7 +100,7 @@ def _run_params(
     }
 
 
-def _special_roots(graph: CompiledRun | RunTemplate) -> list[str]:
+def special_roots(graph: CompiledRun | RunTemplate) -> list[str]:
     """Pending nodes without dependencies: waits, timers, children, fan-outs to activate."""
     with_deps = {d.node for d in graph.deps}
     return [s.node for s in graph.steps if s.state == StepState.PENDING and s.node not in with_deps]
@@ -117,7 +118,7 @@ def is_one_statement(compiled: CompiledRun) -> bool:
     Such a submit can run in autocommit mode: atomic on its own, and two round
     trips (BEGIN, COMMIT) shorter than an explicit transaction.
     """
-    return not _special_roots(compiled) and not _fan_out_limits(compiled)
+    return not special_roots(compiled) and not _fan_out_limits(compiled) and compiled.flow is None
 
 
 def _record_fan_out_limits(
@@ -159,7 +160,9 @@ def insert_run(
     assert row is not None
     run_id: int = row["run_id"]
     _record_fan_out_limits(tx, [run_id], compiled)
-    activate(tx, [(run_id, node) for node in _special_roots(compiled)], hooks)
+    if compiled.flow is not None:
+        gates.record(tx, [run_id], [compiled.flow])
+    activate(tx, [(run_id, node) for node in special_roots(compiled)], hooks)
     return run_id
 
 
@@ -170,6 +173,7 @@ def insert_runs(
     *,
     deadline: timedelta | None = None,
     scheduled_at: datetime | None = None,
+    flows: Sequence[RunFlow | None] | None = None,
     hooks: Hooks,
 ) -> list[int]:
     """Insert one run of ``template`` per input (JSON text) in two statements.
@@ -203,7 +207,9 @@ def insert_runs(
         wake=sorted({s.queue for s in template.steps if s.state == StepState.AVAILABLE}),
     )
     _record_fan_out_limits(tx, ids, template)
-    roots = _special_roots(template)
+    if flows is not None and any(flow is not None for flow in flows):
+        gates.record(tx, ids, flows)
+    roots = special_roots(template)
     activate(tx, [(run_id, node) for run_id in ids for node in roots], hooks)
     return ids
 

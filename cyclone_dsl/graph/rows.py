@@ -102,6 +102,59 @@ class CompiledRun:
     steps: tuple[StepRow, ...]
     deps: tuple[DepRow, ...]
     inputs: tuple[InputRow, ...]
+    flow: RunFlow | None = None  # the limits that apply to this run's steps, if any
+
+
+@attrs.frozen
+class GateRow:
+    """The limits that apply to one node of a run (stored on the extension track).
+
+    A scope names what a limit counts: ``step:<kind>``, ``run:<workflow>``,
+    ``rate:<name>``; the key says which share of it (the empty string: all).
+    ``fair_key`` is the key claims take in turn.
+    """
+
+    node: str
+    fair_key: str
+    step_scope: str | None = None
+    step_key: str | None = None
+    run_scope: str | None = None
+    run_key: str | None = None
+    rate_scope: str | None = None
+    rate_key: str | None = None
+    rate_units: int = 1
+
+
+@attrs.frozen
+class LimitRow:
+    """A limit: at most ``max_count`` at once per key (``per`` None), or ``max_count``
+    starts per ``per`` per key (a rate)."""
+
+    scope: str
+    max_count: int
+    per: timedelta | None = None
+
+
+@attrs.frozen
+class RunFlow:
+    """The flow control of one run: the gates of its nodes and the limits they use."""
+
+    gates: tuple[GateRow, ...]
+    limits: tuple[LimitRow, ...]
+
+    def slot_keys(self) -> list[tuple[str, str]]:
+        """(scope, key) of every limited share this run uses."""
+        limited = {limit.scope for limit in self.limits}
+        found: set[tuple[str, str]] = set()
+        for gate in self.gates:
+            for scope, key in (
+                (gate.step_scope, gate.step_key),
+                (gate.run_scope, gate.run_key),
+                (gate.rate_scope, gate.rate_key),
+            ):
+                if scope is not None and key is not None and scope in limited:
+                    found.add((scope, key))
+        return sorted(found)
 
 
 @attrs.frozen

@@ -60,6 +60,25 @@ class _Queries:
     fan_out_node: LiteralString
     fan_out_nodes_of_run: LiteralString
     discard_node_completed: LiteralString
+    # flow.sql
+    upsert_limits: LiteralString
+    ensure_slots: LiteralString
+    insert_gates: LiteralString
+    gate_fan_out_items: LiteralString
+    claim_gated_steps: LiteralString
+    claim_capped_steps: LiteralString
+    queue_caps: LiteralString
+    delete_limit: LiteralString
+    park_ended_gates: LiteralString
+    unpark_gates: LiteralString
+    charge_rate_units: LiteralString
+    flow_stats: LiteralString
+    gate_wait_reasons: LiteralString
+    lock_debounce_key: LiteralString
+    open_debounce: LiteralString
+    hold_debounced: LiteralString
+    move_debounced: LiteralString
+    delete_run_gates: LiteralString
     # migrate.sql
     migration_lock: LiteralString
     migration_unlock: LiteralString

@@ -40,11 +40,15 @@ def load_queries(package: str) -> dict[str, str]:
     return {name: _include(body, fragments) for name, body in queries.items()}
 
 
-def _include(body: str, fragments: dict[str, str]) -> str:
+def _include(body: str, fragments: dict[str, str], depth: int = 0) -> str:
+    """``body`` with its fragments included (fragments may include fragments)."""
+    if depth > 8:
+        raise RuntimeError("fragments include each other in a loop")
+
     def fragment(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in fragments:
             raise RuntimeError(f"unknown fragment {{{{{name}}}}}")
-        return fragments[name]
+        return _include(fragments[name], fragments, depth + 1)
 
     return _INCLUDE.sub(fragment, body)

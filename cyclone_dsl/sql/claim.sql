@@ -7,13 +7,26 @@
 -- in a server crash leaves the step available, to run again (at least once, as after a
 -- worker crash), and the claimer's completion is fenced by the lease generation. A
 -- completion commits synchronously, which flushes every earlier claim with it.
+-- Steps a limit applies to (a row in cyclone_ext_gates) are left to claim_gated_steps.
 WITH relaxed AS (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
 ),
-candidates AS (
+chosen AS (
     SELECT s.id
     FROM cyclone_steps AS s
-    WHERE s.state = 'available'
+    WHERE {{claimable}}
+      AND NOT EXISTS (SELECT 1 FROM cyclone_ext_gates AS g WHERE g.step_id = s.id)
+    ORDER BY s.priority DESC, s.scheduled_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+{{claim_chosen}}
+
+-- fragment: claimable
+-- Step s may be claimed now by this worker: available and due in %(queue)s, of one of its
+-- %(kinds)s, in a run whose (workflow, def_version) it has the definition of, and not
+-- behind an earlier step of its sequence_key.
+s.state = 'available'
       AND s.queue = %(queue)s
       AND s.kind = ANY(%(kinds)s::text[])
       AND s.scheduled_at <= now() + %(shift)s::interval
@@ -31,10 +44,17 @@ candidates AS (
               AND h.state IN ('available', 'running', 'paused')
               AND h.id <> s.id
               AND (h.state <> 'available' OR (h.scheduled_at, h.id) < (s.scheduled_at, s.id))))
-    ORDER BY s.priority DESC, s.scheduled_at
-    LIMIT %(limit)s
-    FOR NO KEY UPDATE SKIP LOCKED
-),
+
+-- fragment: claim_chosen
+-- Lease the steps of CTE ``chosen`` (ids, locked) and return each with its handler input;
+-- the statement defines ``relaxed`` (its commit mode) before.
+{{claim_update}}
+SELECT {{claim_result}}
+FROM claimed AS c CROSS JOIN relaxed
+JOIN cyclone_runs AS r ON r.id = c.run_id
+
+-- fragment: claim_update
+-- The CTE ``claimed``: the steps of CTE ``chosen`` leased to %(owner)s.
 claimed AS (
     UPDATE cyclone_steps AS s
     SET state = 'running',
@@ -43,8 +63,8 @@ claimed AS (
         lease_expiry = now() + %(shift)s::interval + %(lease)s::interval,
         heartbeat_at = now() + %(shift)s::interval,
         started_at = now() + %(shift)s::interval
-    FROM candidates
-    WHERE s.id = candidates.id
+    FROM chosen
+    WHERE s.id = chosen.id
     RETURNING s.id, s.run_id, s.node, s.kind, s.queue, s.attempt, s.max_attempts,
               s.lease_generation, s.input, s.input_from,
               extract(epoch FROM s.timeout)::float8 AS timeout_s, s.item_of, s.item_index,
@@ -53,13 +73,14 @@ claimed AS (
               EXISTS (SELECT 1 FROM cyclone_step_inputs AS i
                       WHERE i.run_id = s.run_id AND i.node = s.node) AS has_slots
 )
-SELECT c.id, c.run_id, c.node, c.kind, c.queue, c.attempt, c.max_attempts,
+
+-- fragment: claim_result
+-- The columns a claim returns for claimed step c of run r.
+c.id, c.run_id, c.node, c.kind, c.queue, c.attempt, c.max_attempts,
        c.lease_generation, c.timeout_s, c.item_of, c.item_index, c.lease_s,
        r.workflow, r.def_version, r.deadline_at,
        {{step_input}} AS input,
        {{no_input}} AS no_input
-FROM claimed AS c CROSS JOIN relaxed
-JOIN cyclone_runs AS r ON r.id = c.run_id
 
 -- name: heartbeat_steps
 -- Extend the leases still held at the given generations; return the ones extended.

@@ -24,6 +24,11 @@ class StepContext:
 
     ``deadline`` is the run's deadline (``None`` without one), from the
     database clock.
+
+    ``rate_limit_units``: a handler whose kind has a :class:`RateLimit` and that
+    learns its real cost while it runs (tokens of an API call) sets the units it
+    used; what exceeds the units its claim took (``RateLimit.units``) is charged
+    to the budget when the step completes, so later starts wait for it.
     """
 
     run_id: int
@@ -36,6 +41,7 @@ class StepContext:
     workflow: str
     def_version: str
     deadline: datetime | None = None
+    rate_limit_units: int | None = None
     _cancelled: threading.Event = attrs.field(factory=threading.Event, alias="cancelled_event")
     _heartbeat: Callable[[], bool] = attrs.field(default=lambda: True, alias="heartbeat_fn")
 

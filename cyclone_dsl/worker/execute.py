@@ -61,11 +61,14 @@ def timeout_failure(step: Claimed) -> Failure:
 
 
 def success_from_result(
-    step: Claimed, result: object, *, keep_output: bool, max_bytes: int
+    step: Claimed, result: object, *, keep_output: bool, max_bytes: int, extra_units: int = 0
 ) -> Success | Failure:
-    """Encode the handler's result; a value that is not strict JSON fails the step for good."""
+    """Encode the handler's result; a value that is not strict JSON fails the step for good.
+
+    ``extra_units`` are rate-limit units the handler used beyond its claim's.
+    """
     if not keep_output:
-        return Success(step.id, step.generation, None)
+        return Success(step.id, step.generation, None, extra_units)
     try:
         text = payload.encode(result, what=f"the output of {step.node!r}", max_bytes=max_bytes)
     except PayloadTooLarge as exc:
@@ -81,7 +84,15 @@ def success_from_result(
             panic_stack=None,
             retry=False,
         )
-    return Success(step.id, step.generation, text)
+    return Success(step.id, step.generation, text, extra_units)
+
+
+def extra_units(ctx: StepContext, reserved: int) -> int:
+    """The rate-limit units a handler reported beyond the ``reserved`` its claim took."""
+    used = ctx.rate_limit_units
+    if used is None or isinstance(used, bool) or not isinstance(used, int):
+        return 0
+    return max(0, used - reserved)
 
 
 def make_context(step: Claimed, heartbeat: Callable[[], bool]) -> StepContext:

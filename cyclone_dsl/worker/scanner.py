@@ -103,6 +103,9 @@ class Scanner:
             changed += self.fire_schedules()
         if self.retention is not None:
             changed += self.expire_runs()
+        changed += self._paginate(
+            "gates", lambda tx, after: engine.park_ended_gates(tx, after_id=after, limit=PAGE)
+        )
         changed += self._paginate("workers", lambda tx, _: (engine.prune_workers(tx), None))
         self.passes += 1
         return changed

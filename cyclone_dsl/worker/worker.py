@@ -26,6 +26,7 @@ whole worker with :class:`~cyclone_dsl.errors.WorkerCrashed`, never silently.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import os
@@ -34,7 +35,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -72,6 +73,10 @@ log = logging.getLogger("cyclone.worker")
 
 #: When every slot was busy, wait this long for more slots before claiming again.
 CLAIM_SETTLE_S = 0.002
+
+#: How often a worker serving rate-limited kinds claims without a wake-up (a rate window
+#: frees its slots without any event; other limits wake claimers when a slot frees).
+RATED_POLL_S = 0.2
 
 #: Completion threads. Their transactions lock runs in id order, so they never deadlock.
 COMPLETERS = 2
@@ -124,6 +129,7 @@ class Worker:
         catch_up: str = "latest",
         name: str | None = None,
         registry: Registry | None = None,
+        queue_limits: Mapping[str, int] | None = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidArgument("concurrency must be at least 1")
@@ -131,6 +137,12 @@ class Worker:
             raise InvalidArgument("lease and poll_interval must be > 0, grace >= 0")
         if not queues:
             raise InvalidArgument("a worker needs at least one queue")
+        self.queue_limits = dict(queue_limits or {})
+        for limited, cap in self.queue_limits.items():
+            if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+                raise InvalidArgument(
+                    f"queue_limits[{limited!r}] must be an integer >= 1, not {cap!r}"
+                )
         self.registry = registry if registry is not None else Registry.from_objects(objects)
         self.handlers = dict(self.registry.handlers())
         if not self.handlers:
@@ -144,6 +156,10 @@ class Worker:
         self.serving = serving_of(self.registry, also=self._also)
         self._also_count = len(self._also.workflows) if self._also is not None else 0
         self.queues = list(queues)
+        self._gated = self._has_limits()
+        self._rated = any(h.rate_limit for h in self.handlers.values())
+        self._capped: frozenset[str] = frozenset()  # queues capped across all workers
+        self._cursors: dict[str, str] = {}  # per queue, the fair key its last claim ended on
         self.concurrency = concurrency
         self.lease = timedelta(seconds=lease)
         self.poll_interval = poll_interval
@@ -294,6 +310,7 @@ class Worker:
         try:
             self._register(refuse_conflicts=True)
             registered = self._tx(self._register_schedules)
+            self.refresh_queue_caps()
         except BaseException:
             self._pool.close()
             raise
@@ -457,7 +474,10 @@ class Worker:
             if backoff:
                 self._stopping.wait(backoff)
             elif not claimed or len(claimed) < free:
-                self._wake.wait(self.poll_interval)
+                # A rate window frees slots without any event: rated work is looked at often.
+                self._wake.wait(
+                    min(self.poll_interval, RATED_POLL_S) if self._rated else self.poll_interval
+                )
 
     def _refresh_serving(self) -> None:
         """Serve the workflows this process defined since the worker started, too."""
@@ -465,11 +485,23 @@ class Worker:
             return
         self._also_count = len(self._also.workflows)
         self.serving = serving_of(self.registry, also=self._also)
+        self._gated = self._has_limits()
         self._register(refuse_conflicts=False)
+
+    def _has_limits(self) -> bool:
+        """Whether a limit (concurrency, rate) applies to work this worker may claim: then
+        its claims take the gated path too."""
+        workflows = [*self.registry.workflows.values()]
+        if self._also is not None:
+            workflows += self._also.workflows.values()
+        return any(h.concurrency or h.rate_limit for h in self.handlers.values()) or any(
+            w.concurrency for w in workflows
+        )
 
     def _claimer(self, kinds: list[str], limit: int) -> Callable[[Tx], list[Claimed]]:
         self._refresh_serving()
         queues = self._rotated_queues()
+        per_queue = self._queue_room()
         return lambda tx: self._engine.claim(
             tx,
             owner=self.id,
@@ -478,7 +510,26 @@ class Worker:
             versions=self.serving.versions,
             limit=limit,
             lease=self.lease,
+            gated=self._gated,
+            capped=self._capped,
+            per_queue=per_queue,
+            cursors=self._cursors,
         )
+
+    def _queue_room(self) -> dict[str, int] | None:
+        """How many more steps each queue with a per-worker limit may start now."""
+        if not self.queue_limits:
+            return None
+        with self._inflight_lock:
+            busy = collections.Counter(e.step.queue for e in self._running.values())
+        return {queue: max(0, cap - busy[queue]) for queue, cap in self.queue_limits.items()}
+
+    def refresh_queue_caps(self) -> frozenset[str]:
+        """Read which of this worker's queues have a cap across all workers (every few
+        seconds: a cap set or removed with Client.set_queue_limit takes effect then)."""
+        caps = self._tx(self._engine.queue_caps)
+        self._capped = frozenset(caps) & frozenset(self.queues)
+        return self._capped
 
     def _rotated_queues(self) -> list[str]:
         """The queues, starting from the next one each claim, so none is starved."""
@@ -530,8 +581,13 @@ class Worker:
             elif exc is not None:
                 outcome = execute.failure_from_exception(step, exc, kind=ErrorKind.ERROR)
             else:
+                rate = self.handlers[step.kind].rate_limit
                 outcome = execute.success_from_result(
-                    step, future.result(), keep_output=keep_output, max_bytes=self.max_output_bytes
+                    step,
+                    future.result(),
+                    keep_output=keep_output,
+                    max_bytes=self.max_output_bytes,
+                    extra_units=execute.extra_units(entry.ctx, rate.units) if rate else 0,
                 )
             self._settle(entry, outcome)
         finally:
@@ -545,6 +601,8 @@ class Worker:
             entry.settled = True
             self._inflight.pop(entry.step.id, None)
         if outcome is not None:
+            if entry.step.gated:  # its end frees a slot: claimers of its queue look again
+                outcome = attrs.evolve(outcome, wake_queue=entry.step.queue)
             self._outcomes.put(outcome)
 
     def _handler_returned(self, entry: _Inflight) -> None:
@@ -807,6 +865,7 @@ class Worker:
                     log.warning("worker %s was missing from the registry: registering", self.id)
                     self._register(refuse_conflicts=False)
                 self.start_deferred_children()  # in case a wake-up was missed
+                self.refresh_queue_caps()
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + UNSERVED_CHECK_S
                     self.report_unserved()

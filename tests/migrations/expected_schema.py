@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATEST = 19
-EXT_LATEST = 3
+EXT_LATEST = 4
 TS = "timestamp with time zone"
 
 
@@ -550,6 +550,78 @@ EXT_TABLES: dict[str, Table] = {
             ),
         ],
         since=3,
+    ),
+    "cyclone_ext_limits": Table(
+        columns=[
+            Column("scope", "text", False),
+            Column("max_count", "integer", False),
+            Column("per", "interval"),
+            Column("updated_at", TS, False, "now()"),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_limits_pkey", "p", "PRIMARY KEY (scope)"),
+            Constraint("cyclone_ext_limits_max_count_check", "c", "max_count >= 1"),
+            Constraint("cyclone_ext_limits_per_check", "c", "per > '00:00:00'::interval"),
+        ],
+        since=4,
+    ),
+    "cyclone_ext_slots": Table(
+        columns=[
+            Column("scope", "text", False),
+            Column("key", "text", False),
+            Column("slot", "integer", False),
+            Column("holder", "bigint"),
+            Column("used_at", TS),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_slots_pkey", "p", "PRIMARY KEY (scope, key, slot)"),
+            Constraint(
+                "cyclone_ext_slots_scope_fkey",
+                "f",
+                "FOREIGN KEY (scope) REFERENCES cyclone_ext_limits(scope) ON DELETE CASCADE",
+            ),
+        ],
+        since=4,
+    ),
+    "cyclone_ext_gates": Table(
+        columns=[
+            Column("step_id", "bigint", False),
+            Column("run_id", "bigint", False),
+            Column("queue", "text", False),
+            Column("priority", "integer", False),
+            Column("fair_key", "text", False),
+            Column("step_scope", "text"),
+            Column("step_key", "text"),
+            Column("run_scope", "text"),
+            Column("run_key", "text"),
+            Column("rate_scope", "text"),
+            Column("rate_key", "text"),
+            Column("rate_units", "integer", False, "1"),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_gates_pkey", "p", "PRIMARY KEY (step_id)"),
+            Constraint("cyclone_ext_gates_rate_units_check", "c", "rate_units >= 1"),
+            _cascade("cyclone_ext_gates_step_id_fkey", "step_id", "cyclone_steps"),
+        ],
+        indexes=[
+            Index("idx_ext_gates_claim", "queue, fair_key, priority DESC, step_id"),
+            Index("idx_ext_gates_run", "run_id"),
+        ],
+        since=4,
+    ),
+    "cyclone_ext_debounce": Table(
+        columns=[
+            Column("workflow", "text", False),
+            Column("key", "text", False),
+            Column("run_id", "bigint", False),
+            Column("fire_at", TS, False),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_debounce_pkey", "p", "PRIMARY KEY (workflow, key)"),
+            _cascade("cyclone_ext_debounce_run_id_fkey", "run_id", "cyclone_runs"),
+        ],
+        indexes=[Index("idx_ext_debounce_run", "run_id")],
+        since=4,
     ),
 }
 

@@ -232,6 +232,10 @@ EXT_TABLES = (
     "cyclone_ext_worker_versions",
     "cyclone_ext_attempts",
     "cyclone_ext_fan_out_limits",
+    "cyclone_ext_limits",
+    "cyclone_ext_slots",
+    "cyclone_ext_gates",
+    "cyclone_ext_debounce",
 )
 
 
@@ -280,6 +284,10 @@ def test_extension_version_moves_only_the_extension_track(
         "cyclone_ext_worker_versions": True,
         "cyclone_ext_attempts": False,
         "cyclone_ext_fan_out_limits": False,
+        "cyclone_ext_limits": False,
+        "cyclone_ext_slots": False,
+        "cyclone_ext_gates": False,
+        "cyclone_ext_debounce": False,
     }
     caplog.set_level(logging.INFO, logger="cyclone.migrate")
     assert migrate_versions(dsn) == (19, LATEST_EXTENSION_VERSION)
@@ -288,6 +296,8 @@ def test_extension_version_moves_only_the_extension_track(
     assert applied(caplog) == [
         "extension migration 002_attempts up",
         "extension migration 003_fan_out_limits up",
+        "extension migration 004_flow_control up",
+        "extension migration 004_flow_control down",
         "extension migration 003_fan_out_limits down",
         "extension migration 002_attempts down",
         "extension migration 001_workers down",

@@ -1,0 +1,84 @@
+"""Debounced submits: submits of one (workflow, key) inside a window become one run.
+
+The first submit inserts the run with its first steps held until ``delay`` from
+now (their ``scheduled_at``: the claim takes nothing before). A submit of the
+same key while none of the run's steps has been claimed gives the run its own
+input and moves the start to ``delay`` after itself; once a step was claimed,
+the window is closed and the submit opens a new one. Submits of one key are
+serialised by a transaction-level advisory lock, so two first submits never
+make two runs.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from cyclone_dsl.db.tx import Tx
+from cyclone_dsl.engine import gates
+from cyclone_dsl.engine.submit import Submitted, insert_run, special_roots
+from cyclone_dsl.engine.transitions import Hooks
+from cyclone_dsl.errors import InvalidArgument
+from cyclone_dsl.graph.rows import CompiledRun
+from cyclone_dsl.sql import Q
+
+DEBOUNCE_LOCK_NAMESPACE = 0x0C7C0DB
+
+
+def submit(
+    tx: Tx,
+    compiled: CompiledRun,
+    *,
+    key: str,
+    delay: timedelta,
+    deadline: timedelta | None,
+    hooks: Hooks,
+) -> Submitted:
+    """Submit ``compiled`` into the debounce window of its workflow and ``key``."""
+    if special_roots(compiled):
+        raise InvalidArgument(
+            f"workflow {compiled.workflow!r} starts with a wait, timer, child run or fan-out: "
+            "debounce holds a run's first steps, so its first nodes must be steps"
+        )
+    tx.one(
+        Q.lock_debounce_key,
+        namespace=DEBOUNCE_LOCK_NAMESPACE,
+        workflow=compiled.workflow,
+        key=key,
+    )
+    window = tx.one(Q.open_debounce, workflow=compiled.workflow, key=key)
+    if window is not None and _moved(tx, compiled, window["run_id"], key=key, delay=delay):
+        return Submitted(window["run_id"], created=False)
+    run_id = insert_run(tx, compiled, deadline=deadline, hooks=hooks)
+    tx.one(Q.hold_debounced, run_id=run_id, workflow=compiled.workflow, key=key, delay=delay)
+    return Submitted(run_id, created=True)
+
+
+def _moved(tx: Tx, compiled: CompiledRun, run_id: int, *, key: str, delay: timedelta) -> bool:
+    """Give the window's run the new input and a later start; False if it has started."""
+    try:
+        with tx.savepoint():
+            row = tx.one(
+                Q.move_debounced,
+                run_id=run_id,
+                workflow=compiled.workflow,
+                key=key,
+                delay=delay,
+                input=compiled.input,
+                nodes=[s.node for s in compiled.steps],
+                inputs=[s.input for s in compiled.steps],
+            )
+            assert row is not None
+            if row["runs"] != 1:
+                return False
+            if row["moved"] != len(compiled.steps):
+                raise _Started  # claimed while it moved: undo the steps already moved
+            tx.rows(Q.delete_run_gates, run_id=run_id)  # the new input may give new keys
+            if compiled.flow is not None:
+                gates.record(tx, [run_id], [compiled.flow])
+            return True
+    except _Started:
+        return False
+
+
+class _Started(Exception):
+    """Internal: a step of the run was claimed while its window moved."""

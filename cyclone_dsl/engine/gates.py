@@ -1,0 +1,127 @@
+"""Flow control: the gates and limits of new runs, queue caps, and the bookkeeping of both.
+
+The limits themselves are enforced by the claim (``claim_gated_steps`` and
+``claim_capped_steps``): a step is leased only with every slot it needs, and a
+slot is free again once its holder stopped running (or its run ended, or its
+rate window passed), so no transition has anything to release. See
+``migrations/ext/004_flow_control.sql``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cyclone_dsl.db.tx import Row, Tx
+from cyclone_dsl.graph.rows import LimitRow, RunFlow
+from cyclone_dsl.sql import Q
+
+QUEUE_SCOPE_PREFIX = "queue:"
+
+
+def record(tx: Tx, run_ids: Sequence[int], flows: Sequence[RunFlow | None]) -> None:
+    """Write the gates of new runs' steps (``flows[i]`` for ``run_ids[i]``) and make sure
+    the limits and slots they use exist. Runs without flow control write nothing."""
+    limits: dict[str, LimitRow] = {}
+    slot_keys: set[tuple[str, str]] = set()
+    gates: dict[str, list[object]] = {
+        name: []
+        for name in (
+            "run_ids",
+            "nodes",
+            "fair_keys",
+            "step_scopes",
+            "step_keys",
+            "run_scopes",
+            "run_keys",
+            "rate_scopes",
+            "rate_keys",
+            "rate_units",
+        )
+    }
+    for run_id, flow in zip(run_ids, flows, strict=True):
+        if flow is None:
+            continue
+        limits.update((limit.scope, limit) for limit in flow.limits)
+        slot_keys.update(flow.slot_keys())
+        for gate in flow.gates:
+            gates["run_ids"].append(run_id)
+            gates["nodes"].append(gate.node)
+            gates["fair_keys"].append(gate.fair_key)
+            gates["step_scopes"].append(gate.step_scope)
+            gates["step_keys"].append(gate.step_key)
+            gates["run_scopes"].append(gate.run_scope)
+            gates["run_keys"].append(gate.run_key)
+            gates["rate_scopes"].append(gate.rate_scope)
+            gates["rate_keys"].append(gate.rate_key)
+            gates["rate_units"].append(gate.rate_units)
+    if limits:
+        ordered = [limits[scope] for scope in sorted(limits)]
+        tx.rows(
+            Q.upsert_limits,
+            scopes=[limit.scope for limit in ordered],
+            max_counts=[limit.max_count for limit in ordered],
+            pers=[limit.per for limit in ordered],
+        )
+    if slot_keys:
+        ordered_keys = sorted(slot_keys)
+        tx.rows(
+            Q.ensure_slots,
+            scopes=[scope for scope, _ in ordered_keys],
+            keys=[key for _, key in ordered_keys],
+        )
+    if gates["run_ids"]:
+        tx.rows(Q.insert_gates, **gates)
+
+
+def gate_items(tx: Tx, fan_out_ids: Sequence[int]) -> None:
+    """The items just created for these fan-out nodes take their node's gate, if it has one."""
+    if fan_out_ids:
+        tx.rows(Q.gate_fan_out_items, ids=list(fan_out_ids))
+
+
+def unpark(tx: Tx, run_id: int) -> None:
+    """Steps of this run came back (an operator retry): their gates apply again."""
+    tx.rows(Q.unpark_gates, run_id=run_id)
+
+
+def park_ended(tx: Tx, *, after_id: int, limit: int) -> tuple[int, int | None]:
+    """Park one page of gates of ended steps; return (parked, next page's cursor or None)."""
+    row = tx.one(Q.park_ended_gates, after_id=after_id, limit=limit)
+    assert row is not None
+    more = row["seen"] >= limit and row["last_id"] is not None
+    return int(row["parked"]), (int(row["last_id"]) if more else None)
+
+
+def set_queue_cap(tx: Tx, queue: str, cap: int | None) -> None:
+    """Cap the steps of ``queue`` running at once across all workers (None: no cap)."""
+    scope = QUEUE_SCOPE_PREFIX + queue
+    if cap is None:
+        tx.rows(Q.delete_limit, scope=scope)
+        return
+    tx.rows(Q.upsert_limits, scopes=[scope], max_counts=[cap], pers=[None])
+    tx.rows(Q.ensure_slots, scopes=[scope], keys=[""])
+
+
+def queue_caps(tx: Tx) -> dict[str, int]:
+    return {r["queue"]: r["max_count"] for r in tx.rows(Q.queue_caps)}
+
+
+def charge_units(tx: Tx, extra: Sequence[tuple[int, int]]) -> None:
+    """Charge rate-limit units that handlers reported beyond their claim's (step id, units)."""
+    extra = [(step_id, units) for step_id, units in extra if units > 0]
+    if extra:
+        tx.rows(
+            Q.charge_rate_units,
+            ids=[step_id for step_id, _ in extra],
+            extra=[units for _, units in extra],
+        )
+
+
+def flow_stats(tx: Tx) -> list[Row]:
+    """Per limited (scope, key): the limit, the slots in use and the steps waiting."""
+    return tx.rows(Q.flow_stats)
+
+
+def wait_reasons(tx: Tx, run_id: int) -> list[Row]:
+    """Why the due steps of a run that limits apply to are not running yet."""
+    return tx.rows(Q.gate_wait_reasons, run_id=run_id)

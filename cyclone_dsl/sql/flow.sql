@@ -1,0 +1,448 @@
+-- name: upsert_limits
+-- Record the limit of each scope (the latest submitted definition's), with its window.
+INSERT INTO cyclone_ext_limits (scope, max_count, per)
+SELECT * FROM unnest(%(scopes)s::text[], %(max_counts)s::int[], %(pers)s::interval[])
+ON CONFLICT (scope) DO UPDATE
+SET max_count = EXCLUDED.max_count, per = EXCLUDED.per, updated_at = now()
+WHERE (cyclone_ext_limits.max_count, cyclone_ext_limits.per)
+      IS DISTINCT FROM (EXCLUDED.max_count, EXCLUDED.per)
+
+-- name: ensure_slots
+-- Make sure each (scope, key) has its limit's slot rows (1 .. max_count).
+INSERT INTO cyclone_ext_slots (scope, key, slot)
+SELECT k.scope, k.key, n.slot
+FROM (SELECT DISTINCT * FROM unnest(%(scopes)s::text[], %(keys)s::text[]) AS t(scope, key)) AS k
+JOIN cyclone_ext_limits AS l ON l.scope = k.scope
+CROSS JOIN LATERAL generate_series(1, l.max_count) AS n(slot)
+ORDER BY 1, 2, 3
+ON CONFLICT (scope, key, slot) DO NOTHING
+
+-- name: insert_gates
+-- Record the limits that apply to steps of new runs (by run and node).
+INSERT INTO cyclone_ext_gates (step_id, run_id, queue, priority, fair_key, step_scope,
+                               step_key, run_scope, run_key, rate_scope, rate_key,
+                               rate_units)
+SELECT s.id, s.run_id, s.queue, s.priority, g.fair_key, g.step_scope, g.step_key,
+       g.run_scope, g.run_key, g.rate_scope, g.rate_key, g.rate_units
+FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[], %(fair_keys)s::text[],
+            %(step_scopes)s::text[], %(step_keys)s::text[], %(run_scopes)s::text[],
+            %(run_keys)s::text[], %(rate_scopes)s::text[], %(rate_keys)s::text[],
+            %(rate_units)s::int[])
+    AS g(run_id, node, fair_key, step_scope, step_key, run_scope, run_key, rate_scope,
+         rate_key, rate_units)
+JOIN cyclone_steps AS s ON s.run_id = g.run_id AND s.node = g.node
+
+-- name: gate_fan_out_items
+-- The items of gated fan-out nodes take their node's limits (after the expansion).
+INSERT INTO cyclone_ext_gates (step_id, run_id, queue, priority, fair_key, step_scope,
+                               step_key, run_scope, run_key, rate_scope, rate_key,
+                               rate_units)
+SELECT i.id, i.run_id, i.queue, i.priority, g.fair_key, g.step_scope, g.step_key,
+       g.run_scope, g.run_key, g.rate_scope, g.rate_key, g.rate_units
+FROM cyclone_ext_gates AS g
+JOIN cyclone_steps AS f ON f.id = g.step_id
+JOIN cyclone_steps AS i ON i.run_id = f.run_id AND i.item_of = f.node
+WHERE g.step_id = ANY(%(ids)s::bigint[])
+ON CONFLICT (step_id) DO NOTHING
+
+-- name: claim_gated_steps
+-- Claim up to %(limit)s steps of one queue that limits apply to. Fair: the queue's keys are
+-- taken in turn, starting after %(after_key)s (at most %(max_keys)s keys per claim), one
+-- step of each key per turn, each key's due steps in priority order. A step is taken only
+-- when every slot it needs is free (its kind's key, its run's key unless the run holds a
+-- slot already, its rate budget, the queue's cap when %(capped)s); the slots go to the
+-- claimed steps in the same statement, and concurrent claimers never share one (SKIP
+-- LOCKED). Counts are conservative: a step can be left for the next claim, never let past
+-- a limit. Autocommit, like claim_steps.
+WITH RECURSIVE relaxed AS (
+    SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
+),
+later_keys(fair_key) AS (
+    (SELECT g.fair_key FROM cyclone_ext_gates AS g
+     WHERE g.queue = %(queue)s AND g.fair_key > %(after_key)s
+     ORDER BY g.fair_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT g.fair_key FROM cyclone_ext_gates AS g
+            WHERE g.queue = %(queue)s AND g.fair_key > k.fair_key
+            ORDER BY g.fair_key LIMIT 1)
+    FROM later_keys AS k WHERE k.fair_key IS NOT NULL
+),
+earlier_keys(fair_key) AS (
+    (SELECT g.fair_key FROM cyclone_ext_gates AS g
+     WHERE g.queue = %(queue)s AND g.fair_key <= %(after_key)s
+     ORDER BY g.fair_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT g.fair_key FROM cyclone_ext_gates AS g
+            WHERE g.queue = %(queue)s AND g.fair_key > k.fair_key
+              AND g.fair_key <= %(after_key)s
+            ORDER BY g.fair_key LIMIT 1)
+    FROM earlier_keys AS k WHERE k.fair_key IS NOT NULL
+),
+some_keys AS (
+    (SELECT fair_key, 0 AS part FROM later_keys WHERE fair_key IS NOT NULL
+     LIMIT %(max_keys)s)
+    UNION ALL
+    (SELECT fair_key, 1 AS part FROM earlier_keys WHERE fair_key IS NOT NULL
+     LIMIT %(max_keys)s)
+),
+keys AS (
+    SELECT fair_key, row_number() OVER (ORDER BY part, fair_key) AS key_ord
+    FROM some_keys
+),
+per_key AS (
+    SELECT ceil(%(limit)s::float8 / greatest(count(*), 1))::int AS n FROM keys
+),
+picked AS (
+    SELECT c.*, k.key_ord
+    FROM keys AS k
+    CROSS JOIN LATERAL (
+        SELECT s.id, s.run_id, g.fair_key, g.priority, g.step_scope, g.step_key,
+               g.run_scope, g.run_key, g.rate_scope, g.rate_key, g.rate_units
+        FROM cyclone_ext_gates AS g
+        JOIN cyclone_steps AS s ON s.id = g.step_id
+        WHERE g.queue = %(queue)s AND g.fair_key = k.fair_key
+          AND {{claimable}}
+        ORDER BY g.priority DESC, g.step_id
+        LIMIT (SELECT n FROM per_key)
+        FOR NO KEY UPDATE OF s SKIP LOCKED
+    ) AS c
+),
+cands AS (
+    SELECT p.*,
+           row_number() OVER (PARTITION BY p.fair_key ORDER BY p.priority DESC, p.id) AS turn
+    FROM picked AS p
+),
+limited AS (
+    SELECT scope, max_count, per FROM cyclone_ext_limits
+    WHERE scope IN (SELECT step_scope FROM cands UNION SELECT run_scope FROM cands
+                    UNION SELECT rate_scope FROM cands
+                    UNION SELECT 'queue:' || %(queue)s WHERE %(capped)s)
+),
+needs AS (
+    SELECT c.id, c.step_scope AS scope, c.step_key AS key, 1 AS units, NULL::bigint AS run_id
+    FROM cands AS c JOIN limited AS l ON l.scope = c.step_scope
+    UNION ALL
+    SELECT c.id, c.run_scope, c.run_key, 1, c.run_id
+    FROM cands AS c JOIN limited AS l ON l.scope = c.run_scope
+    WHERE NOT EXISTS (SELECT 1 FROM cyclone_ext_slots AS h
+                      WHERE h.scope = c.run_scope AND h.key = c.run_key
+                        AND h.holder = c.run_id)
+    UNION ALL
+    SELECT c.id, c.rate_scope, c.rate_key, c.rate_units, NULL
+    FROM cands AS c JOIN limited AS l ON l.scope = c.rate_scope
+    UNION ALL
+    SELECT c.id, l.scope, '', 1, NULL
+    FROM cands AS c JOIN limited AS l ON l.scope = 'queue:' || %(queue)s
+),
+locked_free AS (
+    SELECT sl.scope, sl.key, sl.slot
+    FROM cyclone_ext_slots AS sl
+    JOIN limited AS l ON l.scope = sl.scope
+    WHERE (sl.scope, sl.key) IN (SELECT scope, key FROM needs)
+      AND sl.slot <= l.max_count
+      AND CASE
+          WHEN l.per IS NOT NULL THEN
+              sl.used_at IS NULL OR sl.used_at <= now() + %(shift)s::interval - l.per
+          WHEN sl.scope LIKE 'run:%%' THEN
+              sl.holder IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM cyclone_runs AS x
+                  WHERE x.id = sl.holder AND x.state IN ('running', 'paused'))
+          ELSE
+              sl.holder IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM cyclone_steps AS x WHERE x.id = sl.holder AND x.state = 'running')
+          END
+    FOR UPDATE OF sl SKIP LOCKED
+),
+free AS (
+    SELECT scope, key, slot, row_number() OVER (PARTITION BY scope, key ORDER BY slot) AS rank
+    FROM locked_free
+),
+free_count AS (
+    SELECT scope, key, count(*) AS n FROM locked_free GROUP BY scope, key
+),
+demand AS (
+    SELECT n.id, n.scope, n.key,
+           CASE WHEN n.run_id IS NOT NULL
+                THEN dense_rank() OVER (PARTITION BY n.scope, n.key ORDER BY n.run_id)
+                ELSE sum(n.units) OVER (PARTITION BY n.scope, n.key
+                                        ORDER BY c.turn, c.key_ord, n.id)
+           END AS upto
+    FROM needs AS n JOIN cands AS c ON c.id = n.id
+),
+selected AS (
+    SELECT c.id, c.fair_key, c.turn, c.key_ord FROM cands AS c
+    WHERE NOT EXISTS (
+        SELECT 1 FROM demand AS d
+        LEFT JOIN free_count AS f ON f.scope = d.scope AND f.key = d.key
+        WHERE d.id = c.id AND d.upto > coalesce(f.n, 0))
+    ORDER BY c.turn, c.key_ord
+    LIMIT %(limit)s
+),
+assigned AS (
+    SELECT n.id, n.scope, n.key, n.units, n.run_id,
+           CASE WHEN n.run_id IS NOT NULL
+                THEN dense_rank() OVER (PARTITION BY n.scope, n.key ORDER BY n.run_id)
+                ELSE sum(n.units) OVER (PARTITION BY n.scope, n.key
+                                        ORDER BY s.turn, s.key_ord, n.id)
+           END AS upto
+    FROM needs AS n JOIN selected AS s ON s.id = n.id
+),
+taken AS (
+    UPDATE cyclone_ext_slots AS sl
+    SET holder = coalesce(a.run_id, a.id), used_at = now() + %(shift)s::interval
+    FROM assigned AS a
+    JOIN free AS f ON f.scope = a.scope AND f.key = a.key
+                  AND f.rank > a.upto - a.units AND f.rank <= a.upto
+    WHERE sl.scope = f.scope AND sl.key = f.key AND sl.slot = f.slot
+    RETURNING sl.slot
+),
+chosen AS (
+    SELECT id FROM selected
+),
+{{claim_update}}
+SELECT {{claim_result}}, sel.fair_key, sel.turn, sel.key_ord
+FROM claimed AS c CROSS JOIN relaxed
+JOIN cyclone_runs AS r ON r.id = c.run_id
+JOIN selected AS sel ON sel.id = c.id
+
+-- name: claim_capped_steps
+-- claim_steps for a queue with a cap across all workers: as many steps as the queue has
+-- free slots (at most %(limit)s), each taking one (FOR UPDATE SKIP LOCKED).
+WITH relaxed AS (
+    SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
+),
+locked_free AS (
+    SELECT sl.slot
+    FROM cyclone_ext_slots AS sl
+    JOIN cyclone_ext_limits AS l ON l.scope = sl.scope
+    WHERE sl.scope = 'queue:' || %(queue)s AND sl.key = '' AND sl.slot <= l.max_count
+      AND (sl.holder IS NULL OR NOT EXISTS (
+              SELECT 1 FROM cyclone_steps AS x WHERE x.id = sl.holder AND x.state = 'running'))
+    FOR UPDATE OF sl SKIP LOCKED
+),
+free AS (
+    SELECT slot, row_number() OVER (ORDER BY slot) AS rank FROM locked_free
+),
+cands AS (
+    SELECT s.id
+    FROM cyclone_steps AS s
+    WHERE {{claimable}}
+      AND NOT EXISTS (SELECT 1 FROM cyclone_ext_gates AS g WHERE g.step_id = s.id)
+    ORDER BY s.priority DESC, s.scheduled_at
+    LIMIT least(%(limit)s, (SELECT count(*) FROM locked_free))
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+ranked AS (
+    SELECT id, row_number() OVER (ORDER BY id) AS rank FROM cands
+),
+taken AS (
+    UPDATE cyclone_ext_slots AS sl
+    SET holder = ranked.id, used_at = now() + %(shift)s::interval
+    FROM ranked JOIN free ON free.rank = ranked.rank
+    WHERE sl.scope = 'queue:' || %(queue)s AND sl.key = '' AND sl.slot = free.slot
+    RETURNING sl.holder
+),
+chosen AS (
+    SELECT holder AS id FROM taken
+),
+{{claim_chosen}}
+
+-- name: queue_caps
+-- The queues capped across all workers, with their caps.
+SELECT substr(scope, 7) AS queue, max_count FROM cyclone_ext_limits
+WHERE scope LIKE 'queue:%%' ORDER BY scope
+
+-- name: delete_limit
+-- Remove a limit (a queue's cap); its slots go with it.
+DELETE FROM cyclone_ext_limits WHERE scope = %(scope)s RETURNING scope
+
+-- name: park_ended_gates
+-- Park a page of the gate rows whose steps have ended (queue '': no claim walks past them
+-- any more); return the last step id looked at, for the next page.
+WITH page AS (
+    SELECT g.step_id, s.state FROM cyclone_ext_gates AS g
+    JOIN cyclone_steps AS s ON s.id = g.step_id
+    WHERE g.step_id > %(after_id)s AND g.queue <> ''
+    ORDER BY g.step_id
+    LIMIT %(limit)s
+), parked AS (
+    UPDATE cyclone_ext_gates AS g SET queue = ''
+    FROM page
+    WHERE g.step_id = page.step_id AND page.state IN ('completed', 'discarded', 'cancelled')
+    RETURNING g.step_id
+)
+SELECT (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM page) AS seen,
+       (SELECT max(step_id) FROM page) AS last_id
+
+-- name: unpark_gates
+-- An operator retry brought steps of this run back: their gate rows take their queue again.
+UPDATE cyclone_ext_gates AS g SET queue = s.queue
+FROM cyclone_steps AS s
+WHERE g.run_id = %(run_id)s AND g.queue = '' AND s.id = g.step_id
+  AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+
+-- name: charge_rate_units
+-- Charge units a handler reported beyond what its claim took (ctx.rate_limit_units): the
+-- budget's least recently used slots count as used now, so later starts wait for them.
+WITH wanted AS (
+    SELECT g.rate_scope AS scope, g.rate_key AS key, sum(e.extra)::int AS extra
+    FROM unnest(%(ids)s::bigint[], %(extra)s::int[]) AS e(step_id, extra)
+    JOIN cyclone_ext_gates AS g ON g.step_id = e.step_id
+    WHERE g.rate_scope IS NOT NULL AND e.extra > 0
+    GROUP BY 1, 2
+), oldest AS (
+    SELECT sl.scope, sl.key, sl.slot
+    FROM wanted AS w
+    CROSS JOIN LATERAL (
+        SELECT s2.scope, s2.key, s2.slot FROM cyclone_ext_slots AS s2
+        WHERE s2.scope = w.scope AND s2.key = w.key
+        ORDER BY s2.used_at NULLS FIRST, s2.slot
+        LIMIT w.extra
+        FOR UPDATE
+    ) AS sl
+)
+UPDATE cyclone_ext_slots AS sl SET used_at = now() + %(shift)s::interval
+FROM oldest
+WHERE sl.scope = oldest.scope AND sl.key = oldest.key AND sl.slot = oldest.slot
+
+-- fragment: slot_in_use
+-- Whether slot sl of limit l is taken: a rate slot used within its window, a run slot
+-- held by a run not ended, a step or queue slot held by a running step.
+CASE
+    WHEN l.per IS NOT NULL THEN
+        sl.used_at IS NOT NULL AND sl.used_at > now() + %(shift)s::interval - l.per
+    WHEN l.scope LIKE 'run:%%' THEN
+        EXISTS (SELECT 1 FROM cyclone_runs AS x
+                WHERE x.id = sl.holder AND x.state IN ('running', 'paused'))
+    ELSE
+        EXISTS (SELECT 1 FROM cyclone_steps AS x WHERE x.id = sl.holder AND x.state = 'running')
+END
+
+-- name: flow_stats
+-- Per limited (scope, key): the limit, how many of its slots are taken, how many due steps
+-- wait for it, and for a rate the time its next slot frees.
+WITH usage AS (
+    SELECT l.scope, sl.key, l.max_count, l.per,
+           count(*) FILTER (WHERE {{slot_in_use}}) AS in_use,
+           min(sl.used_at) FILTER (WHERE {{slot_in_use}}) AS oldest_use
+    FROM cyclone_ext_limits AS l
+    JOIN cyclone_ext_slots AS sl ON sl.scope = l.scope AND sl.slot <= l.max_count
+    GROUP BY l.scope, sl.key, l.max_count, l.per
+), waiting AS (
+    SELECT scope, key, count(*) AS n FROM (
+        SELECT g.step_scope AS scope, g.step_key AS key, g.step_id
+        FROM cyclone_ext_gates AS g WHERE g.queue <> '' AND g.step_scope IS NOT NULL
+        UNION ALL
+        SELECT g.run_scope, g.run_key, g.step_id
+        FROM cyclone_ext_gates AS g WHERE g.queue <> '' AND g.run_scope IS NOT NULL
+        UNION ALL
+        SELECT g.rate_scope, g.rate_key, g.step_id
+        FROM cyclone_ext_gates AS g WHERE g.queue <> '' AND g.rate_scope IS NOT NULL
+    ) AS w
+    JOIN cyclone_steps AS s ON s.id = w.step_id AND s.state = 'available'
+    GROUP BY scope, key
+)
+SELECT u.scope, u.key, u.max_count, extract(epoch FROM u.per)::float8 AS per_s, u.in_use,
+       CASE WHEN u.scope LIKE 'queue:%%' THEN
+                (SELECT count(*) FROM cyclone_steps AS s
+                 WHERE s.queue = substr(u.scope, 7) AND s.state = 'available')
+            ELSE coalesce(w.n, 0) END AS waiting,
+       CASE WHEN u.per IS NOT NULL AND u.in_use >= u.max_count
+            THEN u.oldest_use + u.per END AS next_free_at
+FROM usage AS u
+LEFT JOIN waiting AS w ON w.scope = u.scope AND w.key = u.key
+ORDER BY u.scope, u.key
+
+-- name: gate_wait_reasons
+-- For each due step of a run that a limit holds back: the limit, its key, how full it is
+-- and, for a rate, when its next slot frees.
+WITH due AS (
+    SELECT g.* FROM cyclone_ext_gates AS g
+    JOIN cyclone_steps AS s ON s.id = g.step_id
+    WHERE g.run_id = %(run_id)s AND s.state = 'available'
+      AND s.scheduled_at <= now() + %(shift)s::interval
+), wanted AS (
+    SELECT d.step_id, d.step_scope AS scope, d.step_key AS key FROM due AS d
+    WHERE d.step_scope IS NOT NULL
+    UNION ALL
+    SELECT d.step_id, d.run_scope, d.run_key FROM due AS d
+    WHERE d.run_scope IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM cyclone_ext_slots AS h
+        WHERE h.scope = d.run_scope AND h.key = d.run_key AND h.holder = d.run_id)
+    UNION ALL
+    SELECT d.step_id, d.rate_scope, d.rate_key FROM due AS d WHERE d.rate_scope IS NOT NULL
+    UNION ALL
+    SELECT d.step_id, l.scope, '' FROM due AS d
+    JOIN cyclone_ext_limits AS l ON l.scope = 'queue:' || d.queue
+), usage AS (
+    SELECT w.step_id, w.scope, w.key, l.max_count,
+           count(*) FILTER (WHERE {{slot_in_use}}) AS in_use,
+           min(sl.used_at) FILTER (WHERE {{slot_in_use}}) + l.per AS free_at
+    FROM wanted AS w
+    JOIN cyclone_ext_limits AS l ON l.scope = w.scope
+    JOIN cyclone_ext_slots AS sl ON sl.scope = w.scope AND sl.key = w.key
+                                AND sl.slot <= l.max_count
+    GROUP BY w.step_id, w.scope, w.key, l.max_count, l.per
+)
+SELECT s.node, u.scope, u.key, u.max_count, u.in_use,
+       CASE WHEN u.in_use >= u.max_count THEN u.free_at END AS free_at
+FROM usage AS u JOIN cyclone_steps AS s ON s.id = u.step_id
+WHERE u.in_use >= u.max_count
+ORDER BY s.id, u.scope
+
+-- name: lock_debounce_key
+-- Serialise the submits of one debounce window (transaction-level advisory lock).
+SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(workflow)s || chr(31) || %(key)s))
+    AS locked
+
+-- name: open_debounce
+-- The run of a (workflow, key) debounce window, if it has one.
+SELECT run_id FROM cyclone_ext_debounce WHERE workflow = %(workflow)s AND key = %(key)s
+
+-- name: hold_debounced
+-- Hold a debounced run's available steps until %(delay)s from now, and record its window.
+WITH held AS (
+    UPDATE cyclone_steps SET scheduled_at = now() + %(shift)s::interval + %(delay)s::interval
+    WHERE run_id = %(run_id)s AND state = 'available'
+    RETURNING id
+)
+INSERT INTO cyclone_ext_debounce (workflow, key, run_id, fire_at)
+VALUES (%(workflow)s, %(key)s, %(run_id)s, now() + %(shift)s::interval + %(delay)s::interval)
+ON CONFLICT (workflow, key) DO UPDATE SET run_id = EXCLUDED.run_id, fire_at = EXCLUDED.fire_at
+RETURNING (SELECT count(*) FROM held) AS held
+
+-- name: move_debounced
+-- Another submit in the window: the run takes the new input and starts %(delay)s from now,
+-- unless one of its steps was claimed (then nothing changes and the window is closed).
+-- Each step row is checked as it is updated, so a claim racing this update is seen.
+WITH unstarted AS (
+    SELECT r.id FROM cyclone_runs AS r
+    WHERE r.id = %(run_id)s AND r.state = 'running'
+      AND NOT EXISTS (SELECT 1 FROM cyclone_steps AS s
+                      WHERE s.run_id = r.id
+                        AND (s.lease_generation > 0 OR s.state NOT IN ('available', 'pending')))
+), steps AS (
+    UPDATE cyclone_steps AS s
+    SET input = n.input::jsonb,
+        scheduled_at = CASE WHEN s.state = 'available'
+                            THEN now() + %(shift)s::interval + %(delay)s::interval
+                            ELSE s.scheduled_at END
+    FROM unstarted, unnest(%(nodes)s::text[], %(inputs)s::text[]) AS n(node, input)
+    WHERE s.run_id = unstarted.id AND s.node = n.node
+      AND s.lease_generation = 0 AND s.state IN ('available', 'pending')
+    RETURNING s.id
+), run AS (
+    UPDATE cyclone_runs AS r SET input = %(input)s::jsonb, updated_at = now()
+    FROM unstarted WHERE r.id = unstarted.id
+    RETURNING r.id
+), window_ AS (
+    UPDATE cyclone_ext_debounce
+    SET fire_at = now() + %(shift)s::interval + %(delay)s::interval
+    WHERE workflow = %(workflow)s AND key = %(key)s AND run_id IN (SELECT id FROM run)
+    RETURNING run_id
+)
+SELECT (SELECT count(*) FROM steps) AS moved, (SELECT count(*) FROM run) AS runs
+
+-- name: delete_run_gates
+-- Forget the gates of a run (a debounced run re-keyed by a later input).
+DELETE FROM cyclone_ext_gates WHERE run_id = %(run_id)s

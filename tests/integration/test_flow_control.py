@@ -1,0 +1,321 @@
+"""Flow control through the public API: concurrency keys on steps and workflows, queue caps,
+rate limits, fair claims across keys, debounce, and what stats and the run say about them."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from cyclone_dsl import (
+    Client,
+    Concurrency,
+    Debounce,
+    InvalidArgument,
+    RateLimit,
+    RunState,
+    StepState,
+    Worker,
+    step,
+    workflow,
+)
+
+
+class Tracker:
+    """Counts handlers running at once, per key, and records when each started."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running: collections.Counter[str] = collections.Counter()
+        self.peak: collections.Counter[str] = collections.Counter()
+        self.starts: list[tuple[float, str, object]] = []
+        self.release = threading.Event()
+
+    def enter(self, key: str, value: object) -> None:
+        with self.lock:
+            self.running[key] += 1
+            self.peak[key] = max(self.peak[key], self.running[key])
+            self.starts.append((time.monotonic(), key, value))
+
+    def leave(self, key: str) -> None:
+        with self.lock:
+            self.running[key] -= 1
+
+
+tracker = Tracker()
+
+
+@pytest.fixture(autouse=True)
+def fresh_tracker() -> Tracker:
+    global tracker
+    tracker = Tracker()
+    return tracker
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+# -- concurrency keys -------------------------------------------------------------------
+
+
+@step(name="fc_keyed", concurrency=Concurrency(key="tenant", limit=2))
+def keyed(job: dict[str, Any]) -> int:
+    tracker.enter(job["tenant"], job["n"])
+    tracker.enter("all", job["n"])
+    time.sleep(0.03)
+    tracker.leave("all")
+    tracker.leave(job["tenant"])
+    return int(job["n"])
+
+
+def test_a_step_concurrency_key_caps_each_key(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    handles = [client.enqueue(keyed, {"tenant": f"t{i % 3}", "n": i}) for i in range(30)]
+    start_worker(keyed, concurrency=20)
+    assert [h.result(timeout=30) for h in handles] == list(range(30))
+    assert {key: tracker.peak[key] for key in ("t0", "t1", "t2")} == {"t0": 2, "t1": 2, "t2": 2}
+
+
+def test_enqueue_can_give_the_key(client: Client, start_worker: Callable[..., Worker]) -> None:
+    handles = [
+        client.enqueue(keyed, {"tenant": f"t{i}", "n": i}, concurrency_key="shared")
+        for i in range(8)
+    ]
+    start_worker(keyed, concurrency=20)
+    for handle in handles:
+        handle.result(timeout=30)
+    assert tracker.peak["all"] == 2
+    assert [r["key"] for r in client.stats()["limits"]] == ["shared"]
+
+
+spans: dict[int, list[float]] = {}
+
+
+@step(name="fc_run_step")
+def run_step(job: dict[str, Any]) -> int:
+    tracker.enter("runs", job["n"])
+    spans[int(job["n"])] = [time.monotonic()]
+    time.sleep(0.05)
+    tracker.leave("runs")
+    return int(job["n"])
+
+
+@step(name="fc_run_tail")
+def run_tail(n: int) -> int:
+    spans[n].append(time.monotonic())
+    return n
+
+
+@workflow(name="fc_per_tenant", concurrency=Concurrency(key="tenant", limit=2))
+def per_tenant(job):  # type: ignore[no-untyped-def]
+    return run_tail(run_step(job))
+
+
+def test_a_workflow_limit_runs_its_runs_in_submit_order(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """At most two runs of a key are under way: from its first handler's start to its last
+    handler's end (a run ends when that handler's completion commits, later still)."""
+    spans.clear()
+    handles = [client.submit(per_tenant, {"tenant": "acme", "n": n}) for n in range(8)]
+    other = client.submit(per_tenant, {"tenant": "other", "n": 99})
+    start_worker(per_tenant, concurrency=10)
+    assert [h.result(timeout=30) for h in handles] == list(range(8))
+    assert other.result(timeout=30) == 99
+    acme = [value for _, _, value in tracker.starts if value != 99]
+    assert acme == list(range(8)), "runs beyond the limit started out of submit order"
+    intervals = [spans[n] for n in range(8)]
+    for start, _ in intervals:
+        under_way = sum(1 for begin, end in intervals if begin <= start < end)
+        assert under_way <= 2, "more than 2 runs of one key were under way"
+
+
+# -- queue caps -----------------------------------------------------------------------------
+
+
+@step(name="fc_capped", queue="fc_capped")
+def capped(n: int) -> int:
+    tracker.enter("queue", n)
+    time.sleep(0.03)
+    tracker.leave("queue")
+    return n
+
+
+def test_a_queue_cap_holds_across_workers(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    client.set_queue_limit("fc_capped", 3)
+    handles = client.enqueue_many(capped, list(range(24)))
+    for _ in range(2):
+        start_worker(capped, queues=["fc_capped"], concurrency=10)
+    assert [h.result(timeout=30) for h in handles] == list(range(24))
+    assert tracker.peak["queue"] == 3
+    client.set_queue_limit("fc_capped", None)
+    assert [r for r in client.stats()["limits"] if r["scope"] == "queue:fc_capped"] == []
+
+
+def test_a_worker_queue_limit_holds_in_that_worker(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    handles = client.enqueue_many(capped, list(range(12)))
+    start_worker(capped, queues=["fc_capped"], concurrency=10, queue_limits={"fc_capped": 2})
+    for handle in handles:
+        handle.result(timeout=30)
+    assert tracker.peak["queue"] == 2
+
+
+# -- rate limits ----------------------------------------------------------------------------
+
+
+@step(name="fc_rated", rate_limit=RateLimit(limit=5, per=timedelta(seconds=1)))
+def rated(n: int) -> int:
+    tracker.enter("rate", n)
+    tracker.leave("rate")
+    return n
+
+
+def test_a_rate_limit_spreads_starts_over_windows(
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    handles = client.enqueue_many(rated, list(range(15)))
+    start_worker(rated, concurrency=10)
+    for handle in handles:
+        handle.result(timeout=30)
+    with psycopg.connect(cyclone_dsn) as conn:
+        starts = [
+            row[0]
+            for row in conn.execute(
+                "SELECT started_at FROM cyclone_steps WHERE kind = 'fc_rated' ORDER BY 1"
+            )
+        ]
+        attempts = conn.execute(
+            "SELECT max(attempt) FROM cyclone_steps WHERE kind = 'fc_rated'"
+        ).fetchone()
+    assert attempts == (0,), "a step over the limit spent an attempt"
+    for index, start in enumerate(starts):
+        in_window = [s for s in starts[index:] if s < start + timedelta(seconds=1)]
+        assert len(in_window) <= 5, f"{len(in_window)} starts within one second"
+    assert starts[-1] - starts[0] >= timedelta(seconds=2)
+
+
+# -- fair claims ----------------------------------------------------------------------------
+
+
+@step(name="fc_fair", concurrency=Concurrency(key="tenant", limit=None))
+def fair(job: dict[str, Any]) -> int:
+    tracker.enter(job["tenant"], job["n"])
+    tracker.leave(job["tenant"])
+    return int(job["n"])
+
+
+def test_claims_take_keys_in_turn(client: Client, start_worker: Callable[..., Worker]) -> None:
+    big = client.enqueue_many(fair, [{"tenant": "big", "n": n} for n in range(400)])
+    small = client.enqueue_many(fair, [{"tenant": "small", "n": n} for n in range(10)])
+    start_worker(fair, concurrency=4, batch_size=4)
+    for handle in [*big, *small]:
+        handle.result(timeout=60)
+    order = [key for _, key, _ in tracker.starts]
+    last_small = max(i for i, key in enumerate(order) if key == "small")
+    big_before = sum(1 for key in order[:last_small] if key == "big")
+    assert big_before <= 40, f"the small tenant waited behind {big_before} of the big one's steps"
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+def test_limits_refuse_bad_values_at_definition() -> None:
+    with pytest.raises(InvalidArgument, match="limit must be an integer >= 1"):
+        Concurrency(key="tenant", limit=0)
+    with pytest.raises(InvalidArgument, match="per must be a positive timedelta"):
+        RateLimit(limit=5, per=timedelta(0))
+    with pytest.raises(InvalidArgument, match="key must be None, a field name"):
+        Concurrency(key=3)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="concurrency must be a Concurrency"):
+        step(concurrency=3)(lambda x: x)  # type: ignore[call-overload]
+
+
+def test_a_key_that_cannot_be_evaluated_refuses_the_submit(client: Client) -> None:
+    with pytest.raises(InvalidArgument, match="the run input has no field 'tenant'"):
+        client.enqueue(keyed, {"n": 1})
+    with pytest.raises(InvalidArgument, match="a key must be a string"):
+        client.enqueue(keyed, {"tenant": ["x"], "n": 1})
+    with pytest.raises(InvalidArgument, match="not a JSON object"):
+        client.submit(per_tenant, 5)
+    with pytest.raises(InvalidArgument, match="declares no Concurrency"):
+        client.enqueue(capped, 1, concurrency_key="x")
+    assert client.list_runs() == []
+
+
+# -- what users see ---------------------------------------------------------------------------
+
+
+@step(name="fc_one_at_a_time", concurrency=Concurrency(key="tenant", limit=1))
+def one_at_a_time(job: dict[str, Any]) -> int:
+    tracker.release.wait(20)
+    return 1
+
+
+def test_stats_and_the_run_say_why_a_step_waits(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    first = client.enqueue(one_at_a_time, {"tenant": "t7"})
+    second = client.enqueue(one_at_a_time, {"tenant": "t7"})
+    start_worker(one_at_a_time, concurrency=5)
+    wait_until(lambda: first.get().steps[0].state is StepState.RUNNING, what="the first step")
+    assert client.why_waiting(second.id) == {
+        "fc_one_at_a_time": "waiting for a concurrency slot (t7: 1/1)"
+    }
+    (share,) = client.stats()["limits"]
+    assert (share["scope"], share["key"], share["in_use"], share["waiting"]) == (
+        "step:fc_one_at_a_time",
+        "t7",
+        1,
+        1,
+    )
+    tracker.release.set()
+    assert second.wait(timeout=20).state is RunState.COMPLETED
+
+
+# -- debounce ------------------------------------------------------------------------------
+
+
+@step(name="fc_refresh")
+def refresh(job: dict[str, Any]) -> object:
+    return job["n"]
+
+
+@workflow(name="fc_refresh_wf")
+def refresh_wf(job):  # type: ignore[no-untyped-def]
+    return refresh(job)
+
+
+def test_debounced_submits_make_one_run_with_the_last_input(
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(refresh_wf)
+    debounce = Debounce(key="doc", delay=timedelta(seconds=0.6))
+    handles = []
+    started = time.monotonic()
+    for n in range(50):
+        handles.append(client.submit(refresh_wf, {"doc": "d1", "n": n}, debounce=debounce))
+        time.sleep(0.02)
+    last_submit = time.monotonic()
+    other = client.submit(refresh_wf, {"doc": "d2", "n": -1}, debounce=debounce)
+    assert len({h.id for h in handles}) == 1
+    assert [h.created for h in handles] == [True] + [False] * 49
+    assert handles[-1].result(timeout=20) == 49
+    assert time.monotonic() - last_submit >= 0.5, "the run started before the delay"
+    assert other.result(timeout=20) == -1
+    assert len(client.list_runs()) == 2
+    assert time.monotonic() - started < 20
