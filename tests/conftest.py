@@ -1,4 +1,4 @@
-"""Shared fixtures: every test gets a fresh migrated schema (see cyclone_dsl.testing)."""
+"""Shared fixtures (the schema fixtures come from cyclone_dsl.testing.plugin)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from cyclone_dsl import Client, Worker
+from cyclone_dsl.testing.failpoints import armed, disarm
 
 settings.register_profile(
     "ci",
@@ -45,3 +46,15 @@ def start_worker(cyclone_dsn: str) -> Iterator[Callable[..., Worker]]:
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_failpoint_left_armed() -> Iterator[None]:
+    """A failpoint armed in this process and left armed would fire in the next test."""
+    before = set(armed())
+    yield
+    left = set(armed()) - before
+    for name in left:
+        disarm(name)
+    if left:
+        pytest.fail(f"the test left failpoints armed: {sorted(left)}", pytrace=False)

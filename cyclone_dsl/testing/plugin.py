@@ -6,9 +6,16 @@ Fixtures:
     (session) a DSN of the test server: ``$CYCLONE_DATABASE_URL``, else the
     embedded server, started on first use and stopped by the last test
     process that leaves (safe under ``pytest -n``).
+``cyclone_schema_pool``
+    (session) this process's :class:`~cyclone_dsl.testing.schemas.SchemaPool`;
+    its schemas are dropped when the session ends.
 ``cyclone_schema``
-    a fresh schema ``cyclone_test_<random>`` with every migration applied,
-    dropped after the test.
+    a migrated schema ``cyclone_test_<random>`` with empty tables, from the
+    pool: migrated once, emptied (``TRUNCATE … RESTART IDENTITY``) for each
+    test that reuses it. The schema of a test that did not pass, or that
+    changed the schema's structure, is dropped rather than reused. A test that
+    needs a schema of its own (unmigrated, at another version) makes it with
+    :func:`~cyclone_dsl.testing.schemas.create_schema`.
 ``cyclone_dsn``
     a DSN whose ``search_path`` is that schema: give it to ``Client`` and
     ``Worker``.
@@ -16,12 +23,25 @@ Fixtures:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 
 from cyclone_dsl.db.embedded import embedded_database
-from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
+from cyclone_dsl.testing.schemas import SchemaPool, with_search_path
+
+_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the item: ``cyclone_schema`` reuses only a schema whose
+    test passed."""
+    report = yield
+    item.stash.setdefault(_REPORTS, {})[report.when] = report
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -30,11 +50,22 @@ def cyclone_admin_dsn() -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="session")
+def cyclone_schema_pool(cyclone_admin_dsn: str) -> Iterator[SchemaPool]:
+    pool = SchemaPool(cyclone_admin_dsn)
+    yield pool
+    pool.close()
+
+
 @pytest.fixture
-def cyclone_schema(cyclone_admin_dsn: str) -> Iterator[str]:
-    name = create_schema(cyclone_admin_dsn)
+def cyclone_schema(
+    request: pytest.FixtureRequest, cyclone_schema_pool: SchemaPool
+) -> Iterator[str]:
+    name = cyclone_schema_pool.checkout()
     yield name
-    drop_schema(cyclone_admin_dsn, name)
+    reports = request.node.stash.get(_REPORTS, {})
+    passed = [reports[when].passed for when in ("setup", "call") if when in reports]
+    cyclone_schema_pool.checkin(name, reusable=passed == [True, True])
 
 
 @pytest.fixture

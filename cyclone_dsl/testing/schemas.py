@@ -1,15 +1,47 @@
-"""Fresh, migrated schemas for tests: ``cyclone_test_<random>``, dropped afterwards."""
+"""Schemas for tests: ``cyclone_test_<random>``, fresh or from a pool of migrated ones.
+
+:func:`create_schema` makes a new schema (migrated, at a given version, or empty)
+for the tests that need one of their own. :class:`SchemaPool` is River's
+``riverdbtest`` trick for every other test: each schema is migrated once, then
+reused, emptied on checkout by :func:`reset_schema`: one ``TRUNCATE … RESTART
+IDENTITY CASCADE`` of the tables that hold rows, among every table but the
+migration version tables.
+
+What a reused schema could carry over from the test before, and why it does not:
+
+* rows and sequences: truncated with ``RESTART IDENTITY``, and any other
+  sequence that handed out a value restarted (:func:`reset_schema`);
+* its structure (a test that migrates down, or alters a table): the pool compares
+  the catalog's :func:`schema_signature` at checkin with the one taken when the
+  schema was made, and drops a schema that changed instead of reusing it;
+* whatever a failed test left behind (a worker that was never stopped): the
+  pytest plugin checks in the schema of a test that did not pass as not
+  reusable, so the pool drops it;
+* locks: the engine's advisory locks are keyed by schema; the scanners' and the
+  registry's are transaction-level, the migrator's is session-level and goes
+  with its connection. A session that still holds a lock on a table (a
+  transaction left open) makes the reset fail after ``lock_timeout``, loudly;
+* LISTEN/NOTIFY: channels are per database, not per schema, so tests never had
+  private channels; a notification reaches only the sessions listening when it
+  is committed, and those belong to the test that is running.
+"""
 
 from __future__ import annotations
 
 import secrets
-from typing import Any
+import time
+from collections.abc import Sequence
+from typing import Any, LiteralString
 
+import attrs
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from cyclone_dsl.migrate import migrate
+from cyclone_dsl.migrate import EXTENSION_VERSION_TABLE, SCHEMA_VERSION_TABLE, migrate
+
+#: The tables a reset keeps: they record which migrations the schema has.
+VERSION_TABLES = frozenset({SCHEMA_VERSION_TABLE, EXTENSION_VERSION_TABLE})
 
 
 def with_search_path(dsn: str, schema: str) -> str:
@@ -37,3 +69,290 @@ def create_schema(admin_dsn: str, *, migrated: bool = True, version: int | None 
 def drop_schema(admin_dsn: str, name: str) -> None:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+# -- resetting a schema for reuse -------------------------------------------------------
+
+_TABLES: LiteralString = """
+SELECT c.relname
+FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p')
+ORDER BY c.relname
+"""
+
+# The sequences of a schema that have handed out a value since they were (re)started,
+# except those owned by the version tables.
+_ADVANCED_SEQUENCES: LiteralString = """
+SELECT s.relname
+FROM pg_catalog.pg_class AS s
+JOIN pg_catalog.pg_namespace AS n ON n.oid = s.relnamespace
+JOIN pg_catalog.pg_sequences AS q ON q.schemaname = n.nspname AND q.sequencename = s.relname
+WHERE n.nspname = %(schema)s AND s.relkind = 'S' AND q.last_value IS NOT NULL
+  AND NOT EXISTS (
+      SELECT FROM pg_catalog.pg_depend AS d
+      JOIN pg_catalog.pg_class AS t ON t.oid = d.refobjid
+      WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = s.oid
+        AND d.refclassid = 'pg_catalog.pg_class'::regclass AND d.deptype IN ('a', 'i')
+        AND t.relname = ANY(%(kept)s::text[])
+  )
+ORDER BY s.relname
+"""
+
+
+def truncatable_tables(conn: psycopg.Connection[Any], schema: str) -> list[str]:
+    """Every table of ``schema`` (found in the catalog) except the migration version tables."""
+    rows = conn.execute(_TABLES, {"schema": schema}).fetchall()
+    return [str(name) for (name,) in rows if name not in VERSION_TABLES]
+
+
+def nonempty_tables(
+    conn: psycopg.Connection[Any], schema: str, tables: Sequence[str] | None = None
+) -> list[str]:
+    """Those of ``tables`` (default: :func:`truncatable_tables`) that hold rows."""
+    tables = truncatable_tables(conn, schema) if tables is None else tables
+    if not tables:
+        return []
+    probe = sql.SQL(" UNION ALL ").join(
+        sql.SQL("SELECT {} WHERE EXISTS (SELECT FROM {})").format(
+            sql.Literal(table), sql.Identifier(schema, table)
+        )
+        for table in tables
+    )
+    return [str(name) for (name,) in conn.execute(probe).fetchall()]
+
+
+def truncate_statement(schema: str, tables: Sequence[str]) -> sql.Composed:
+    """``TRUNCATE`` of ``schema``'s ``tables`` (and, by CASCADE, of the tables whose
+    foreign keys reference them), restarting the sequences their columns own."""
+    return sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
+        sql.SQL(", ").join(sql.Identifier(schema, table) for table in tables)
+    )
+
+
+def reset_schema(
+    conn: psycopg.Connection[Any], schema: str, tables: Sequence[str] | None = None
+) -> list[str]:
+    """Empty ``schema`` for its next test, as a fresh migration leaves it; return the tables
+    truncated.
+
+    ``tables`` (default: :func:`truncatable_tables`, every table but the version tables)
+    are truncated if they hold rows, in one :func:`truncate_statement`. Those already
+    empty are left alone: a truncate costs file operations for every table and index it
+    touches, a check for rows does not. Then every sequence of the schema (but the version
+    tables') that has handed out a value since it was restarted is restarted: one owned by
+    an empty table (a rolled-back insert) or by no table at all.
+    """
+    used = nonempty_tables(conn, schema, tables)
+    if used:
+        conn.execute(truncate_statement(schema, used))
+    kept = sorted(VERSION_TABLES)
+    advanced = conn.execute(_ADVANCED_SEQUENCES, {"schema": schema, "kept": kept}).fetchall()
+    for (sequence,) in advanced:
+        conn.execute(
+            sql.SQL("ALTER SEQUENCE {} RESTART").format(sql.Identifier(schema, str(sequence)))
+        )
+    return used
+
+
+# The catalog entries that make up a schema's structure, as text: relations (with their
+# privileges), columns, constraints, indexes, views, triggers, functions, types and
+# sequences. Compared before and after a test to see that it left the structure alone.
+_SIGNATURE: LiteralString = """
+WITH ns AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s)
+SELECT coalesce(md5(string_agg(item, E'\\n' ORDER BY item)), '') FROM (
+    SELECT format('relation %%s %%s %%s %%s %%s', c.relname, c.relkind, c.relpersistence,
+                  c.relrowsecurity, c.relacl) AS item
+    FROM pg_catalog.pg_class AS c WHERE c.relnamespace = (SELECT oid FROM ns)
+  UNION ALL
+    SELECT format('column %%s.%%s %%s %%s %%s %%s', c.relname, a.attname,
+                  pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                  a.attidentity, pg_catalog.pg_get_expr(d.adbin, d.adrelid))
+    FROM pg_catalog.pg_attribute AS a
+    JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid
+    LEFT JOIN pg_catalog.pg_attrdef AS d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+    WHERE c.relnamespace = (SELECT oid FROM ns) AND a.attnum > 0 AND NOT a.attisdropped
+  UNION ALL
+    SELECT format('constraint %%s %%s %%s', co.conrelid::regclass, co.conname,
+                  pg_catalog.pg_get_constraintdef(co.oid))
+    FROM pg_catalog.pg_constraint AS co WHERE co.connamespace = (SELECT oid FROM ns)
+  UNION ALL
+    SELECT 'index ' || pg_catalog.pg_get_indexdef(i.indexrelid)
+    FROM pg_catalog.pg_index AS i JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid
+    WHERE c.relnamespace = (SELECT oid FROM ns)
+  UNION ALL
+    SELECT format('view %%s %%s', c.relname, pg_catalog.pg_get_viewdef(c.oid))
+    FROM pg_catalog.pg_class AS c
+    WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relkind IN ('v', 'm')
+  UNION ALL
+    SELECT 'trigger ' || pg_catalog.pg_get_triggerdef(t.oid)
+    FROM pg_catalog.pg_trigger AS t JOIN pg_catalog.pg_class AS c ON c.oid = t.tgrelid
+    WHERE c.relnamespace = (SELECT oid FROM ns) AND NOT t.tgisinternal
+  UNION ALL
+    SELECT format('function %%s(%%s) %%s %%s', p.proname,
+                  pg_catalog.pg_get_function_identity_arguments(p.oid), p.prokind,
+                  md5(p.prosrc))
+    FROM pg_catalog.pg_proc AS p WHERE p.pronamespace = (SELECT oid FROM ns)
+  UNION ALL
+    SELECT format('type %%s %%s %%s', t.typname, t.typtype,
+                  (SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)
+                   FROM pg_catalog.pg_enum AS e WHERE e.enumtypid = t.oid))
+    FROM pg_catalog.pg_type AS t WHERE t.typnamespace = (SELECT oid FROM ns)
+  UNION ALL
+    SELECT format('sequence %%s %%s %%s %%s %%s', c.relname, s.seqstart, s.seqincrement,
+                  s.seqmin, s.seqmax)
+    FROM pg_catalog.pg_sequence AS s JOIN pg_catalog.pg_class AS c ON c.oid = s.seqrelid
+    WHERE c.relnamespace = (SELECT oid FROM ns)
+) AS items
+"""
+
+
+_LOCK_HOLDERS: LiteralString = """
+SELECT DISTINCT format('%%s (%%s)', a.pid, a.application_name)
+FROM pg_catalog.pg_locks AS l
+JOIN pg_catalog.pg_class AS c ON c.oid = l.relation
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+WHERE n.nspname = %(schema)s AND l.database = (
+        SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database()
+    )
+  AND a.backend_type = 'client backend' AND a.pid <> pg_catalog.pg_backend_pid()
+"""
+
+
+def lock_holders(conn: psycopg.Connection[Any], schema: str) -> list[str]:
+    """The client sessions (``"pid (application_name)"``) other than ``conn``'s that hold
+    or wait for a lock on a relation of ``schema``: sessions inside a transaction that
+    touched it (autovacuum is not a client session)."""
+    rows = conn.execute(_LOCK_HOLDERS, {"schema": schema}).fetchall()
+    return sorted(str(holder) for (holder,) in rows)
+
+
+def schema_signature(conn: psycopg.Connection[Any], schema: str) -> str:
+    """A digest of ``schema``'s structure (see ``_SIGNATURE``) and of its version tables'
+    rows: equal before and after a test that changed neither."""
+    row = conn.execute(_SIGNATURE, {"schema": schema}).fetchone()
+    parts = [str(row[0]) if row else ""]
+    tables = {str(name) for (name,) in conn.execute(_TABLES, {"schema": schema}).fetchall()}
+    for table in sorted(VERSION_TABLES & tables):
+        rows = conn.execute(
+            sql.SQL("SELECT t::text FROM {} AS t ORDER BY 1").format(sql.Identifier(schema, table))
+        ).fetchall()
+        parts.append(f"{table}: {[text for (text,) in rows]}")
+    return "\n".join(parts)
+
+
+# -- the pool ---------------------------------------------------------------------------
+
+
+@attrs.define
+class _Pooled:
+    signature: str  # the structure it was made with
+    tables: list[str]  # the tables a reset may truncate
+
+
+class SchemaPool:
+    """Migrated schemas reused across the tests of one process (River's riverdbtest).
+
+    :meth:`checkout` hands out an idle schema, emptied by :func:`reset_schema`, or a
+    new one, migrated. :meth:`checkin` takes it back for reuse, unless the test did not
+    pass or changed the schema's structure: then the schema is dropped. :meth:`close`
+    drops them all. One test at a time per schema; not thread-safe (pytest runs the
+    tests of a process one after the other; ``pytest -n`` gives each process its pool).
+    """
+
+    def __init__(self, admin_dsn: str, *, lock_timeout: float = 10.0) -> None:
+        self.admin_dsn = admin_dsn
+        self.lock_timeout = lock_timeout
+        self.created = 0
+        self.reused = 0
+        self.dropped = 0
+        self._idle: list[str] = []
+        self._known: dict[str, _Pooled] = {}
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self.admin_dsn, autocommit=True)
+        conn.execute(
+            sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{self.lock_timeout:g}s"))
+        )
+        return conn
+
+    def checkout(self) -> str:
+        """A migrated schema with empty tables and restarted sequences."""
+        if self._idle:
+            name = self._idle.pop()
+            try:
+                with self._connect() as conn:
+                    reset_schema(conn, name, self._known[name].tables)
+            except psycopg.errors.LockNotAvailable as exc:
+                # Not reused, and dropped by close() if the session lets go by then.
+                raise RuntimeError(
+                    f"could not empty test schema {name} within {self.lock_timeout:g}s: a "
+                    f"session still holds locks on its tables (a worker or connection that "
+                    f"outlived its test)"
+                ) from exc
+            self.reused += 1
+            return name
+        name = create_schema(self.admin_dsn)
+        with self._connect() as conn:
+            seeded = nonempty_tables(conn, name)
+            pooled = _Pooled(schema_signature(conn, name), truncatable_tables(conn, name))
+        self._known[name] = pooled
+        if seeded:
+            self._drop(name)
+            raise RuntimeError(
+                f"the migrations left rows in {seeded}: a pooled test schema is emptied on "
+                f"reuse and would lose them (teach cyclone_dsl.testing.schemas to restore them)"
+            )
+        self.created += 1
+        return name
+
+    def checkin(self, name: str, *, reusable: bool = True) -> None:
+        """Take ``name`` back: idle for the next test if ``reusable`` and its structure is
+        unchanged, else dropped.
+
+        Raises RuntimeError (after dropping what it can) if client sessions still hold
+        locks on the schema's tables ``lock_timeout`` seconds after the test: a
+        transaction the test left open, whose changes could reach the next test.
+        """
+        with self._connect() as conn:
+            holders = lock_holders(conn, name)
+            deadline = time.monotonic() + self.lock_timeout
+            while holders and time.monotonic() < deadline:  # a closing session lets go
+                time.sleep(0.05)
+                holders = lock_holders(conn, name)
+            if reusable and not holders:
+                reusable = schema_signature(conn, name) == self._known[name].signature
+        if reusable and not holders:
+            self._idle.append(name)
+            return
+        self._drop(name)
+        if holders:
+            raise RuntimeError(
+                f"sessions {holders} still hold locks on the tables of test schema {name} "
+                f"{self.lock_timeout:g}s after its test ended: a transaction left open (a "
+                f"worker or connection that outlived its test)"
+            )
+
+    def close(self) -> None:
+        """Drop every schema this pool made, idle or not."""
+        self._idle.clear()
+        for name in list(self._known):
+            self._drop(name)
+        if self._known:
+            raise RuntimeError(
+                f"could not drop test schemas {sorted(self._known)}: sessions still hold "
+                f"locks on their tables"
+            )
+
+    def _drop(self, name: str) -> None:
+        """Drop ``name``; if a session's locks keep it, leave it known for close()."""
+        try:
+            with self._connect() as conn:
+                conn.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+                )
+        except psycopg.errors.LockNotAvailable:
+            return
+        self._known.pop(name, None)
+        self.dropped += 1

@@ -17,6 +17,7 @@ import pytest
 from cyclone_dsl import Client, Worker, migrate, step
 from cyclone_dsl.db.embedded import EmbeddedServer
 from cyclone_dsl.states import RunState
+from tests.waiting import wait_until
 
 
 @step(name="df_work", max_attempts=10)
@@ -87,7 +88,7 @@ def test_a_server_restart_under_load_loses_nothing(private_server: EmbeddedServe
     worker = Worker(dsn, [work], concurrency=8, poll_interval=0.2, scan_interval=0.2, lease=2)
     worker.start()
     try:
-        time.sleep(0.3)
+        wait_until(lambda: worker.completed_count > 0, what="the worker to be under load")
         private_server.restart("immediate")
         time.sleep(1.0)
         private_server.restart("fast")

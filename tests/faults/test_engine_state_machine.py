@@ -204,6 +204,7 @@ class EngineMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
+@pytest.mark.timeout(900 if FULL else 120)  # six times the examples at full size
 def test_engine_state_machine(cyclone_dsn: str) -> None:
     EngineMachine.dsn = cyclone_dsn
     machine = EngineMachine.TestCase

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from cyclone_dsl import Client
 from tests.faults import handlers
@@ -99,6 +100,8 @@ def report_bloat(dsn: str, record_property: Callable[[str, object], None]) -> No
         record_property(f"bytes:{name}", size)
 
 
+# Its own deadline for the load is 150 s (1800 s at full size), beyond the 120 s default.
+@pytest.mark.timeout(2100 if FULL else 240)
 def test_load_with_repeated_sigkills_loses_nothing(
     cyclone_dsn: str,
     cyclone_admin_dsn: str,

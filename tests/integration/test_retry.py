@@ -27,6 +27,7 @@ from cyclone_dsl import (
 )
 from cyclone_dsl.errors import InvalidTransition
 from cyclone_dsl.states import RunState, StepState
+from tests.waiting import wait_until
 
 FAILING: set[str] = set()
 lock = threading.Lock()
@@ -231,11 +232,13 @@ def test_a_fan_out_with_max_parallel_keeps_its_bound_on_retry(
 ) -> None:
     global peak_items
     FAILING.add("item-5")
-    start_worker(*HANDLERS, concurrency=8)
+    worker = start_worker(*HANDLERS, concurrency=8)
     handle = client.submit(fan_limited, 30)
     assert settled(client, handle.id).state is RunState.FAILED
     FAILING.clear()
-    time.sleep(0.3)  # items cancelled with the run may still be finishing in the worker
+    # Items cancelled with the run may still be finishing in the worker: wait until every
+    # handler has returned, so that none of them counts towards the retry's peak.
+    wait_until(lambda: not worker._running, what="the cancelled items' handlers to return")
     peak_items = 0
     client.retry(handle.id, "ry_slow_work[5]")
     assert handle.result(timeout=30) == sum(x * 10 for x in range(30))

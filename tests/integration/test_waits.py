@@ -29,6 +29,7 @@ from cyclone_dsl.errors import (
     SignalNotDeliverable,
 )
 from cyclone_dsl.states import RunState, StepState
+from tests.waiting import wait_until
 
 release = threading.Event()
 
@@ -221,38 +222,50 @@ def test_pause_holds_downstream_and_resume_shifts_the_deadline(
     start_worker(echo, slow)
     handle = client.submit(long_chain, 2, deadline=timedelta(hours=1))
     deadline_before = handle.get().deadline_at
-    while handle.get().step("wt_slow").state is not StepState.RUNNING:
-        time.sleep(0.05)
+    wait_until(
+        lambda: handle.get().step("wt_slow").state is StepState.RUNNING,
+        what="wt_slow to start",
+    )
     client.pause(handle.id)
+    paused_since = time.monotonic()
     with pytest.raises(InvalidTransition):
         client.pause(handle.id)
     release.set()
-    while handle.get().step("wt_slow").state is not StepState.COMPLETED:
-        time.sleep(0.05)
-    time.sleep(0.5)
+    wait_until(
+        lambda: handle.get().step("wt_slow").state is StepState.COMPLETED,
+        what="wt_slow to complete while the run is paused",
+    )
+    # The worker has claimed since wt_slow completed: a step enqueued now has run, so a
+    # wt_echo wrongly made available by that completion would have been claimed too.
+    assert client.enqueue(echo, "later").result(timeout=10) == "later"
     paused = handle.get()
     assert paused.state is RunState.PAUSED
     assert paused.step("wt_echo").state is StepState.PAUSED
+    paused_for = time.monotonic() - paused_since  # the database saw a longer pause
     client.resume(handle.id)
     assert handle.result(timeout=10) == 2
     run = handle.get()
     assert run.deadline_at is not None and deadline_before is not None
-    assert run.deadline_at - deadline_before >= timedelta(seconds=0.5)
+    assert run.deadline_at - deadline_before >= timedelta(seconds=paused_for)
     with pytest.raises(AlreadyTerminal):
         client.resume(handle.id)
 
 
 def test_cancel_during_a_long_step(client: Client, start_worker: Callable[..., Worker]) -> None:
     release.clear()
-    start_worker(echo, slow)
+    worker = start_worker(echo, slow)
     handle = client.submit(long_chain, 2)
-    while handle.get().step("wt_slow").state is not StepState.RUNNING:
-        time.sleep(0.05)
+    wait_until(
+        lambda: handle.get().step("wt_slow").state is StepState.RUNNING,
+        what="wt_slow to start",
+    )
     client.cancel(handle.id)
     release.set()
     run = handle.wait(timeout=5)
     assert run.state is RunState.CANCELLED
-    time.sleep(0.5)
+    # Stopping the worker waits for wt_slow's handler to return and for its outcome to be
+    # committed (and fenced) or dropped: nothing the worker still does can change the run.
+    worker.stop()
     run = handle.get()
     assert run.step("wt_slow").state is StepState.CANCELLED
     assert run.step("wt_echo").state is StepState.CANCELLED

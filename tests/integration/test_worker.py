@@ -26,6 +26,7 @@ from cyclone_dsl.db.tx import in_transaction
 from cyclone_dsl.dsl.runs import child_compiler
 from cyclone_dsl.engine import Engine, Success, complete
 from cyclone_dsl.states import RunState, StepState
+from tests.waiting import wait_until
 
 gate = threading.Event()
 contexts: list[StepContext] = []
@@ -123,8 +124,7 @@ def test_graceful_stop_releases_leases_without_spending_an_attempt(
     contexts.clear()
     first = Worker(cyclone_dsn, [blocked], grace=0.3, poll_interval=0.1).start()
     handle = client.enqueue(blocked, 1)
-    while not contexts:
-        time.sleep(0.02)
+    wait_until(lambda: contexts, what="the handler to start")
     assert contexts[0].idempotency_key == f"{handle.id}:wk_blocked"
     first.stop()
     assert contexts[0].cancelled

@@ -30,6 +30,7 @@ from cyclone_dsl.cli import flagship
 from cyclone_dsl.ui.app import create_app
 from cyclone_dsl.ui.chart import nice_ticks
 from tests.ui.test_ui_api import echo, skips, waits
+from tests.waiting import wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 #: Screenshots go to a temporary folder; CYCLONE_SCREENSHOTS=1 refreshes the ones in docs/img.
@@ -134,8 +135,7 @@ def server(client: Client) -> Iterator[str]:
     instance = uvicorn.Server(config)
     thread = threading.Thread(target=instance.run, daemon=True)
     thread.start()
-    while not instance.started:
-        time.sleep(0.02)
+    wait_until(lambda: instance.started, what="the dashboard's server to start")
     yield f"http://127.0.0.1:{port}"
     instance.should_exit = True
     thread.join(10)

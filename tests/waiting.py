@@ -1,0 +1,34 @@
+"""Wait for a condition instead of sleeping: the one polling helper the tests share.
+
+A test that sleeps "to give it time" and then asserts is slow when the machine is
+idle and flaky when it is busy. :func:`wait_until` polls a predicate (the
+database, the public API, a counter the test owns) until it holds, and fails
+with what it waited for once the deadline passes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T], *, timeout: float = 20.0, what: str, interval: float = 0.02
+) -> T:
+    """Call ``predicate`` until it returns a truthy value, and return that value.
+
+    Raises AssertionError naming ``what`` (and the last value seen) if it is
+    still falsy after ``timeout`` seconds. Exceptions from ``predicate`` are
+    not swallowed: a broken condition fails at once, not at the deadline.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"waited {timeout:g}s for {what}; last seen: {value!r}")
+        time.sleep(interval)
