@@ -295,6 +295,10 @@ class Engine:
         """Park the gates of ended steps, one page (claims no longer walk past them)."""
         return gates.park_ended(tx, after_id=after_id, limit=limit)
 
+    def clear_lost_slot_holders(self, tx: Tx) -> int:
+        """Free the limit slots whose holder step or run was purged; return how many."""
+        return gates.clear_lost_holders(tx)
+
     # -- flow control ----------------------------------------------------------------
 
     def set_queue_cap(self, tx: Tx, queue: str, cap: int | None) -> None:

@@ -92,6 +92,11 @@ def park_ended(tx: Tx, *, after_id: int, limit: int) -> tuple[int, int | None]:
     return int(row["parked"]), (int(row["last_id"]) if more else None)
 
 
+def clear_lost_holders(tx: Tx) -> int:
+    """Free the slots whose holder was purged; return how many."""
+    return len(tx.rows(Q.clear_lost_holders))
+
+
 def set_queue_cap(tx: Tx, queue: str, cap: int | None) -> None:
     """Cap the steps of ``queue`` running at once across all workers (None: no cap)."""
     scope = QUEUE_SCOPE_PREFIX + queue

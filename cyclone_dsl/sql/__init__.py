@@ -79,6 +79,7 @@ class _Queries:
     hold_debounced: LiteralString
     move_debounced: LiteralString
     delete_run_gates: LiteralString
+    clear_lost_holders: LiteralString
     # migrate.sql
     migration_lock: LiteralString
     migration_unlock: LiteralString

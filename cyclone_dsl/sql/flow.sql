@@ -134,24 +134,47 @@ needs AS (
     SELECT c.id, l.scope, '', 1, NULL
     FROM cands AS c JOIN limited AS l ON l.scope = 'queue:' || %(queue)s
 ),
-locked_free AS (
+-- The free slots, locked. Whether a slot is free is decided from rows the statement locks:
+-- a claimer that waited for another's claim to commit re-checks the slot and its holder
+-- as they are now (a condition in a subquery would be re-checked on the old snapshot, and
+-- two claimers could take one slot).
+empty_slots AS (
     SELECT sl.scope, sl.key, sl.slot
     FROM cyclone_ext_slots AS sl
     JOIN limited AS l ON l.scope = sl.scope
     WHERE (sl.scope, sl.key) IN (SELECT scope, key FROM needs)
       AND sl.slot <= l.max_count
-      AND CASE
-          WHEN l.per IS NOT NULL THEN
-              sl.used_at IS NULL OR sl.used_at <= now() + %(shift)s::interval - l.per
-          WHEN sl.scope LIKE 'run:%%' THEN
-              sl.holder IS NULL OR NOT EXISTS (
-                  SELECT 1 FROM cyclone_runs AS x
-                  WHERE x.id = sl.holder AND x.state IN ('running', 'paused'))
-          ELSE
-              sl.holder IS NULL OR NOT EXISTS (
-                  SELECT 1 FROM cyclone_steps AS x WHERE x.id = sl.holder AND x.state = 'running')
-          END
+      AND CASE WHEN l.per IS NOT NULL
+               THEN sl.used_at IS NULL OR sl.used_at <= now() + %(shift)s::interval - l.per
+               ELSE sl.holder IS NULL END
     FOR UPDATE OF sl SKIP LOCKED
+),
+slots_of_ended_steps AS (
+    SELECT sl.scope, sl.key, sl.slot
+    FROM cyclone_ext_slots AS sl
+    JOIN limited AS l ON l.scope = sl.scope
+    JOIN cyclone_steps AS x ON x.id = sl.holder
+    WHERE (sl.scope, sl.key) IN (SELECT scope, key FROM needs)
+      AND sl.slot <= l.max_count AND l.per IS NULL AND sl.scope NOT LIKE 'run:%%'
+      AND x.state <> 'running'
+    FOR UPDATE OF sl SKIP LOCKED
+    FOR KEY SHARE OF x SKIP LOCKED
+),
+slots_of_ended_runs AS (
+    SELECT sl.scope, sl.key, sl.slot
+    FROM cyclone_ext_slots AS sl
+    JOIN limited AS l ON l.scope = sl.scope
+    JOIN cyclone_runs AS x ON x.id = sl.holder
+    WHERE (sl.scope, sl.key) IN (SELECT scope, key FROM needs)
+      AND sl.slot <= l.max_count AND l.per IS NULL AND sl.scope LIKE 'run:%%'
+      AND x.state NOT IN ('running', 'paused')
+    FOR UPDATE OF sl SKIP LOCKED
+    FOR KEY SHARE OF x SKIP LOCKED
+),
+locked_free AS (
+    SELECT * FROM empty_slots
+    UNION ALL SELECT * FROM slots_of_ended_steps
+    UNION ALL SELECT * FROM slots_of_ended_runs
 ),
 free AS (
     SELECT scope, key, slot, row_number() OVER (PARTITION BY scope, key ORDER BY slot) AS rank
@@ -211,14 +234,28 @@ JOIN selected AS sel ON sel.id = c.id
 WITH relaxed AS (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
 ),
-locked_free AS (
+-- The free slots of the queue, locked (see claim_gated_steps: freedom is decided from
+-- locked rows only).
+empty_slots AS (
     SELECT sl.slot
     FROM cyclone_ext_slots AS sl
     JOIN cyclone_ext_limits AS l ON l.scope = sl.scope
     WHERE sl.scope = 'queue:' || %(queue)s AND sl.key = '' AND sl.slot <= l.max_count
-      AND (sl.holder IS NULL OR NOT EXISTS (
-              SELECT 1 FROM cyclone_steps AS x WHERE x.id = sl.holder AND x.state = 'running'))
+      AND sl.holder IS NULL
     FOR UPDATE OF sl SKIP LOCKED
+),
+slots_of_ended_steps AS (
+    SELECT sl.slot
+    FROM cyclone_ext_slots AS sl
+    JOIN cyclone_ext_limits AS l ON l.scope = sl.scope
+    JOIN cyclone_steps AS x ON x.id = sl.holder
+    WHERE sl.scope = 'queue:' || %(queue)s AND sl.key = '' AND sl.slot <= l.max_count
+      AND x.state <> 'running'
+    FOR UPDATE OF sl SKIP LOCKED
+    FOR KEY SHARE OF x SKIP LOCKED
+),
+locked_free AS (
+    SELECT slot FROM empty_slots UNION ALL SELECT slot FROM slots_of_ended_steps
 ),
 free AS (
     SELECT slot, row_number() OVER (ORDER BY slot) AS rank FROM locked_free
@@ -446,3 +483,13 @@ SELECT (SELECT count(*) FROM steps) AS moved, (SELECT count(*) FROM run) AS runs
 -- name: delete_run_gates
 -- Forget the gates of a run (a debounced run re-keyed by a later input).
 DELETE FROM cyclone_ext_gates WHERE run_id = %(run_id)s
+
+-- name: clear_lost_holders
+-- Free the slots whose holder step or run no longer exists (purged): the claim takes only
+-- slots without a holder, or whose holder it can lock and see has ended.
+UPDATE cyclone_ext_slots AS sl SET holder = NULL
+WHERE sl.holder IS NOT NULL
+  AND CASE WHEN sl.scope LIKE 'run:%%'
+           THEN NOT EXISTS (SELECT 1 FROM cyclone_runs AS x WHERE x.id = sl.holder)
+           ELSE NOT EXISTS (SELECT 1 FROM cyclone_steps AS x WHERE x.id = sl.holder) END
+RETURNING sl.scope

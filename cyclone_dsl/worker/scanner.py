@@ -21,6 +21,8 @@ log = logging.getLogger("cyclone.scanner")
 PAGE = 500
 RETENTION_BATCH = 1000
 SCHEDULE_LEASE = timedelta(seconds=30)
+#: Passes over whole small tables (workers, limit slots) run once every this many passes.
+SLOW_PASS_EVERY = 30
 
 
 class Scanner:
@@ -106,7 +108,11 @@ class Scanner:
         changed += self._paginate(
             "gates", lambda tx, after: engine.park_ended_gates(tx, after_id=after, limit=PAGE)
         )
-        changed += self._paginate("workers", lambda tx, _: (engine.prune_workers(tx), None))
+        if self.passes % SLOW_PASS_EVERY == 0:
+            changed += self._paginate(
+                "slots", lambda tx, _: (engine.clear_lost_slot_holders(tx), None)
+            )
+            changed += self._paginate("workers", lambda tx, _: (engine.prune_workers(tx), None))
         self.passes += 1
         return changed
 

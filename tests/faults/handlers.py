@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 
-from cyclone_dsl import StepContext, child, for_each, step, wait_timer, workflow
+from cyclone_dsl import (
+    Concurrency,
+    RateLimit,
+    StepContext,
+    child,
+    for_each,
+    step,
+    wait_timer,
+    workflow,
+)
 
 
 def record(ctx: StepContext, event: str) -> None:
@@ -82,3 +92,26 @@ def timed(x):  # type: ignore[no-untyped-def]
     first = flaky(x)
     timer = wait_timer(2, after=[first])
     return slow(first, after=[timer])
+
+
+@step(
+    name="fault_keyed",
+    max_attempts=3,
+    max_reclaims=20,
+    concurrency=Concurrency(key="tenant", limit=3),
+)
+def keyed(job: dict[str, object], *, ctx: StepContext) -> object:
+    record(ctx, "start")
+    time.sleep(float(os.environ.get("CYCLONE_FAULT_SLEEP", "0")))
+    record(ctx, "end")
+    return job["n"]
+
+
+@step(name="fault_rated", rate_limit=RateLimit(limit=20, per=timedelta(seconds=1)))
+def rated(n: int) -> int:
+    return n
+
+
+@step(name="fault_fair", concurrency=Concurrency(key="tenant", limit=None))
+def fair(job: dict[str, object]) -> object:
+    return job["n"]
