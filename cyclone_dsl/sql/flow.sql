@@ -135,9 +135,11 @@ needs AS (
     FROM cands AS c JOIN limited AS l ON l.scope = 'queue:' || %(queue)s
 ),
 -- The free slots, locked. Whether a slot is free is decided from rows the statement locks:
--- a claimer that waited for another's claim to commit re-checks the slot and its holder
--- as they are now (a condition in a subquery would be re-checked on the old snapshot, and
--- two claimers could take one slot).
+-- a claimer that finds a slot or its holder changed since its snapshot re-checks both as
+-- they are now (a condition in a subquery would be re-checked on the old snapshot, and
+-- two claimers could take one slot). The holder is locked FOR SHARE, which conflicts with
+-- the claim's FOR NO KEY UPDATE: a FOR KEY SHARE lock would be taken on the version of
+-- the snapshot without seeing that the holder was claimed again meanwhile.
 empty_slots AS (
     SELECT sl.scope, sl.key, sl.slot
     FROM cyclone_ext_slots AS sl
@@ -158,7 +160,7 @@ slots_of_ended_steps AS (
       AND sl.slot <= l.max_count AND l.per IS NULL AND sl.scope NOT LIKE 'run:%%'
       AND x.state <> 'running'
     FOR UPDATE OF sl SKIP LOCKED
-    FOR KEY SHARE OF x SKIP LOCKED
+    FOR SHARE OF x SKIP LOCKED
 ),
 slots_of_ended_runs AS (
     SELECT sl.scope, sl.key, sl.slot
@@ -169,7 +171,7 @@ slots_of_ended_runs AS (
       AND sl.slot <= l.max_count AND l.per IS NULL AND sl.scope LIKE 'run:%%'
       AND x.state NOT IN ('running', 'paused')
     FOR UPDATE OF sl SKIP LOCKED
-    FOR KEY SHARE OF x SKIP LOCKED
+    FOR SHARE OF x SKIP LOCKED
 ),
 locked_free AS (
     SELECT * FROM empty_slots
@@ -252,7 +254,7 @@ slots_of_ended_steps AS (
     WHERE sl.scope = 'queue:' || %(queue)s AND sl.key = '' AND sl.slot <= l.max_count
       AND x.state <> 'running'
     FOR UPDATE OF sl SKIP LOCKED
-    FOR KEY SHARE OF x SKIP LOCKED
+    FOR SHARE OF x SKIP LOCKED
 ),
 locked_free AS (
     SELECT slot FROM empty_slots UNION ALL SELECT slot FROM slots_of_ended_steps
