@@ -134,44 +134,65 @@ needs AS (
     SELECT c.id, l.scope, '', 1, NULL
     FROM cands AS c JOIN limited AS l ON l.scope = 'queue:' || %(queue)s
 ),
--- The free slots, locked. Whether a slot is free is decided from rows the statement locks:
--- a claimer that finds a slot or its holder changed since its snapshot re-checks both as
--- they are now (a condition in a subquery would be re-checked on the old snapshot, and
--- two claimers could take one slot). The holder is locked FOR SHARE, which conflicts with
--- the claim's FOR NO KEY UPDATE: a FOR KEY SHARE lock would be taken on the version of
--- the snapshot without seeing that the holder was claimed again meanwhile.
+-- How many slots of each limited share the candidates could use (a run slot: one per run).
+wanted AS (
+    SELECT n.scope, n.key,
+           CASE WHEN bool_or(n.run_id IS NOT NULL) THEN count(DISTINCT n.run_id)
+                ELSE sum(n.units) END::int AS n
+    FROM needs AS n GROUP BY n.scope, n.key
+),
+-- The free slots, locked, at most as many per share as wanted, least recently used first.
+-- Whether a slot is free is decided from rows the statement locks: a claimer that finds a
+-- slot or its holder changed since its snapshot re-checks both as they are now (a
+-- condition in a subquery would be re-checked on the old snapshot, and two claimers could
+-- take one slot). The holder is locked FOR SHARE, which conflicts with the claim's FOR NO
+-- KEY UPDATE: a FOR KEY SHARE lock would be taken on the version of the snapshot without
+-- seeing that the holder was claimed again meanwhile.
 empty_slots AS (
-    SELECT sl.scope, sl.key, sl.slot
-    FROM cyclone_ext_slots AS sl
-    JOIN limited AS l ON l.scope = sl.scope
-    WHERE (sl.scope, sl.key) IN (SELECT scope, key FROM needs)
-      AND sl.slot <= l.max_count
-      AND CASE WHEN l.per IS NOT NULL
-               THEN sl.used_at IS NULL OR sl.used_at <= now() + %(shift)s::interval - l.per
-               ELSE sl.holder IS NULL END
-    FOR UPDATE OF sl SKIP LOCKED
+    SELECT f.* FROM wanted AS w
+    JOIN limited AS l ON l.scope = w.scope
+    CROSS JOIN LATERAL (
+        SELECT sl.scope, sl.key, sl.slot
+        FROM cyclone_ext_slots AS sl
+        WHERE sl.scope = w.scope AND sl.key = w.key AND sl.slot <= l.max_count
+          AND CASE WHEN l.per IS NOT NULL
+                   THEN sl.used_at IS NULL OR sl.used_at <= now() + %(shift)s::interval - l.per
+                   ELSE sl.holder IS NULL END
+        ORDER BY sl.used_at NULLS FIRST, sl.slot
+        LIMIT w.n
+        FOR UPDATE OF sl SKIP LOCKED
+    ) AS f
 ),
 slots_of_ended_steps AS (
-    SELECT sl.scope, sl.key, sl.slot
-    FROM cyclone_ext_slots AS sl
-    JOIN limited AS l ON l.scope = sl.scope
-    JOIN cyclone_steps AS x ON x.id = sl.holder
-    WHERE (sl.scope, sl.key) IN (SELECT scope, key FROM needs)
-      AND sl.slot <= l.max_count AND l.per IS NULL AND sl.scope NOT LIKE 'run:%%'
-      AND x.state <> 'running'
-    FOR UPDATE OF sl SKIP LOCKED
-    FOR SHARE OF x SKIP LOCKED
+    SELECT f.* FROM wanted AS w
+    JOIN limited AS l ON l.scope = w.scope
+    CROSS JOIN LATERAL (
+        SELECT sl.scope, sl.key, sl.slot
+        FROM cyclone_ext_slots AS sl
+        JOIN cyclone_steps AS x ON x.id = sl.holder
+        WHERE sl.scope = w.scope AND sl.key = w.key AND sl.slot <= l.max_count
+          AND l.per IS NULL AND w.scope NOT LIKE 'run:%%' AND x.state <> 'running'
+        ORDER BY sl.used_at NULLS FIRST, sl.slot
+        LIMIT w.n
+        FOR UPDATE OF sl SKIP LOCKED
+        FOR SHARE OF x SKIP LOCKED
+    ) AS f
 ),
 slots_of_ended_runs AS (
-    SELECT sl.scope, sl.key, sl.slot
-    FROM cyclone_ext_slots AS sl
-    JOIN limited AS l ON l.scope = sl.scope
-    JOIN cyclone_runs AS x ON x.id = sl.holder
-    WHERE (sl.scope, sl.key) IN (SELECT scope, key FROM needs)
-      AND sl.slot <= l.max_count AND l.per IS NULL AND sl.scope LIKE 'run:%%'
-      AND x.state NOT IN ('running', 'paused')
-    FOR UPDATE OF sl SKIP LOCKED
-    FOR SHARE OF x SKIP LOCKED
+    SELECT f.* FROM wanted AS w
+    JOIN limited AS l ON l.scope = w.scope
+    CROSS JOIN LATERAL (
+        SELECT sl.scope, sl.key, sl.slot
+        FROM cyclone_ext_slots AS sl
+        JOIN cyclone_runs AS x ON x.id = sl.holder
+        WHERE sl.scope = w.scope AND sl.key = w.key AND sl.slot <= l.max_count
+          AND l.per IS NULL AND w.scope LIKE 'run:%%'
+          AND x.state NOT IN ('running', 'paused')
+        ORDER BY sl.used_at NULLS FIRST, sl.slot
+        LIMIT w.n
+        FOR UPDATE OF sl SKIP LOCKED
+        FOR SHARE OF x SKIP LOCKED
+    ) AS f
 ),
 locked_free AS (
     SELECT * FROM empty_slots
@@ -182,8 +203,20 @@ free AS (
     SELECT scope, key, slot, row_number() OVER (PARTITION BY scope, key ORDER BY slot) AS rank
     FROM locked_free
 ),
+-- Slots numbered beyond a lowered limit whose holder still runs: they count against it.
+excess AS (
+    SELECT sl.scope, sl.key, count(*) AS n
+    FROM cyclone_ext_slots AS sl
+    JOIN limited AS l ON l.scope = sl.scope
+    WHERE (sl.scope, sl.key) IN (SELECT scope, key FROM wanted)
+      AND sl.slot > l.max_count AND {{slot_in_use}}
+    GROUP BY sl.scope, sl.key
+),
 free_count AS (
-    SELECT scope, key, count(*) AS n FROM locked_free GROUP BY scope, key
+    SELECT f.scope, f.key, count(*) - coalesce(max(e.n), 0) AS n
+    FROM locked_free AS f
+    LEFT JOIN excess AS e ON e.scope = f.scope AND e.key = f.key
+    GROUP BY f.scope, f.key
 ),
 demand AS (
     SELECT n.id, n.scope, n.key,
@@ -244,6 +277,8 @@ empty_slots AS (
     JOIN cyclone_ext_limits AS l ON l.scope = sl.scope
     WHERE sl.scope = 'queue:' || %(queue)s AND sl.key = '' AND sl.slot <= l.max_count
       AND sl.holder IS NULL
+    ORDER BY sl.slot
+    LIMIT %(limit)s
     FOR UPDATE OF sl SKIP LOCKED
 ),
 slots_of_ended_steps AS (
@@ -253,6 +288,8 @@ slots_of_ended_steps AS (
     JOIN cyclone_steps AS x ON x.id = sl.holder
     WHERE sl.scope = 'queue:' || %(queue)s AND sl.key = '' AND sl.slot <= l.max_count
       AND x.state <> 'running'
+    ORDER BY sl.slot
+    LIMIT %(limit)s
     FOR UPDATE OF sl SKIP LOCKED
     FOR SHARE OF x SKIP LOCKED
 ),
@@ -262,13 +299,21 @@ locked_free AS (
 free AS (
     SELECT slot, row_number() OVER (ORDER BY slot) AS rank FROM locked_free
 ),
+-- Slots beyond a lowered cap whose holder still runs count against it.
+excess AS (
+    SELECT count(*) AS n
+    FROM cyclone_ext_slots AS sl
+    JOIN cyclone_ext_limits AS l ON l.scope = sl.scope
+    WHERE sl.scope = 'queue:' || %(queue)s AND sl.key = '' AND sl.slot > l.max_count
+      AND EXISTS (SELECT 1 FROM cyclone_steps AS x WHERE x.id = sl.holder AND x.state = 'running')
+),
 cands AS (
     SELECT s.id
     FROM cyclone_steps AS s
     WHERE {{claimable}}
       AND NOT EXISTS (SELECT 1 FROM cyclone_ext_gates AS g WHERE g.step_id = s.id)
     ORDER BY s.priority DESC, s.scheduled_at
-    LIMIT least(%(limit)s, (SELECT count(*) FROM locked_free))
+    LIMIT greatest(0, least(%(limit)s, (SELECT count(*) FROM locked_free) - (SELECT n FROM excess)))
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 ranked AS (
@@ -365,7 +410,7 @@ WITH usage AS (
            count(*) FILTER (WHERE {{slot_in_use}}) AS in_use,
            min(sl.used_at) FILTER (WHERE {{slot_in_use}}) AS oldest_use
     FROM cyclone_ext_limits AS l
-    JOIN cyclone_ext_slots AS sl ON sl.scope = l.scope AND sl.slot <= l.max_count
+    JOIN cyclone_ext_slots AS sl ON sl.scope = l.scope
     GROUP BY l.scope, sl.key, l.max_count, l.per
 ), waiting AS (
     SELECT scope, key, count(*) AS n FROM (
@@ -420,7 +465,6 @@ WITH due AS (
     FROM wanted AS w
     JOIN cyclone_ext_limits AS l ON l.scope = w.scope
     JOIN cyclone_ext_slots AS sl ON sl.scope = w.scope AND sl.key = w.key
-                                AND sl.slot <= l.max_count
     GROUP BY w.step_id, w.scope, w.key, l.max_count, l.per
 )
 SELECT s.node, u.scope, u.key, u.max_count, u.in_use,

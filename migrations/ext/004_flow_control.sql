@@ -40,6 +40,7 @@ CREATE TABLE cyclone_ext_slots (
     used_at timestamptz,
     PRIMARY KEY (scope, key, slot)
 );
+CREATE INDEX idx_ext_slots_use ON cyclone_ext_slots (scope, key, used_at NULLS FIRST, slot);
 
 CREATE TABLE cyclone_ext_gates (
     step_id bigint PRIMARY KEY REFERENCES cyclone_steps (id) ON DELETE CASCADE,

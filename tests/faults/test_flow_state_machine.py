@@ -168,3 +168,27 @@ def test_no_claim_passes_a_limit(cyclone_dsn: str) -> None:
         max_examples=200 if FULL else 30, stateful_step_count=30, deadline=None
     )
     machine().runTest()
+
+
+def test_a_lowered_limit_counts_the_steps_still_running(cyclone_dsn: str) -> None:
+    """Found by the machine: with the limit lowered from 2 to 1 while 2 ran, the end of one
+    freed slot 1 and a third step started beside the one still holding slot 2."""
+    FlowMachine.dsn = cyclone_dsn
+    machine = FlowMachine()
+    try:
+        machine.change_the_limit(1)
+        machine.claim("w1", 1)
+        machine.change_the_limit(2)
+        machine.claim("w1", 1)
+        assert len(machine.leases) == 2
+        machine.change_the_limit(1)
+        first = min(machine.leases)
+        machine.tx(
+            lambda tx: machine.engine.complete(
+                tx, [Success(first, machine.leases.pop(first), '"x"')]
+            )
+        )
+        machine.claim("w1", 1)  # asserts no claim passes the limit
+        assert len(machine.leases) == 1
+    finally:
+        machine.teardown()

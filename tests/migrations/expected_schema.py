@@ -581,6 +581,7 @@ EXT_TABLES: dict[str, Table] = {
                 "FOREIGN KEY (scope) REFERENCES cyclone_ext_limits(scope) ON DELETE CASCADE",
             ),
         ],
+        indexes=[Index("idx_ext_slots_use", "scope, key, used_at NULLS FIRST, slot")],
         since=4,
     ),
     "cyclone_ext_gates": Table(
