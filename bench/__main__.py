@@ -104,6 +104,11 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
         target = ">= 1.5x" if name == "pgqueuer" else ""
         add(f"standalone vs {name}", noop, "steps/s", name, value, target)
 
+    keyed = cy.keyed_throughput(admin, size["jobs"])
+    add("steps under a concurrency key", keyed, "steps/s", "standalone", noop)
+    rated = cy.rated_throughput(admin, size["jobs"])
+    add("steps under a rate limit", rated, "steps/s", "standalone", noop)
+
     chain = cy.workflow_throughput(admin, flows.chain, size["runs"], 3)
     add("3-step chains", chain, "steps/s", "standalone", noop)
     engines = [m for m in (peer("dbos"), peer("absurd")) if m is not None]

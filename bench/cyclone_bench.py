@@ -18,7 +18,16 @@ from cyclone_dsl.engine import Engine
 from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
 from cyclone_dsl.worker.scanner import Scanner
 
-HANDLERS = [flows.noop, flows.mark, flows.inc, flows.add, flows.total, flows.items]
+HANDLERS = [
+    flows.noop,
+    flows.mark,
+    flows.inc,
+    flows.add,
+    flows.total,
+    flows.items,
+    flows.keyed,
+    flows.rated,
+]
 
 
 @contextmanager
@@ -55,6 +64,25 @@ def noop_throughput(admin: str, jobs: int) -> float:
     with fresh(admin) as dsn, Client(dsn) as client:
         for start in range(0, jobs, 2000):
             client.enqueue_many(flows.noop, [None] * min(2000, jobs - start))
+        return jobs / _drain(_worker(dsn), jobs)
+
+
+def keyed_throughput(admin: str, jobs: int, keys: int = 10) -> float:
+    """Standalone no-op steps under a concurrency key (``keys`` keys, 100 each at once):
+    every claim takes the gated path and a slot per step."""
+    with fresh(admin) as dsn, Client(dsn) as client:
+        for start in range(0, jobs, 2000):
+            count = min(2000, jobs - start)
+            client.enqueue_many(flows.keyed, [{"k": f"k{i % keys}"} for i in range(count)])
+        return jobs / _drain(_worker(dsn), jobs)
+
+
+def rated_throughput(admin: str, jobs: int) -> float:
+    """Standalone no-op steps under a rate limit that never binds (50,000 per second): the
+    cost of taking a rate slot per step."""
+    with fresh(admin) as dsn, Client(dsn) as client:
+        for start in range(0, jobs, 2000):
+            client.enqueue_many(flows.rated, [None] * min(2000, jobs - start))
         return jobs / _drain(_worker(dsn), jobs)
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
-from cyclone_dsl import for_each, step, workflow
+from cyclone_dsl import Concurrency, RateLimit, for_each, step, workflow
 
 started: list[float] = []
 
@@ -64,3 +65,13 @@ def five(x):  # type: ignore[no-untyped-def]
 @workflow(name="bench_fan")
 def fan(n):  # type: ignore[no-untyped-def]
     return for_each(inc, over=items(n))
+
+
+@step(name="bench_keyed", concurrency=Concurrency(key="k", limit=100))
+def keyed(x: object = None) -> None:
+    return None
+
+
+@step(name="bench_rated", rate_limit=RateLimit(limit=50_000, per=timedelta(seconds=1)))
+def rated(x: object = None) -> None:
+    return None

@@ -28,7 +28,18 @@ chosen AS (
 -- behind an earlier step of its sequence_key.
 s.state = 'available'
       AND s.queue = %(queue)s
-      AND s.kind = ANY(%(kinds)s::text[])
+      AND {{claimable_rest}}
+
+-- fragment: claimable_by_id
+-- The claimable conditions for a step looked up by id, written as one CASE, so that no index on state
+-- or queue (idx_steps_claim) can drive the plan instead of the primary key, which a
+-- planner without statistics would pick (a scan of every available step per step).
+CASE WHEN s.state = 'available' AND s.queue = %(queue)s THEN {{claimable_rest}}
+     ELSE false END
+
+-- fragment: claimable_rest
+-- The claimable conditions beyond state and queue.
+s.kind = ANY(%(kinds)s::text[])
       AND s.scheduled_at <= now() + %(shift)s::interval
       -- Only runs whose definition this worker has: (workflow, def_version) it serves.
       AND EXISTS (

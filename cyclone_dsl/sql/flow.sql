@@ -101,7 +101,7 @@ picked AS (
         FROM cyclone_ext_gates AS g
         JOIN cyclone_steps AS s ON s.id = g.step_id
         WHERE g.queue = %(queue)s AND g.fair_key = k.fair_key
-          AND {{claimable}}
+          AND {{claimable_by_id}}
         ORDER BY g.priority DESC, g.step_id
         LIMIT (SELECT n FROM per_key)
         FOR NO KEY UPDATE OF s SKIP LOCKED

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from cyclone_dsl import Client, step, workflow
+from cyclone_dsl import Client, Concurrency, step, workflow
 from cyclone_dsl.sql import Q
 
 #: The tables that grow with every run. (Small joins against cyclone_deps and
@@ -25,10 +25,18 @@ from cyclone_dsl.sql import Q
 BIG_TABLES = ("cyclone_runs", "cyclone_steps")
 #: Statements that must not scan a smaller table either (each ran once per completion).
 ALSO = {"downstream_nodes": ("cyclone_deps",)}
+#: Indexes a statement must not use: the gated claim looks steps up by primary key, never
+#: by walking every available step of the queue for each gated one.
+AVOID = {"claim_gated_steps": ("idx_steps_claim",)}
 
 
 @step(name="plan_noop")
 def noop(x: object) -> object:
+    return x
+
+
+@step(name="plan_keyed", concurrency=Concurrency(key="k", limit=5))
+def keyed(x: object) -> object:
     return x
 
 
@@ -82,6 +90,21 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
             Q.activate_ready,
             {"run_ids": [r["run_id"] for r in steps], "nodes": ["b"] * len(steps)},
         ),
+        "claim_gated_steps": (
+            Q.claim_gated_steps,
+            {
+                "owner": "w",
+                "queue": "default",
+                "kinds": ["plan_keyed"],
+                "workflows": ["plan_keyed"],
+                "versions": ["standalone"],
+                "limit": 100,
+                "lease": lease,
+                "after_key": "",
+                "max_keys": 100,
+                "capped": False,
+            },
+        ),
         # Scanner passes: each runs every second on the pass's leader.
         "expired_leases": (Q.expired_leases, {"after_id": 0, "limit": 500}),
         "timed_out_steps": (
@@ -109,6 +132,7 @@ def loaded(cyclone_admin_dsn: str) -> Any:
             client.enqueue_many(noop, list(range(start, start + 5_000)))
         for start in range(0, 6_000, 2_000):
             client.submit_many(chain, list(range(start, start + 2_000)))
+        client.enqueue_many(keyed, [{"k": f"k{i % 20}"} for i in range(5_000)])
     yield dsn
     drop_schema(cyclone_admin_dsn, name)
 
@@ -128,6 +152,7 @@ def loaded(cyclone_admin_dsn: str) -> Any:
         "assemble_inputs",
         "downstream_nodes",
         "activate_ready",
+        "claim_gated_steps",
         "expired_leases",
         "timed_out_steps",
         "due_timers",
@@ -146,3 +171,5 @@ def test_hot_statements_never_scan_a_big_table(loaded: str, name: str, mode: str
     plan = "\n".join(r["QUERY PLAN"] for r in rows)
     scans = [t for t in (*BIG_TABLES, *ALSO.get(name, ())) if f"Seq Scan on {t} " in plan]
     assert scans == [], plan
+    for index in AVOID.get(name, ()):
+        assert index not in plan, plan
