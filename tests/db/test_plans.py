@@ -25,9 +25,11 @@ from cyclone_dsl.sql import Q
 BIG_TABLES = ("cyclone_runs", "cyclone_steps")
 #: Statements that must not scan a smaller table either (each ran once per completion).
 ALSO = {"downstream_nodes": ("cyclone_deps",)}
-#: Indexes a statement must not use: the gated claim looks steps up by primary key, never
-#: by walking every available step of the queue for each gated one.
-AVOID = {"claim_gated_steps": ("idx_steps_claim",)}
+#: Plan nodes a statement must not use: the gated claim looks steps up by primary key, never
+#: by walking every available step of the queue for each gated one; the main claim probes
+#: the gates per row, never as an anti-join, which reads every available step before the
+#: LIMIT can stop it.
+AVOID = {"claim_gated_steps": ("idx_steps_claim",), "claim_steps": ("Anti Join",)}
 
 
 @step(name="plan_noop")
