@@ -19,11 +19,15 @@ import click
 
 from cyclone_dsl.cli.main import EXIT_FAILED, check_reachable, cli, database, emit, fail
 from cyclone_dsl.cli.render import render_run
+from cyclone_dsl.cli.values import Duration, human_duration
+from cyclone_dsl.client import base
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.dsl.registry import Registry, default_registry
 from cyclone_dsl.dsl.workflow import WorkflowDef
+from cyclone_dsl.engine import DEFAULT_RETENTION
 from cyclone_dsl.errors import RunFailed
 from cyclone_dsl.payload import JSONValue
+from cyclone_dsl.states import RunState
 
 
 @contextmanager
@@ -70,6 +74,19 @@ def resolve_workflow(spec: str) -> WorkflowDef:
     return default_registry().workflow(spec)
 
 
+def resolve_target(spec: str, modules: tuple[str, ...]) -> object:
+    """A workflow, step or action: ``module:attribute``, or a registered name."""
+    import_modules(modules)
+    if ":" in spec:
+        module_name, attribute = spec.split(":", 1)
+        import_modules((module_name,))
+        found = getattr(sys.modules[module_name], attribute, None)
+        if found is None:
+            fail(f"module {module_name!r} has no {attribute!r}")
+        return found
+    return spec
+
+
 def run_json(run: Any) -> dict[str, Any]:
     data = attrs.asdict(run, recurse=True)
     return data
@@ -110,7 +127,10 @@ def submit(
         else:
             handle = client.submit(definition, value)
         if not wait:
-            emit({"run_id": handle.id, "created": handle.created}, as_json, str(handle.id))
+            text = str(handle.id)
+            if not handle.created:
+                text = f"{handle.id} (existing run for key {key!r}: nothing new was created)"
+            emit({"run_id": handle.id, "created": handle.created}, as_json, text)
             return
         deadline = time.monotonic() + timeout
         last = (-1, -1)
@@ -148,11 +168,12 @@ def runs(
         except ValueError as exc:
             fail(str(exc))
         rows = [run_json(r) for r in found]
-        lines = [
-            f"{r.id:>8}  {r.state:<9}  {r.workflow:<30}  {r.created_at:%Y-%m-%d %H:%M:%S}"
+        lines = [f"{'run':>8}  {'state':<9}  {'workflow':<30}  created"]
+        lines += [
+            f"{r.id:>8}  {r.state:<9}  {r.workflow:<30}  {r.created_at:%Y-%m-%d %H:%M:%S %Z}"
             for r in found
         ]
-        emit(rows, as_json, "\n".join(lines) if lines else "no runs")
+        emit(rows, as_json, "\n".join(lines) if found else "no runs")
 
 
 @cli.command(name="run")
@@ -163,7 +184,11 @@ def show_run(ctx: click.Context, run_id: int, as_json: bool) -> None:
     """Show a run: every node with its state, attempt, timing and error, as a tree."""
     with client_for(ctx) as client:
         run = client.get_run(run_id)
-        emit(run_json(run), as_json, render_run(run, client.dependencies(run_id)))
+        children = {c["parent_node_id"]: c["id"] for c in client.children_of(run_id)}
+        reasons = client.why_waiting(run_id)
+        data = {**run_json(run), "child_runs": children, "waiting_for": reasons}
+        text = render_run(run, client.dependencies(run_id), children=children, reasons=reasons)
+        emit(data, as_json, text)
 
 
 @cli.command()
@@ -180,62 +205,183 @@ def signal(ctx: click.Context, run_id: int, name: str, payload: str | None, as_j
         emit({"delivery": delivery.value}, as_json, f"signal {name!r}: {delivery.value}")
 
 
-def _steer(ctx: click.Context, verb: str, run_id: int) -> None:
+def _steer(ctx: click.Context, verb: str, run_id: int, as_json: bool) -> None:
     with client_for(ctx) as client:
         getattr(client, verb)(run_id)
-    click.echo(f"run {run_id}: {verb} done")
+        state = client.get_run(run_id).state
+    emit(
+        {"run_id": run_id, "action": verb, "state": state.value},
+        as_json,
+        f"run {run_id}: {verb} done (now {state.value})",
+    )
 
 
 @cli.command()
 @click.argument("run_id", type=int)
+@as_json
 @click.pass_context
-def cancel(ctx: click.Context, run_id: int) -> None:
+def cancel(ctx: click.Context, run_id: int, as_json: bool) -> None:
     """Cancel a run and its child runs."""
-    _steer(ctx, "cancel", run_id)
+    _steer(ctx, "cancel", run_id, as_json)
 
 
 @cli.command()
 @click.argument("run_id", type=int)
+@as_json
 @click.pass_context
-def pause(ctx: click.Context, run_id: int) -> None:
+def pause(ctx: click.Context, run_id: int, as_json: bool) -> None:
     """Pause a running run."""
-    _steer(ctx, "pause", run_id)
+    _steer(ctx, "pause", run_id, as_json)
 
 
 @cli.command()
 @click.argument("run_id", type=int)
+@as_json
 @click.pass_context
-def resume(ctx: click.Context, run_id: int) -> None:
+def resume(ctx: click.Context, run_id: int, as_json: bool) -> None:
     """Resume a paused run."""
-    _steer(ctx, "resume", run_id)
+    _steer(ctx, "resume", run_id, as_json)
 
 
 @cli.command()
 @click.argument("run_id", type=int)
 @click.argument("node")
+@as_json
 @click.pass_context
-def retry(ctx: click.Context, run_id: int, node: str) -> None:
+def retry(ctx: click.Context, run_id: int, node: str, as_json: bool) -> None:
     """Retry a discarded or cancelled NODE of a run (fresh attempts)."""
     with client_for(ctx) as client:
         client.retry(run_id, node)
-    click.echo(f"run {run_id}: node {node!r} will run again")
+        state = client.get_run(run_id).state
+    emit(
+        {"run_id": run_id, "action": "retry", "node": node, "state": state.value},
+        as_json,
+        f"run {run_id}: node {node!r} will run again (run now {state.value})",
+    )
 
 
-@cli.command()
+@cli.group(invoke_without_command=True)
 @as_json
 @click.pass_context
 def schedules(ctx: click.Context, as_json: bool) -> None:
-    """List cron schedules: next fire, last run, last error."""
+    """List cron schedules (zone, enabled, next fire, last run, last error); or change them
+    with a subcommand."""
+    if ctx.invoked_subcommand is not None:
+        return
     with client_for(ctx) as client:
         found = client.list_schedules()
-    lines = [
-        f"{s.id:<24} {s.cron_spec:<16} next {s.next_run_at:%Y-%m-%d %H:%M %Z}"
-        f"  last run {s.last_run_id or '-'}"
-        f"{'  DISABLED' if not s.enabled else ''}"
+    lines = [f"{'id':<24} {'cron':<16} {'zone':<16} {'enabled':<8} next fire / last run"]
+    lines += [
+        f"{s.id:<24} {s.cron_spec:<16} {s.location:<16} {'yes' if s.enabled else 'no':<8}"
+        f" next {s.next_run_at:%Y-%m-%d %H:%M %Z}  last run {s.last_run_id or '-'}"
         f"{'  error: ' + s.last_error if s.last_error else ''}"
         for s in found
     ]
-    emit([attrs.asdict(s) for s in found], as_json, "\n".join(lines) if lines else "no schedules")
+    emit(found, as_json, "\n".join(lines) if found else "no schedules")
+
+
+@schedules.command(name="add")
+@click.argument("target")
+@click.argument("cron")
+@click.option("--id", "schedule_id", help="Schedule id (default: the target's name).")
+@click.option("--location", help="IANA time zone of the cron (default: the machine's).")
+@click.option("--input", "input_text", help="Input of each fire, as JSON or @file.")
+@click.option("--disabled", is_flag=True, help="Create it disabled.")
+@click.option("--queue", help="Queue of the fired steps.")
+@click.option("--priority", type=int, help="Priority of the fired steps.")
+@click.option("--max-attempts", type=int, help="Attempts of the fired steps.")
+@click.option("--timeout", type=Duration(), help="Timeout of each fired step (30s, 5m...).")
+@click.option("--retention", type=Duration(), help="How long fired runs are kept (7d...).")
+@imports
+@as_json
+@click.pass_context
+def schedules_add(
+    ctx: click.Context,
+    target: str,
+    cron: str,
+    schedule_id: str | None,
+    location: str | None,
+    input_text: str | None,
+    disabled: bool,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+    timeout: timedelta | None,
+    retention: timedelta | None,
+    modules: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Create or update a schedule of TARGET (a workflow, step or action: module:name, or
+    a name from an --import-ed module) on CRON."""
+    definition = resolve_target(target, modules)
+    value = parse_json(input_text, "--input")
+    with client_for(ctx) as client:
+        created = client.schedule(
+            definition,
+            cron,
+            id=schedule_id,
+            location=location,
+            enabled=not disabled,
+            input=value,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            retention=retention,
+        )
+    emit(
+        created,
+        as_json,
+        f"schedule {created.id}: {created.cron_spec} ({created.location}), next fire "
+        f"{created.next_run_at:%Y-%m-%d %H:%M %Z}" + ("" if created.enabled else ", disabled"),
+    )
+
+
+def _enable(ctx: click.Context, schedule_id: str, enabled: bool, as_json: bool) -> None:
+    with client_for(ctx) as client:
+        client.enable_schedule(schedule_id, enabled)
+    word = "enabled" if enabled else "disabled"
+    emit({"id": schedule_id, "enabled": enabled}, as_json, f"schedule {schedule_id}: {word}")
+
+
+@schedules.command(name="enable")
+@click.argument("schedule_id")
+@as_json
+@click.pass_context
+def schedules_enable(ctx: click.Context, schedule_id: str, as_json: bool) -> None:
+    """Enable a schedule."""
+    _enable(ctx, schedule_id, True, as_json)
+
+
+@schedules.command(name="disable")
+@click.argument("schedule_id")
+@as_json
+@click.pass_context
+def schedules_disable(ctx: click.Context, schedule_id: str, as_json: bool) -> None:
+    """Disable a schedule (it keeps its place; enable fires its next slot)."""
+    _enable(ctx, schedule_id, False, as_json)
+
+
+@schedules.command(name="rm")
+@click.argument("schedule_id")
+@as_json
+@click.pass_context
+def schedules_rm(ctx: click.Context, schedule_id: str, as_json: bool) -> None:
+    """Delete a schedule (the runs it fired stay)."""
+    with client_for(ctx) as client:
+        client.unschedule(schedule_id)
+    emit({"id": schedule_id, "deleted": True}, as_json, f"schedule {schedule_id}: deleted")
+
+
+def limit_line(row: dict[str, Any]) -> str:
+    """One limited share: ``step:send  tenant-7  3/3  12 waiting`` (a rate: its window)."""
+    used = f"{row['in_use']}/{row['max_count']}"
+    if row["per_s"] is not None:
+        used += f" per {human_duration(timedelta(seconds=row['per_s']))}"
+    line = f"{row['scope']:<30} {row['key'] or '-':<20} {used:>6} {row['waiting']:>8}"
+    if row["next_free_at"] is not None:
+        line += f"  full until {row['next_free_at']:%H:%M:%S}"
+    return line
 
 
 @cli.command()
@@ -258,6 +404,9 @@ def stats(ctx: click.Context, as_json: bool) -> None:
             f" {k['oldest_available_s'] or 0:>10.1f} {k['expired_leases']:>8}"
             for k in data["kinds"]
         ]
+    if data["limits"]:
+        lines += ["", "limit                          key                  in use  waiting"]
+        lines += [limit_line(row) for row in data["limits"]]
     if data["unserved"]:
         lines += ["", "waiting for a worker that has their definition (see the versioning guide):"]
         lines += [
@@ -294,15 +443,72 @@ def workers(ctx: click.Context, as_json: bool, show_all: bool) -> None:
 
 
 @cli.command()
-@click.option("--older-than", default=0.0, show_default=True, help="Seconds since the run ended.")
+@click.option(
+    "--older-than",
+    type=Duration(),
+    default=human_duration(DEFAULT_RETENTION),
+    show_default=True,
+    help="Only runs that ended at least this long ago (30s, 15m, 12h, 7d, 2w).",
+)
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice([s.value for s in base.ENDED_STATES]),
+    help="Only runs in this state (repeatable; default: completed, failed and cancelled).",
+)
+@click.option("--dry-run", is_flag=True, help="Only count the runs that would be deleted.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--batch-size", default=1000, show_default=True)
 @as_json
 @click.pass_context
-def purge(ctx: click.Context, older_than: float, batch_size: int, as_json: bool) -> None:
-    """Delete terminal runs that ended more than --older-than seconds ago."""
+def purge(
+    ctx: click.Context,
+    older_than: timedelta,
+    states: tuple[str, ...],
+    dry_run: bool,
+    yes: bool,
+    batch_size: int,
+    as_json: bool,
+) -> None:
+    """Delete ended runs that ended more than --older-than ago (default: the retention)."""
+    wanted: tuple[RunState | str, ...] = states or base.ENDED_STATES
+    age = human_duration(older_than)
     with client_for(ctx) as client:
-        count = client.purge(older_than=timedelta(seconds=older_than), batch_size=batch_size)
-    emit({"deleted": count}, as_json, f"deleted {count} runs")
+        count = client.count_purgeable(older_than=older_than, states=wanted)
+        if dry_run:
+            emit(
+                {"would_delete": count, "older_than_s": older_than.total_seconds()},
+                as_json,
+                f"{count} runs ended more than {age} ago would be deleted",
+            )
+            return
+        if count and not yes:
+            if not sys.stdin.isatty():
+                fail(f"{count} runs would be deleted: confirm with --yes (or see --dry-run)")
+            click.confirm(f"delete {count} runs that ended more than {age} ago?", abort=True)
+        deleted = client.purge(older_than=older_than, states=wanted, batch_size=batch_size)
+    emit({"deleted": deleted}, as_json, f"deleted {deleted} runs")
+
+
+@cli.command(name="queue-limit")
+@click.argument("queue")
+@click.argument("limit")
+@as_json
+@click.pass_context
+def queue_limit(ctx: click.Context, queue: str, limit: str, as_json: bool) -> None:
+    """Cap how many steps of QUEUE run at once across all workers (LIMIT: a number, or
+    'none' to remove the cap). Workers pick it up within seconds."""
+    cap: int | None = None
+    if limit.lower() != "none":
+        try:
+            cap = int(limit)
+        except ValueError:
+            fail(f"LIMIT must be a number >= 1 or 'none', not {limit!r}")
+    with client_for(ctx) as client:
+        client.set_queue_limit(queue, cap)
+    text = f"queue {queue!r}: at most {cap} running" if cap else f"queue {queue!r}: no cap"
+    emit({"queue": queue, "limit": cap}, as_json, text)
 
 
 @cli.command()
@@ -334,7 +540,7 @@ def scan(ctx: click.Context, modules: tuple[str, ...], once: bool, interval: flo
             default_max_reclaims=3,
             stopping=stopping,
             owner="cyclone-scan",
-            retention=timedelta(days=7),
+            retention=DEFAULT_RETENTION,
         )
         try:
             if once:

@@ -7,7 +7,6 @@ Exit codes: 0 success, 1 an operation failed (a run failed, a timeout),
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import sys
 from collections.abc import Iterator
@@ -15,10 +14,11 @@ from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import click
-import psycopg
 
+from cyclone_dsl.cli.values import to_json
 from cyclone_dsl.db import diagnose
 from cyclone_dsl.db.embedded import ENV_URL, embedded_database
+from cyclone_dsl.db.errors import DatabaseError
 from cyclone_dsl.errors import CycloneError, DatabaseUnavailable
 
 EXIT_FAILED = 1
@@ -46,7 +46,8 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
 
 
 def emit(data: Any, as_json: bool, text: str) -> None:
-    click.echo(json.dumps(data, default=str, indent=2) if as_json else text)
+    """Print ``data`` as JSON (ISO 8601 timestamps) with --json, else ``text``."""
+    click.echo(to_json(data) if as_json else text)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -175,6 +176,6 @@ def main() -> None:
         fail(str(exc), EXIT_FAILED)
     except CycloneError as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    except psycopg.OperationalError as exc:
+    except DatabaseError as exc:
         first = str(exc).strip().splitlines()
-        fail(f"cannot reach the database: {first[0] if first else exc}", EXIT_FAILED)
+        fail(f"the database refused the call: {first[0] if first else exc}", EXIT_FAILED)

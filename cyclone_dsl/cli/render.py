@@ -21,7 +21,13 @@ _MARK = {
 }
 
 
-def step_line(step: Step) -> str:
+#: A fan-out with more items than this is drawn as one line of counts.
+COLLAPSE_ITEMS = 10
+#: Failed items of a collapsed fan-out still drawn one by one (their errors matter).
+SHOWN_FAILURES = 5
+
+
+def step_line(step: Step, note: str = "") -> str:
     mark, colour = _MARK[step.state]
     took = ""
     if step.started_at and step.completed_at:
@@ -30,27 +36,75 @@ def step_line(step: Step) -> str:
     error = f" — {step.error}" if step.error and step.state != StepState.COMPLETED else ""
     if step.attempts and step.state == StepState.COMPLETED:
         error = f" ({len(step.attempts)} earlier attempt(s) failed; see --json)"
-    text = f"{mark} {step.node} [{step.state}]{took}{retries}{error}"
+    text = f"{mark} {step.node} [{step.state}]{took}{retries}{error}{note}"
     return click.style(text, fg=colour)
 
 
-def render_run(run: Run, deps: dict[str, list[str]]) -> str:
-    """The run's nodes as a tree: each node under the first upstream it depends on."""
-    children: dict[str | None, list[Step]] = {}
+def items_line(node: str, items: list[Step]) -> str:
+    """``ship_line[0..499]  480 completed, 15 running, 5 discarded``."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.state.value] = counts.get(item.state.value, 0) + 1
+    indexes = [i.item_index for i in items if i.item_index is not None]
+    span = f"[{min(indexes)}..{max(indexes)}]" if indexes else "[]"
+    order = [state.value for state in StepState]
+    parts = ", ".join(f"{counts[state]} {state}" for state in order if state in counts)
+    return f"{node}{span}  {len(items)} items: {parts}"
+
+
+def render_run(
+    run: Run,
+    deps: dict[str, list[str]],
+    *,
+    children: dict[str, int] | None = None,
+    reasons: dict[str, str] | None = None,
+) -> str:
+    """The run's nodes as a tree: each node under the first upstream it depends on.
+
+    A fan-out of more than :data:`COLLAPSE_ITEMS` items is one line of counts (and its
+    failed items); a child node names its child run; a step a limit holds back says why.
+    """
+    children = children or {}
+    reasons = reasons or {}
+    below: dict[str | None, list[Step]] = {}
+    items: dict[str, list[Step]] = {}
     for step in run.steps:
+        if step.item_of is not None:
+            items.setdefault(step.item_of, []).append(step)
+            continue
         upstream = deps.get(step.node)
-        parent = step.item_of or (upstream[0] if upstream else None)
-        children.setdefault(parent, []).append(step)
+        below.setdefault(upstream[0] if upstream else None, []).append(step)
     lines = [click.style(f"run {run.id} {run.workflow} [{run.state}]", bold=True)]
 
+    def note(step: Step) -> str:
+        if step.node in children:
+            return f" → child run {children[step.node]}"
+        if step.node in reasons:
+            return f" — {reasons[step.node]}"
+        return ""
+
     def walk(parent: str | None, prefix: str) -> None:
-        kids = children.get(parent, [])
+        kids = below.get(parent, [])
         for index, step in enumerate(kids):
             last = index == len(kids) - 1
             joins = deps.get(step.node, [])[1:]
             also = f"  (also after {', '.join(joins)})" if joins else ""
-            lines.append(f"{prefix}{'└─ ' if last else '├─ '}{step_line(step)}{also}")
-            walk(step.node, prefix + ("   " if last else "│  "))
+            lines.append(f"{prefix}{'└─ ' if last else '├─ '}{step_line(step, note(step))}{also}")
+            inner = prefix + ("   " if last else "│  ")
+            fanned = items.get(step.node, [])
+            if len(fanned) > COLLAPSE_ITEMS:
+                failed = [i for i in fanned if i.state == StepState.DISCARDED][:SHOWN_FAILURES]
+                lines.append(
+                    f"{inner}{'├─ ' if failed or below.get(step.node) else '└─ '}"
+                    f"{items_line(step.node, fanned)}"
+                )
+                for item in failed:
+                    lines.append(f"{inner}│    {step_line(item, note(item))}")
+            else:
+                for number, item in enumerate(fanned):
+                    end = number == len(fanned) - 1 and not below.get(step.node)
+                    lines.append(f"{inner}{'└─ ' if end else '├─ '}{step_line(item, note(item))}")
+            walk(step.node, inner)
 
     walk(None, "")
     return "\n".join(lines)

@@ -426,6 +426,17 @@ class AsyncClient:
         """See :meth:`Client.why_waiting`."""
         return await asyncio.to_thread(self._client.why_waiting, run_id)
 
+    async def count_purgeable(
+        self,
+        *,
+        older_than: timedelta = timedelta(0),
+        states: tuple[RunState | str, ...] = base.ENDED_STATES,
+    ) -> int:
+        """See :meth:`Client.count_purgeable`."""
+        return await asyncio.to_thread(
+            self._client.count_purgeable, older_than=older_than, states=states
+        )
+
     async def stats(self) -> dict[str, list[dict[str, Any]]]:
         """See :meth:`Client.stats`."""
         return await asyncio.to_thread(self._client.stats)

@@ -640,6 +640,21 @@ class Client:
             reasons.setdefault(row["node"], []).append(base.wait_reason(row))
         return {node: "; ".join(found) for node, found in reasons.items()}
 
+    def count_purgeable(
+        self,
+        *,
+        older_than: timedelta = timedelta(0),
+        states: tuple[RunState | str, ...] = base.ENDED_STATES,
+    ) -> int:
+        """How many runs :meth:`purge` with these arguments would delete now (a dry run)."""
+        wanted = base.purge_states(states)
+        if older_than < timedelta(0):
+            raise InvalidArgument("older_than must be >= 0")
+        return self._db.transaction(
+            lambda tx: self._engine.count_purgeable(tx, states=wanted, older_than=older_than),
+            one_statement=True,
+        )
+
     def stats(self) -> dict[str, list[dict[str, Any]]]:
         """Queues and kinds (the ``cyclone_v_queues`` and ``cyclone_v_kinds`` views), and the
         work that no live worker serves.

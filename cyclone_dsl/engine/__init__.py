@@ -13,7 +13,7 @@ from cyclone_dsl.engine.backoff import backoff_seconds
 from cyclone_dsl.engine.children import CHILD_WAKE
 from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.engine.complete import Failure, Success
-from cyclone_dsl.engine.core import Engine, Page
+from cyclone_dsl.engine.core import DEFAULT_RETENTION, Engine, Page
 from cyclone_dsl.engine.notify import (
     CANCEL_CHANNEL,
     RUN_DONE_CHANNEL,
@@ -28,6 +28,7 @@ from cyclone_dsl.engine.submit import Submitted
 __all__ = [
     "CANCEL_CHANNEL",
     "CHILD_WAKE",
+    "DEFAULT_RETENTION",
     "RUN_DONE_CHANNEL",
     "WORK_CHANNEL",
     "CatchUp",

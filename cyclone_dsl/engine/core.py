@@ -48,6 +48,10 @@ from cyclone_dsl.states import RunState
 #: One page of a scanner pass: (rows changed, the cursor of the next page or None).
 Page = tuple[int, int | None]
 
+#: How long an ended run is kept when none of its steps sets a retention (the worker's
+#: retention scanner and ``cyclone purge`` use it unless told otherwise).
+DEFAULT_RETENTION = timedelta(days=7)
+
 
 class Engine:
     """The state machine of runs and steps; see the module docstring."""
@@ -181,6 +185,11 @@ class Engine:
             Q.purge_runs, states=[s.value for s in states], older_than=older_than, limit=limit
         )
         return len(deleted)
+
+    def count_purgeable(self, tx: Tx, *, states: Sequence[RunState], older_than: timedelta) -> int:
+        """How many runs :meth:`purge` with these arguments would delete now."""
+        row = tx.one(Q.count_purgeable, states=[s.value for s in states], older_than=older_than)
+        return int(row["runs"]) if row else 0
 
     def expire_runs(self, tx: Tx, *, default_retention: timedelta, limit: int) -> int:
         """Delete one batch of terminal runs past their retention (a step's, else the default)."""

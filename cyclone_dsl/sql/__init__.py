@@ -109,6 +109,7 @@ class _Queries:
     expire_runs: LiteralString
     queue_stats: LiteralString
     kind_stats: LiteralString
+    count_purgeable: LiteralString
     # scan.sql
     expired_leases: LiteralString
     reclaim_steps: LiteralString

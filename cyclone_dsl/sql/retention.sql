@@ -43,3 +43,11 @@ FROM cyclone_v_queues ORDER BY queue
 SELECT kind, state, count, extract(epoch FROM oldest_available_age)::float8 AS oldest_available_s,
        expired_leases
 FROM cyclone_v_kinds ORDER BY kind, state
+
+-- name: count_purgeable
+-- How many runs a purge with these states and cutoff would delete now (a dry run).
+SELECT count(*) AS runs FROM cyclone_runs AS r
+WHERE r.state = ANY(%(states)s::text[])
+  AND r.finished_at < now() + %(shift)s::interval - %(older_than)s::interval
+  AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS p
+                  WHERE p.id = r.parent_run_id AND p.state <> 'completed')

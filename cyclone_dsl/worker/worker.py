@@ -53,6 +53,7 @@ from cyclone_dsl.dsl.registry import Registry, default_registry
 from cyclone_dsl.engine import (
     CANCEL_CHANNEL,
     CHILD_WAKE,
+    DEFAULT_RETENTION,
     WORK_CHANNEL,
     Claimed,
     Engine,
@@ -125,7 +126,7 @@ class Worker:
         batch_size: int = 100,
         max_output_bytes: int = payload.DEFAULT_MAX_BYTES,
         scanners: bool = True,
-        retention: timedelta | None = timedelta(days=7),
+        retention: timedelta | None = DEFAULT_RETENTION,
         catch_up: str = "latest",
         name: str | None = None,
         registry: Registry | None = None,

@@ -185,7 +185,7 @@ class Driver:
         got = self.tx(lambda tx: ENGINE.claim(tx, **options))
         done: list[Success] = []
         failed: list[Failure] = []
-        for item in got:
+        for item in sorted(got, key=lambda claimed: claimed.id):  # draws in a fixed order
             if failures and self.data.draw(st.integers(0, 2), label=f"fail {item.node}") == 0:
                 retry = self.data.draw(st.integers(0, 3), label="retryable") == 0
                 failed.append(Failure(item.id, item.generation, "boom", "error", retry=retry))
