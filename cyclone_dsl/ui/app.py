@@ -121,6 +121,7 @@ def create_app(client: Client, *, read_only: bool = False, token: str | None = N
             drill=drill,
             signals=client.signals_of(run_id),
             children=client.children_of(run_id),
+            reasons=client.why_waiting(run_id),
         )
 
     def output(request: Request) -> Response:

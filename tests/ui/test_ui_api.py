@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
 from starlette.testclient import TestClient
 
-from cyclone_dsl import Client, Worker, step, wait_signal, workflow
+from cyclone_dsl import Client, Concurrency, Worker, step, wait_signal, workflow
 from cyclone_dsl.ui.app import CSRF_COOKIE, create_app
 from tests.ui.geometry import SVG, axis_labels, check_routes, graph_of, parse_svg
+from tests.waiting import wait_until
 
 
 @step(name="ui_echo")
@@ -199,3 +201,33 @@ def test_the_queue_chart_shows_the_current_totals(web: TestClient, client: Clien
     time_range = chart.find(f"{SVG}text[@class='time-range']")
     assert time_range is not None
     assert re.fullmatch(r"\d\d:\d\d:\d\d - \d\d:\d\d:\d\d UTC", str(time_range.text))
+
+
+held_back = threading.Event()
+
+
+@step(name="ui_keyed", concurrency=Concurrency(key="tenant", limit=1))
+def keyed(job: dict[str, str]) -> str:
+    held_back.wait(20)
+    return job["tenant"]
+
+
+def test_the_pages_say_what_limits_hold_back(
+    web: TestClient, client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    held_back.clear()
+    first = client.enqueue(keyed, {"tenant": "t7"})
+    second = client.enqueue(keyed, {"tenant": "t7"})
+    client.set_queue_limit("mail", 4)
+    start_worker(keyed)
+    try:
+        wait_until(lambda: first.get().steps[0].state.value == "running", what="the first step")
+        queues = web.get("/queues").text
+        limits = queues[queues.index('<table class="limits">') :]
+        assert "<td>step:ui_keyed</td><td>t7</td><td>1/1</td><td>1</td>" in limits
+        assert "<td>queue:mail</td><td>-</td><td>0/4</td>" in limits
+        run_page = web.get(f"/runs/{second.id}").text
+        assert '<span class="held">waiting for a concurrency slot (t7: 1/1)</span>' in run_page
+    finally:
+        held_back.set()
+    assert second.result(timeout=20) == "t7"
