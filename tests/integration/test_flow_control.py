@@ -23,6 +23,7 @@ from cyclone_dsl import (
     StepState,
     Worker,
     step,
+    wait_signal,
     workflow,
 )
 
@@ -319,3 +320,42 @@ def test_debounced_submits_make_one_run_with_the_last_input(
     assert other.result(timeout=20) == -1
     assert len(client.list_runs()) == 2
     assert time.monotonic() - started < 20
+
+
+def test_concurrent_first_submits_of_a_key_make_one_run(client: Client) -> None:
+    """Eight submitters at a barrier, none finding a window yet: the advisory lock lets one
+    open it and the others join it."""
+    debounce = Debounce(key="doc", delay=timedelta(seconds=30))
+    barrier = threading.Barrier(8)
+    handles: list[Any] = []
+    lock = threading.Lock()
+
+    def submit(n: int) -> None:
+        barrier.wait()
+        handle = client.submit(refresh_wf, {"doc": "d3", "n": n}, debounce=debounce)
+        with lock:
+            handles.append(handle)
+
+    threads = [threading.Thread(target=submit, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({h.id for h in handles}) == 1
+    assert sorted(h.created for h in handles) == [False] * 7 + [True]
+    assert len(client.list_runs()) == 1
+
+
+def test_debounce_refuses_a_workflow_that_does_not_start_with_steps(client: Client) -> None:
+    with pytest.raises(InvalidArgument, match="debounce holds a run's first steps"):
+        client.submit(
+            per_tenant_wait,
+            {"doc": "x"},
+            debounce=Debounce(key="doc", delay=timedelta(seconds=1)),
+        )
+    assert client.list_runs() == []
+
+
+@workflow(name="fc_wait_first")
+def per_tenant_wait(job):  # type: ignore[no-untyped-def]
+    return refresh(job, after=[wait_signal("go")])
