@@ -109,6 +109,11 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
     rated = cy.rated_throughput(admin, size["jobs"])
     add("steps under a rate limit", rated, "steps/s", "standalone", noop)
 
+    own_writes = cy.write_throughput(admin, size["jobs"], transactional=False)
+    add("steps writing a row on their own", own_writes, "steps/s")
+    tx_writes = cy.write_throughput(admin, size["jobs"], transactional=True)
+    add("transactional steps writing a row", tx_writes, "steps/s", "own tx", own_writes)
+
     chain = cy.workflow_throughput(admin, flows.chain, size["runs"], 3)
     add("3-step chains", chain, "steps/s", "standalone", noop)
     engines = [m for m in (peer("dbos"), peer("absurd")) if m is not None]

@@ -79,6 +79,26 @@ def rated_throughput(admin: str, jobs: int) -> float:
         return jobs / _drain(_worker(dsn, [flows.rated]), jobs)
 
 
+def write_throughput(admin: str, jobs: int, *, transactional: bool) -> float:
+    """Standalone steps that each insert one row: in their step's transaction, or (the
+    peer) in a transaction of their own from a pool, committed before the completion."""
+    with fresh(admin) as dsn, Client(dsn) as client:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE bench_ledger (step_id bigint)")
+        handler = flows.tx_write if transactional else flows.own_write
+        for start in range(0, jobs, 2000):
+            client.enqueue_many(handler, [None] * min(2000, jobs - start))
+        if transactional:
+            return jobs / _drain(_worker(dsn, [handler], concurrency=WRITERS), jobs)
+        with make_pool(dsn, name="bench-writes", max_size=WRITERS) as pool:
+            flows.write_pool[:] = [pool]
+            return jobs / _drain(_worker(dsn, [handler], concurrency=WRITERS), jobs)
+
+
+#: Handlers writing at once in the write scenarios (each holds a connection meanwhile).
+WRITERS = 32
+
+
 PRELOAD_RUNS = """
 WITH runs AS (
     INSERT INTO cyclone_runs (workflow, def_version, state, finished_at)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Any
 
-from cyclone_dsl import Concurrency, RateLimit, for_each, step, workflow
+from psycopg_pool import ConnectionPool
+
+from cyclone_dsl import Concurrency, RateLimit, StepContext, for_each, step, workflow
 
 started: list[float] = []
 
@@ -75,3 +78,24 @@ def keyed(x: object = None) -> None:
 @step(name="bench_rated", rate_limit=RateLimit(limit=50_000, per=timedelta(seconds=1)))
 def rated(x: object = None) -> None:
     return None
+
+
+WRITE = "INSERT INTO bench_ledger (step_id) VALUES (%s)"
+
+
+@step(name="bench_tx_write", transactional=True)
+def tx_write(x: object = None, *, ctx: StepContext) -> None:
+    """One insert, committed with the step's completion."""
+    ctx.connection.execute(WRITE, (ctx.step_id,))
+
+
+#: The pool :func:`own_write` writes with (set by the benchmark).
+write_pool: list[ConnectionPool[Any]] = []
+
+
+@step(name="bench_own_write")
+def own_write(x: object = None, *, ctx: StepContext) -> None:
+    """The same insert in a transaction of its own, committed before the step completes:
+    what a handler does without ``transactional=True``."""
+    with write_pool[0].connection() as conn:
+        conn.execute(WRITE, (ctx.step_id,))

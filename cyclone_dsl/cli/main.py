@@ -130,9 +130,19 @@ def migrate(
 @click.option("--queues", default="default", help="Comma-separated queues to serve.")
 @click.option("--concurrency", default=10, show_default=True, help="Handlers at once.")
 @click.option("--grace", default=30.0, show_default=True, help="Seconds to finish on SIGTERM.")
+@click.option(
+    "--transactional-dsn",
+    default=None,
+    help="Where transactional handlers write (default: the Cyclone database).",
+)
 @click.pass_context
 def worker(
-    ctx: click.Context, modules: tuple[str, ...], queues: str, concurrency: int, grace: float
+    ctx: click.Context,
+    modules: tuple[str, ...],
+    queues: str,
+    concurrency: int,
+    grace: float,
+    transactional_dsn: str | None,
 ) -> None:
     """Run a worker for the handlers of MODULES (dotted names) until SIGTERM/SIGINT."""
     from cyclone_dsl.worker.worker import Worker
@@ -145,6 +155,7 @@ def worker(
             queues=[q.strip() for q in queues.split(",") if q.strip()],
             concurrency=concurrency,
             grace=grace,
+            transactional_dsn=transactional_dsn,
         ).run()
 
 

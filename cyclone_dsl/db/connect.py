@@ -10,8 +10,8 @@ from psycopg_pool import ConnectionPool
 #: A pool of Cyclone connections (see :func:`make_pool`).
 Pool = ConnectionPool[Any]
 
-#: Worker and client sessions never sit idle inside a transaction for long.
-SESSION_OPTIONS = "-c idle_in_transaction_session_timeout=60000"
+#: Worker and client sessions never sit idle inside a transaction for long (seconds).
+IDLE_IN_TRANSACTION_S = 60.0
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
@@ -25,17 +25,15 @@ def make_pool(
     min_size: int = 1,
     max_size: int = 4,
     open_now: bool = True,
+    idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
 ) -> ConnectionPool[Any]:
-    """A pool of autocommit connections (transactions are explicit) named ``name``."""
+    """A pool of autocommit connections (transactions are explicit) named ``name``; the
+    server ends a transaction of theirs idle ``idle_in_transaction_s`` seconds."""
     pool: ConnectionPool[Any] = ConnectionPool(
         conninfo,
         min_size=min_size,
         max_size=max_size,
-        kwargs={
-            "application_name": name,
-            "options": _merge_options(conninfo),
-            **_tcp_settings(conninfo),
-        },
+        kwargs=connection_kwargs(conninfo, name, idle_in_transaction_s=idle_in_transaction_s),
         configure=_configure,
         open=False,
         name=name,
@@ -46,9 +44,10 @@ def make_pool(
     return pool
 
 
-def _merge_options(conninfo: str) -> str:
+def _merge_options(conninfo: str, idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S) -> str:
     existing = psycopg.conninfo.conninfo_to_dict(conninfo).get("options") or ""
-    return f"{existing} {SESSION_OPTIONS}".strip()
+    idle_ms = max(1, round(idle_in_transaction_s * 1000))
+    return f"{existing} -c idle_in_transaction_session_timeout={idle_ms}".strip()
 
 
 #: TCP settings of every connection (pooled ones live long too): a half-open connection
@@ -83,6 +82,17 @@ async def connect_async(conninfo: str, *, name: str) -> psycopg.AsyncConnection[
         application_name=name,
         options=_merge_options(conninfo),
     )
+
+
+def connection_kwargs(
+    conninfo: str, name: str, *, idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S
+) -> dict[str, str | int | None]:
+    """The settings every Cyclone connection to ``conninfo`` gets (for a pool made elsewhere)."""
+    return {
+        "application_name": name,
+        "options": _merge_options(conninfo, idle_in_transaction_s),
+        **_tcp_settings(conninfo),
+    }
 
 
 def _tcp_settings(conninfo: str) -> dict[str, str | int | None]:

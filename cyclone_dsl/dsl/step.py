@@ -11,7 +11,7 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, Literal, ParamSpec, TypeAlias, TypeVar, overload
 
 import attrs
 from typing_extensions import Unpack
@@ -167,6 +167,8 @@ class StepDef(StepCalls[P, R]):
     _origin: StepDef[Any, Any] | None = attrs.field(default=None, alias="origin")
     concurrency: Concurrency | None = None
     rate_limit: RateLimit | None = None
+    transactional: bool = False
+    isolation: str | None = None  # of a transactional handler; None: read committed
 
     @property
     def is_async(self) -> bool:
@@ -245,10 +247,29 @@ def _define(
         problems.append(
             f"a handler name must be a non-empty string not starting with '@': {kind!r}"
         )
-    given: dict[str, object] = {"concurrency": flow.concurrency, "rate_limit": flow.rate_limit}
-    for option, expected in (("concurrency", Concurrency), ("rate_limit", RateLimit)):
+    given: dict[str, object] = {
+        "concurrency": flow.concurrency,
+        "rate_limit": flow.rate_limit,
+        "transactional": flow.transactional,
+    }
+    for option, expected in (
+        ("concurrency", Concurrency),
+        ("rate_limit", RateLimit),
+        ("transactional", bool),
+    ):
         if given[option] is not None and not isinstance(given[option], expected):
             problems.append(f"{option} must be a {expected.__name__}, not {given[option]!r}")
+    if flow.isolation is not None:
+        if flow.isolation not in ISOLATION_LEVELS:
+            problems.append(
+                f"isolation must be one of {', '.join(ISOLATION_LEVELS)}, not {flow.isolation!r}"
+            )
+        elif not flow.transactional:
+            problems.append("isolation applies to a transactional handler: add transactional=True")
+    if flow.transactional is True and "ctx" not in inspect.signature(fn).parameters:
+        problems.append(
+            "a transactional handler takes a ctx parameter: it writes on ctx.connection"
+        )
     if problems:
         raise InvalidArgument(f"@step {kind!r}: " + "; ".join(problems))
     definition = StepDef(
@@ -260,6 +281,8 @@ def _define(
         schedules=pending_schedules(fn),
         concurrency=flow.concurrency,
         rate_limit=flow.rate_limit,
+        transactional=flow.transactional,
+        isolation=flow.isolation,
     )
     from cyclone_dsl.dsl.registry import default_registry
 
@@ -267,10 +290,19 @@ def _define(
     return definition
 
 
+#: The isolation levels a transactional handler may ask for.
+Isolation: TypeAlias = Literal["read committed", "repeatable read", "serializable"]
+ISOLATION_LEVELS: tuple[str, ...] = ("read committed", "repeatable read", "serializable")
+
+
 @attrs.frozen
 class _Flow:
+    """How the handler runs, beyond its node options: limits and transactionality."""
+
     concurrency: Concurrency | None
     rate_limit: RateLimit | None
+    transactional: bool = False
+    isolation: str | None = None
 
 
 def _decorator(
@@ -309,6 +341,8 @@ def step(
     max_reclaims: int | None = None,
     concurrency: Concurrency | None = None,
     rate_limit: RateLimit | None = None,
+    transactional: bool = False,
+    isolation: Isolation | None = None,
 ) -> Callable[[Callable[P, R]], StepDef[P, R]]: ...
 def step(
     fn: Callable[P, R] | None = None,
@@ -324,12 +358,20 @@ def step(
     max_reclaims: int | None = None,
     concurrency: Concurrency | None = None,
     rate_limit: RateLimit | None = None,
+    transactional: bool = False,
+    isolation: Isolation | None = None,
 ) -> StepDef[P, R] | Callable[[Callable[P, R]], StepDef[P, R]]:
     """Declare a step: a handler whose output is kept and can feed other nodes.
 
     ``concurrency`` caps how many steps of this kind run at once per key, and
     ``rate_limit`` how many start per window, across every worker (see
     :class:`Concurrency` and :class:`RateLimit`).
+
+    With ``transactional=True`` the handler gets ``ctx.connection``, a connection
+    inside the transaction that records the step's completion: its writes and the
+    completion commit together, or not at all (an exception, a timeout, a cancel or
+    a lost lease roll them back). ``isolation`` chooses the transaction's level
+    (``read committed`` by default). See the transactional steps guide.
     """
     options = {
         "max_attempts": max_attempts,
@@ -339,7 +381,14 @@ def step(
         "retention": retention,
         "on_dep_failure": on_dep_failure,
     }
-    return _decorator(True, fn, name, max_reclaims, options, _Flow(concurrency, rate_limit))
+    return _decorator(
+        True,
+        fn,
+        name,
+        max_reclaims,
+        options,
+        _Flow(concurrency, rate_limit, transactional, isolation),
+    )
 
 
 @overload
@@ -357,6 +406,8 @@ def action(
     max_reclaims: int | None = None,
     concurrency: Concurrency | None = None,
     rate_limit: RateLimit | None = None,
+    transactional: bool = False,
+    isolation: Isolation | None = None,
 ) -> Callable[[Callable[P, R]], StepDef[P, R]]: ...
 def action(
     fn: Callable[P, R] | None = None,
@@ -372,6 +423,8 @@ def action(
     max_reclaims: int | None = None,
     concurrency: Concurrency | None = None,
     rate_limit: RateLimit | None = None,
+    transactional: bool = False,
+    isolation: Isolation | None = None,
 ) -> StepDef[P, R] | Callable[[Callable[P, R]], StepDef[P, R]]:
     """Declare an action: like a step, but its output is not kept (stored as NULL)."""
     options = {
@@ -382,4 +435,11 @@ def action(
         "retention": retention,
         "on_dep_failure": on_dep_failure,
     }
-    return _decorator(False, fn, name, max_reclaims, options, _Flow(concurrency, rate_limit))
+    return _decorator(
+        False,
+        fn,
+        name,
+        max_reclaims,
+        options,
+        _Flow(concurrency, rate_limit, transactional, isolation),
+    )

@@ -18,6 +18,7 @@ from cyclone_dsl.engine.notify import (
     CANCEL_CHANNEL,
     RUN_DONE_CHANNEL,
     WORK_CHANNEL,
+    AfterCommit,
     names_run,
     run_ids_of,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_RETENTION",
     "RUN_DONE_CHANNEL",
     "WORK_CHANNEL",
+    "AfterCommit",
     "CatchUp",
     "Claimed",
     "Compiler",

@@ -1,10 +1,13 @@
-"""NOTIFY wake-ups, sent inside the transaction so they arrive only if it commits."""
+"""NOTIFY wake-ups, sent inside the transaction so they arrive only if it commits (or,
+through :class:`AfterCommit`, right after it commits)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
+from typing import LiteralString
 
-from cyclone_dsl.db.tx import Tx
+from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.sql import Q
 
 WORK_CHANNEL = "cyclone_work"
@@ -12,10 +15,58 @@ RUN_DONE_CHANNEL = "cyclone_run_done"
 CANCEL_CHANNEL = "cyclone_cancel"
 
 
+class AfterCommit:
+    """A transaction whose notifications are held, to be sent once it has committed.
+
+    A transaction that sends NOTIFY takes a database-wide lock at commit and holds it
+    through the commit's disk flush: such transactions commit one at a time. That is cheap
+    for the worker's batched completions, not for one transaction per step (a
+    transactional handler's). Its notifications are sent by :meth:`send` after the
+    commit, in a statement that writes nothing; were the process to die between the two,
+    they would be lost, and every listener also polls.
+    """
+
+    def __init__(self, tx: Tx) -> None:
+        self._tx = tx
+        self._held: list[tuple[LiteralString, dict[str, object]]] = []
+
+    def rows(self, query: LiteralString, **params: object) -> list[Row]:
+        return self._tx.rows(query, **params)
+
+    def one(self, query: LiteralString, **params: object) -> Row | None:
+        return self._tx.one(query, **params)
+
+    def run(self, query: LiteralString, **params: object) -> int:
+        return self._tx.run(query, **params)
+
+    def savepoint(self) -> contextlib.AbstractContextManager[None]:
+        return self._tx.savepoint()
+
+    @property
+    def commits_each_statement(self) -> bool:
+        return self._tx.commits_each_statement
+
+    def hold(self, query: LiteralString, params: dict[str, object]) -> None:
+        self._held.append((query, params))
+
+    def send(self, tx: Tx) -> None:
+        """Send the held notifications on ``tx`` (after the commit)."""
+        held, self._held = self._held, []
+        for query, params in held:
+            tx.rows(query, **params)
+
+
+def _notify(tx: Tx, query: LiteralString, **params: object) -> None:
+    if isinstance(tx, AfterCommit):
+        tx.hold(query, params)
+    else:
+        tx.rows(query, **params)
+
+
 def wake_queues(tx: Tx, queues: Iterable[str]) -> None:
     distinct = sorted(set(queues))
     if distinct:
-        tx.rows(Q.notify_queues, queues=distinct)
+        _notify(tx, Q.notify_queues, queues=distinct)
 
 
 #: NOTIFY payloads must stay under 8,000 bytes: ids are sent in chunks well below that.
@@ -34,14 +85,14 @@ def runs_finished(tx: Tx, run_ids: Iterable[int]) -> None:
     """One notification per chunk of ended runs (not one per run: NOTIFY costs at commit)."""
     chunks = _chunks(run_ids)
     if chunks:
-        tx.rows(Q.notify_runs_finished, payloads=chunks)
+        _notify(tx, Q.notify_runs_finished, payloads=chunks)
 
 
 def steps_cancelled(tx: Tx, run_ids: Iterable[int]) -> None:
     """Running steps of these runs were cancelled: their workers stop them at once."""
     chunks = _chunks(run_ids)
     if chunks:
-        tx.rows(Q.notify_steps_cancelled, payloads=chunks)
+        _notify(tx, Q.notify_steps_cancelled, payloads=chunks)
 
 
 def run_ids_of(payload: str) -> set[int]:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import attrs
+
+from cyclone_dsl.errors import InvalidArgument
 
 
 @attrs.define
@@ -42,6 +45,7 @@ class StepContext:
     def_version: str
     deadline: datetime | None = None
     rate_limit_units: int | None = None
+    _connection: Any = attrs.field(default=None, alias="connection")
     _cancelled: threading.Event = attrs.field(factory=threading.Event, alias="cancelled_event")
     _heartbeat: Callable[[], bool] = attrs.field(default=lambda: True, alias="heartbeat_fn")
 
@@ -64,6 +68,20 @@ class StepContext:
     def wait_cancelled(self, timeout: float | None = None) -> bool:
         """Block up to ``timeout`` seconds until :attr:`cancelled` is set; return it."""
         return self._cancelled.wait(timeout)
+
+    @property
+    def connection(self) -> Any:
+        """The connection of a transactional step's transaction (``@step(transactional=True)``):
+        a ``psycopg.Connection`` for a sync handler, a ``psycopg.AsyncConnection`` for an async
+        one. What the handler writes on it commits with the step's completion, or not at all.
+        Do not commit, roll back or close it; savepoints (``conn.transaction()``) are fine.
+        """
+        if self._connection is None:
+            raise InvalidArgument(
+                f"step {self.node!r} is not transactional: declare "
+                "@step(transactional=True) to get ctx.connection"
+            )
+        return self._connection
 
     def heartbeat(self) -> bool:
         """Extend the lease now; False when it is lost (stop working: the result is ignored)."""

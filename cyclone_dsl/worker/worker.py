@@ -46,10 +46,12 @@ from cyclone_dsl import payload
 from cyclone_dsl.db.callers import Connection
 from cyclone_dsl.db.connect import connect, make_pool
 from cyclone_dsl.db.errors import ConnectionFailure, DatabaseError
+from cyclone_dsl.db.handler_tx import interrupt
 from cyclone_dsl.db.listen import listen, ping
 from cyclone_dsl.db.tx import ConnectionTx, Tx, in_autocommit, in_transaction
 from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.registry import Registry, default_registry
+from cyclone_dsl.dsl.step import StepDef
 from cyclone_dsl.engine import (
     CANCEL_CHANNEL,
     CHILD_WAKE,
@@ -69,6 +71,7 @@ from cyclone_dsl.worker.context import StepContext
 from cyclone_dsl.worker.scanner import Scanner
 from cyclone_dsl.worker.serving import serving_of
 from cyclone_dsl.worker.threads import DaemonThreadPool
+from cyclone_dsl.worker.transactional import COMMITTED, Call, TransactionalRunner
 
 log = logging.getLogger("cyclone.worker")
 
@@ -99,6 +102,14 @@ class _Inflight:
     returned: bool = False  # the handler has returned: its slot is free
     task: asyncio.Task[Any] | None = None  # an async handler's task, to cancel it
     stuck_reported: bool = False
+    # A sync transactional handler's connection while it runs, to interrupt it; the lock
+    # keeps an interrupt from reaching the connection once it is back in the pool.
+    connection: object = None
+    connection_lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def attach(self, connection: object) -> None:
+        with self.connection_lock:
+            self.connection = connection
 
 
 class Worker:
@@ -109,6 +120,11 @@ class Worker:
     and leases still held after that are released (available again at once,
     the attempt not counted). ``with Worker(...):`` runs the same worker in
     background threads of this process and stops it the same way on exit.
+
+    Transactional handlers (``@step(transactional=True)``) write on connections to
+    ``transactional_dsn`` (by default ``dsn``): a database where both the application's
+    tables and Cyclone's are reachable, since their step completes in the same
+    transaction. The worker opens up to ``concurrency`` such connections.
     """
 
     def __init__(
@@ -131,6 +147,7 @@ class Worker:
         name: str | None = None,
         registry: Registry | None = None,
         queue_limits: Mapping[str, int] | None = None,
+        transactional_dsn: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidArgument("concurrency must be at least 1")
@@ -173,6 +190,10 @@ class Worker:
             compile_schedule=runs.compiler_for(self.registry),
         )
         self._dsn = dsn
+        # Transactional handlers write the application's tables and Cyclone's in one
+        # transaction: this database must hold both (by default, Cyclone's own).
+        self._transactional_dsn = transactional_dsn or dsn
+        self._runner: TransactionalRunner | None = None
         self._max_reclaims = {
             kind: step.max_reclaims
             for kind, step in self.handlers.items()
@@ -322,6 +343,15 @@ class Worker:
         if any(step.is_async for step in self.handlers.values()):
             self._loop = asyncio.new_event_loop()
             self._spawn(self._loop.run_forever, "asyncio")
+        if any(step.transactional for step in self.handlers.values()):
+            self._runner = TransactionalRunner(
+                self._engine,
+                self._transactional_dsn,
+                name=f"cyclone-handler-{os.getpid()}",
+                size=self.concurrency,
+                max_bytes=self.max_output_bytes,
+                idle_s=self.lease.total_seconds(),
+            )
         for number in range(COMPLETERS):
             self._spawn(self._complete_loop, f"complete-{number}")
         self._spawn(self._heartbeat_loop, "heartbeat")
@@ -426,6 +456,7 @@ class Worker:
                 "cyclone-listen",
             ):
                 thread.join(timeout=10)
+        self._close_runner()
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._executor is not None:
@@ -434,6 +465,17 @@ class Worker:
             self._pool.close()
         self._stopped.set()
         log.info("worker %s stopped", self.id)
+
+    def _close_runner(self) -> None:
+        runner, loop = self._runner, self._loop
+        if runner is None:
+            return
+        runner.close()
+        if loop is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(runner.aclose(), loop).result(timeout=10)
+            except (concurrent.futures.TimeoutError, RuntimeError) as exc:
+                log.warning("closing the async handlers' pool failed: %s", exc)
 
     # -- claiming and running ----------------------------------------------------------
 
@@ -551,6 +593,9 @@ class Worker:
             self._handler_returned(entry)
             return
         kwargs = {"ctx": entry.ctx} if self._takes_ctx[step.kind] else {}
+        if handler.transactional:
+            self._dispatch_transactional(entry, handler, args, kwargs)
+            return
         if handler.is_async:
             assert self._loop is not None
             future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(
@@ -560,6 +605,70 @@ class Worker:
             assert self._executor is not None
             future = self._executor.submit(handler.fn, *args, **kwargs)
         future.add_done_callback(lambda f: self._on_done(entry, f, handler.keep_output))
+
+    def _dispatch_transactional(
+        self, entry: _Inflight, handler: StepDef[Any, Any], args: list[Any], kwargs: dict[str, Any]
+    ) -> None:
+        assert self._runner is not None
+        runner = self._runner
+        call = Call(
+            step=entry.step,
+            fn=handler.fn,
+            args=args,
+            kwargs=kwargs,
+            ctx=entry.ctx,
+            keep_output=handler.keep_output,
+            reserved_units=handler.rate_limit.units if handler.rate_limit else None,
+            isolation=handler.isolation,
+            decide=lambda: self._decide(entry),
+            attach=entry.attach,
+        )
+        if handler.is_async:
+            assert self._loop is not None
+
+            async def run_async() -> object:
+                entry.task = asyncio.current_task()
+                return await runner.run_async(call, entry.step.timeout_s)
+
+            future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(
+                run_async(), self._loop
+            )
+        else:
+            assert self._executor is not None
+            future = self._executor.submit(runner.run, call)
+        future.add_done_callback(lambda f: self._on_transaction_done(entry, f))
+
+    def _decide(self, entry: _Inflight) -> bool:
+        """Take the decision of a transactional step for its own transaction (False: a
+        timeout, a cancel or a lost lease decided it already)."""
+        with self._inflight_lock:
+            if entry.settled:
+                return False
+            entry.settled = True
+            self._inflight.pop(entry.step.id, None)
+        return True
+
+    def _on_transaction_done(
+        self, entry: _Inflight, future: concurrent.futures.Future[Any]
+    ) -> None:
+        """A transactional handler's transaction ended: count its commit, record the failure
+        it left, or (when the handler raised) record that like any handler's failure."""
+        try:
+            if future.cancelled() or future.exception() is not None:
+                self._on_done(entry, future, keep_output=False)
+                return
+            result = future.result()
+            if result is COMMITTED:
+                with self._count_lock:
+                    self.completed_count += 1
+            elif isinstance(result, Failure):
+                self._outcomes.put(
+                    attrs.evolve(result, wake_queue=entry.step.queue)
+                    if entry.step.gated
+                    else result
+                )
+        finally:
+            self._handler_returned(entry)
 
     @staticmethod
     async def _run_async(entry: _Inflight, fn: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -594,17 +703,19 @@ class Worker:
         finally:
             self._handler_returned(entry)
 
-    def _settle(self, entry: _Inflight, outcome: Success | Failure | None) -> None:
-        """Decide a step's outcome once (``None``: abandon it, its lease is gone)."""
+    def _settle(self, entry: _Inflight, outcome: Success | Failure | None) -> bool:
+        """Decide a step's outcome once (``None``: abandon it, its lease is gone); False
+        when it was decided already."""
         with self._inflight_lock:
             if entry.settled:
-                return
+                return False
             entry.settled = True
             self._inflight.pop(entry.step.id, None)
         if outcome is not None:
             if entry.step.gated:  # its end frees a slot: claimers of its queue look again
                 outcome = attrs.evolve(outcome, wake_queue=entry.step.queue)
             self._outcomes.put(outcome)
+        return True
 
     def _handler_returned(self, entry: _Inflight) -> None:
         """Free the handler's slot, exactly once, when it has really returned."""
@@ -622,11 +733,15 @@ class Worker:
         self._slots.release()
 
     def _stop_handler(self, entry: _Inflight) -> None:
-        """Ask a handler to stop: set ``ctx.cancelled``; cancel an async handler's task."""
+        """Ask a handler to stop: set ``ctx.cancelled``; cancel an async handler's task;
+        interrupt the statement a sync transactional handler runs (it rolls back)."""
         entry.ctx._cancelled.set()
         task, loop = entry.task, self._loop
         if task is not None and loop is not None:
             loop.call_soon_threadsafe(task.cancel)
+        with entry.connection_lock:
+            if entry.connection is not None:
+                interrupt(entry.connection)
 
     # -- completions -------------------------------------------------------------------
 
@@ -765,9 +880,11 @@ class Worker:
     def _time_out(self, entries: list[_Inflight], now: float) -> None:
         """Fail steps whose timeout passed; their handlers are asked to stop."""
         for entry in entries:
-            if entry.deadline is not None and now > entry.deadline:
+            # Decide first: a transactional handler that took its decision is committing,
+            # and must not be interrupted.
+            late = entry.deadline is not None and now > entry.deadline
+            if late and self._settle(entry, execute.timeout_failure(entry.step)):
                 self._stop_handler(entry)
-                self._settle(entry, execute.timeout_failure(entry.step))
 
     def _report_stuck(self, running: list[_Inflight], now: float) -> None:
         for entry in running:
@@ -802,8 +919,8 @@ class Worker:
                 step.node,
                 state or "gone",
             )
-        self._stop_handler(entry)
-        self._settle(entry, None)
+        if self._settle(entry, None):
+            self._stop_handler(entry)
 
     # -- wake-ups --------------------------------------------------------------------------
 

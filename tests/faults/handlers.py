@@ -115,3 +115,16 @@ def rated(n: int) -> int:
 @step(name="fault_fair", concurrency=Concurrency(key="tenant", limit=None))
 def fair(job: dict[str, object]) -> object:
     return job["n"]
+
+
+@step(name="fault_ledger", transactional=True, max_attempts=5, max_reclaims=20)
+def ledger(n: int, *, ctx: StepContext) -> int:
+    """Writes one row in ``fault_ledger`` in its step's transaction."""
+    record(ctx, "start")
+    ctx.connection.execute(
+        "INSERT INTO fault_ledger (run_id, node, pid) VALUES (%s, %s, %s)",
+        (ctx.run_id, ctx.node, os.getpid()),
+    )
+    time.sleep(float(os.environ.get("CYCLONE_FAULT_SLEEP", "0")))
+    record(ctx, "end")
+    return n

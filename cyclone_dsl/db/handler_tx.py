@@ -1,0 +1,92 @@
+"""Connections for transactional handlers: the transaction a handler writes in, and that
+records its step's completion.
+
+A sync handler borrows a connection from a pool of the worker; an async handler from an
+async pool created on the worker's event loop. Each transaction runs at the isolation
+level the handler declared (``read committed`` unless it asked for another).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from cyclone_dsl.db.connect import connection_kwargs, make_pool
+
+_LEVELS = {
+    None: None,
+    "read committed": psycopg.IsolationLevel.READ_COMMITTED,
+    "repeatable read": psycopg.IsolationLevel.REPEATABLE_READ,
+    "serializable": psycopg.IsolationLevel.SERIALIZABLE,
+}
+
+
+#: The async pool of a worker's transactional handlers.
+AsyncPool = AsyncConnectionPool[Any]
+
+
+def handler_pool(dsn: str, *, name: str, max_size: int, idle_s: float) -> ConnectionPool[Any]:
+    """The pool sync transactional handlers borrow their connection from. The server ends a
+    transaction of theirs idle ``idle_s`` seconds (a frozen worker's, whose lease expired,
+    must not hold its row locks much longer)."""
+    return make_pool(dsn, name=name, min_size=0, max_size=max_size, idle_in_transaction_s=idle_s)
+
+
+@contextlib.contextmanager
+def handler_connection(
+    pool: ConnectionPool[Any], isolation: str | None
+) -> Iterator[psycopg.Connection[Any]]:
+    """A pooled connection whose transactions (``with conn.transaction():``) run at
+    ``isolation``."""
+    with pool.connection() as conn:
+        conn.isolation_level = _LEVELS[isolation]
+        try:
+            yield conn
+        finally:
+            conn.isolation_level = None
+
+
+def async_handler_pool(
+    dsn: str, *, name: str, max_size: int, idle_s: float
+) -> AsyncConnectionPool[Any]:
+    """The pool async transactional handlers borrow from (create it on the event loop that
+    runs them; open it with ``await pool.open()``)."""
+
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.set_autocommit(True)
+
+    return AsyncConnectionPool(
+        dsn,
+        min_size=0,
+        max_size=max_size,
+        kwargs=connection_kwargs(dsn, name, idle_in_transaction_s=idle_s),
+        configure=configure,
+        open=False,
+        name=name,
+    )
+
+
+@contextlib.asynccontextmanager
+async def async_handler_connection(
+    pool: AsyncConnectionPool[Any], isolation: str | None
+) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """:func:`handler_connection` for async handlers."""
+    async with pool.connection() as conn:
+        await conn.set_isolation_level(_LEVELS[isolation])
+        try:
+            yield conn
+        finally:
+            await conn.set_isolation_level(None)
+
+
+def interrupt(conn: object) -> None:
+    """Cancel the statement a sync handler's connection is running (a timeout or cancel),
+    from another thread; its transaction then rolls back. (An async handler's task is
+    cancelled instead.)"""
+    if isinstance(conn, psycopg.Connection):
+        with contextlib.suppress(psycopg.Error):
+            conn.cancel_safe(timeout=5.0)

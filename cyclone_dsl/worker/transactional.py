@@ -1,0 +1,221 @@
+"""Transactional handlers: the handler's writes and its step's completion in one transaction.
+
+The handler gets ``ctx.connection``, inside a transaction the worker opened. When it
+returns, the worker completes the step on that same connection, fenced by the lease
+generation like every completion, and commits. Anything else rolls back the handler's
+writes with the transaction:
+
+* the handler raises (the failure is then recorded as usual, and a retry starts clean);
+* its output cannot be stored (the step fails, as any step's would);
+* the step was decided elsewhere meanwhile: its timeout passed, it was cancelled, or its
+  lease was lost (the worker interrupts the statement the handler is running);
+* the completion is fenced: the lease was reclaimed and claimed again since (a frozen
+  worker that wakes up), so the step belongs to another execution.
+
+The transaction stays open while the handler runs: transactional steps are for short
+database work, bounded by the step's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from cyclone_dsl.db.callers import AsyncConnectionTx
+from cyclone_dsl.db.clock import current_shift
+from cyclone_dsl.db.handler_tx import (
+    AsyncPool,
+    async_handler_connection,
+    async_handler_pool,
+    handler_connection,
+    handler_pool,
+)
+from cyclone_dsl.db.tx import ConnectionTx
+from cyclone_dsl.engine import AfterCommit, Claimed, Engine, Failure, Success
+from cyclone_dsl.states import ErrorKind
+from cyclone_dsl.worker import execute
+from cyclone_dsl.worker.context import StepContext
+
+log = logging.getLogger("cyclone.worker")
+
+#: What a transactional run returns: its completion committed with the handler's writes.
+COMMITTED = object()
+#: What a transactional run returns when it was rolled back and has nothing more to record
+#: (its step was decided elsewhere, or its completion was fenced out).
+DROPPED = object()
+
+
+@attrs.frozen
+class Call:
+    """One transactional handler call and how the worker wants it decided."""
+
+    step: Claimed
+    fn: Callable[..., Any]
+    args: list[Any]
+    kwargs: dict[str, Any]
+    ctx: StepContext
+    keep_output: bool
+    #: The rate-limit units its claim reserved (None: the handler is not rate limited).
+    reserved_units: int | None
+    isolation: str | None
+    #: Take the decision for this step (False: it was decided elsewhere: roll back).
+    decide: Callable[[], bool]
+    #: Record the connection the handler runs on (None once it is given back), so that a
+    #: timeout or a cancel can interrupt it.
+    attach: Callable[[object], None]
+
+
+class _RollBack(Exception):
+    """Internal: end the handler's transaction without committing."""
+
+    def __init__(self, outcome: Failure | None) -> None:
+        super().__init__("rolled back")
+        self.outcome = outcome
+
+
+class TransactionalRunner:
+    """Runs a worker's transactional handlers (sync on its threads, async on its loop).
+
+    :meth:`run` and :meth:`run_async` return :data:`COMMITTED`, :data:`DROPPED`, or a
+    :class:`Failure` the worker must record (the decision is then already taken: the output
+    could not be stored, or the completion itself failed, so the step retries). A handler's
+    own exception propagates, after the rollback, with the decision not taken: the worker
+    records it like any handler's.
+    """
+
+    def __init__(
+        self, engine: Engine, dsn: str, *, name: str, size: int, max_bytes: int, idle_s: float
+    ) -> None:
+        self._engine = engine
+        self._dsn = dsn
+        self._name = name
+        self._size = size
+        self._max_bytes = max_bytes
+        self._idle_s = idle_s
+        self._pool = handler_pool(dsn, name=name, max_size=size, idle_s=idle_s)
+        self._async_pool: AsyncPool | None = None
+
+    def close(self) -> None:
+        self._pool.close()
+
+    async def aclose(self) -> None:
+        if self._async_pool is not None:
+            await self._async_pool.close()
+
+    def _decided_outcome(self, call: Call, result: object) -> Success:
+        """Take the decision, then the completion to record in the handler's transaction."""
+        if not call.decide():
+            raise _RollBack(None)
+        units = call.reserved_units
+        outcome = execute.success_from_result(
+            call.step,
+            result,
+            keep_output=call.keep_output,
+            max_bytes=self._max_bytes,
+            extra_units=execute.extra_units(call.ctx, units) if units is not None else 0,
+        )
+        if isinstance(outcome, Failure):
+            raise _RollBack(outcome)
+        if call.step.gated:
+            outcome = attrs.evolve(outcome, wake_queue=call.step.queue)
+        return outcome
+
+    def run(self, call: Call) -> object:
+        """Run a sync handler in its transaction (on the caller's thread)."""
+        outcome: Success | None = None
+        try:
+            with handler_connection(self._pool, call.isolation) as conn:
+                call.attach(conn)
+                tx = AfterCommit(ConnectionTx(conn, current_shift()))
+                try:
+                    with conn.transaction():
+                        call.ctx._connection = conn
+                        result = call.fn(*call.args, **call.kwargs)
+                        outcome = self._decided_outcome(call, result)
+                        if not self._engine.complete(tx, [outcome]):
+                            raise _RollBack(None)
+                finally:
+                    call.ctx._connection = None
+                    call.attach(None)  # before the connection goes back to the pool
+                _send_quietly(call, lambda: tx.send(ConnectionTx(conn, current_shift())))
+        except _RollBack as rolled:
+            return self._rolled_back(call, rolled)
+        except Exception as exc:
+            if outcome is None:
+                raise  # the handler's (or its output's) failure: not decided yet
+            return self._completion_failed(call, exc)
+        return COMMITTED
+
+    async def run_async(self, call: Call, timeout_s: float | None) -> object:
+        """:meth:`run` for an async handler, on the worker's event loop."""
+        if self._async_pool is None:
+            self._async_pool = async_handler_pool(
+                self._dsn, name=self._name, max_size=self._size, idle_s=self._idle_s
+            )
+            await self._async_pool.open()
+        loop = asyncio.get_running_loop()
+        outcome: Success | None = None
+        try:
+            async with async_handler_connection(self._async_pool, call.isolation) as conn:
+                call.attach(conn)
+                tx = AfterCommit(AsyncConnectionTx(conn, loop, current_shift()))
+                try:
+                    async with conn.transaction():
+                        call.ctx._connection = conn
+                        result = await asyncio.wait_for(
+                            call.fn(*call.args, **call.kwargs), timeout_s
+                        )
+                        outcome = self._decided_outcome(call, result)
+                        if not await asyncio.to_thread(self._engine.complete, tx, [outcome]):
+                            raise _RollBack(None)
+                finally:
+                    call.ctx._connection = None
+                    call.attach(None)
+                after = AsyncConnectionTx(conn, loop, current_shift())
+                await asyncio.to_thread(_send_quietly, call, lambda: tx.send(after))
+        except _RollBack as rolled:
+            return self._rolled_back(call, rolled)
+        except Exception as exc:
+            if outcome is None:
+                raise
+            return self._completion_failed(call, exc)
+        return COMMITTED
+
+    @staticmethod
+    def _completion_failed(call: Call, exc: Exception) -> Failure:
+        """The completion or the commit failed (a serialization failure, a lost
+        connection…): nothing was kept, the step retries like a failed one."""
+        log.warning(
+            "step %s (run %s, node %r): its transaction did not commit: %s",
+            call.step.id,
+            call.step.run_id,
+            call.step.node,
+            exc,
+        )
+        return execute.failure_from_exception(call.step, exc, kind=ErrorKind.ERROR)
+
+    @staticmethod
+    def _rolled_back(call: Call, rolled: _RollBack) -> object:
+        if rolled.outcome is not None:
+            return rolled.outcome
+        log.info(
+            "step %s (run %s, node %r): decided elsewhere or fenced out; its transaction "
+            "was rolled back",
+            call.step.id,
+            call.step.run_id,
+            call.step.node,
+        )
+        return DROPPED
+
+
+def _send_quietly(call: Call, send: Callable[[], None]) -> None:
+    """Send a committed transaction's notifications; their loss only delays listeners
+    until they poll."""
+    try:
+        send()
+    except Exception as exc:  # noqa: BLE001 - committed already: nothing to undo
+        log.info("step %s: its wake-ups were not sent (%s); listeners will poll", call.step.id, exc)
