@@ -27,6 +27,21 @@ def label(x: Any) -> str:
     return f"order {x['order_id']} done"
 
 
+@step(name="fw_reject", max_attempts=1)
+def reject(x: Any) -> Any:
+    raise ValueError(f"order {x['order_id']} refused")
+
+
+@workflow(name="fw_failing")
+def failing(x):  # type: ignore[no-untyped-def]
+    return reject(x)
+
+
+@workflow(name="fw_no_result")
+def no_result(x):  # type: ignore[no-untyped-def]
+    work(x)
+
+
 @workflow(name="fw_step_root")
 def step_root(x):  # type: ignore[no-untyped-def]
     return label(work(x))
@@ -75,7 +90,7 @@ SHAPES: dict[str, Shape] = {
 }
 
 #: Everything a worker needs to run every shape.
-WORKFLOWS = [step_root, wait_root, timer_root, child_root, fan_out_root]
+WORKFLOWS = [step_root, wait_root, timer_root, child_root, fan_out_root, failing, no_result]
 
 
 def states(client: Client, run_id: int) -> dict[str, str]:
