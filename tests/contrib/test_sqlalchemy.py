@@ -70,6 +70,23 @@ def test_the_run_exists_iff_the_session_commits(
     check_activated(client, run_id, shape)
 
 
+def test_a_session_without_begin_decides_with_commit_or_rollback(
+    engine: Engine, app_dsn: str, client: Client
+) -> None:
+    wf, value = SHAPES["wait"].workflow, SHAPES["wait"].input
+    with Session(engine) as session:
+        place(session, "refused")
+        submit_tx(session, client, wf, value)
+        session.rollback()
+        assert counts(app_dsn) == (0, 0)
+        place(session, "placed")
+        run_id = submit_tx(session, client, wf, value).id
+        assert counts(app_dsn) == (0, 0)
+        session.commit()
+    assert counts(app_dsn) == (1, 1)
+    check_activated(client, run_id, "wait")
+
+
 def test_a_worker_completes_a_committed_run(
     engine: Engine, app_dsn: str, client: Client, start_worker: Callable[..., Worker]
 ) -> None:
