@@ -30,7 +30,10 @@ def test_importing_cyclone_imports_no_framework() -> None:
 def test_a_missing_framework_names_its_extra(
     monkeypatch: pytest.MonkeyPatch, integration: str, framework: str
 ) -> None:
-    monkeypatch.setitem(sys.modules, framework, None)  # import fails as if not installed
+    # Every import of the framework (or of a module of it already loaded) fails, as if it
+    # were not installed.
+    for name in [framework, *(m for m in sys.modules if m.startswith(f"{framework}."))]:
+        monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.delitem(sys.modules, f"cyclone_dsl.contrib.{integration}", raising=False)
     with pytest.raises(ImportError, match=rf"pip install 'cyclone-dsl\[{integration}\]'"):
         importlib.import_module(f"cyclone_dsl.contrib.{integration}")
