@@ -285,11 +285,19 @@ def test_the_worker_command_runs_submitted_runs_and_stops_on_sigterm(
     assert "stopped" in out, out + err
 
 
-def test_the_worker_command_says_what_is_missing(app_dsn: str) -> None:
-    command = manage("cyclone_worker", "tests.contrib.no_such_module", dsn=app_dsn)
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["tests.contrib.no_such_module"], "cannot import 'tests.contrib.no_such_module'"),
+        (["--concurrency", "0"], "CommandError: concurrency must be at least 1"),
+    ],
+)
+def test_the_worker_command_says_what_is_wrong(app_dsn: str, args: list[str], message: str) -> None:
+    command = manage("cyclone_worker", *args, dsn=app_dsn)
     _, err = command.communicate(timeout=60)
-    assert command.returncode != 0
-    assert "cannot import 'tests.contrib.no_such_module'" in err
+    assert command.returncode == 1
+    assert message in err
+    assert "Traceback" not in err
 
 
 def test_the_migrate_command_creates_cyclones_tables(cyclone_admin_dsn: str) -> None:

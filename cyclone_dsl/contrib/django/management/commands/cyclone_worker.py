@@ -9,12 +9,20 @@ It runs until SIGTERM or SIGINT, then stops gracefully and exits 0.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, TypeVar
 
 from django.core.management.base import BaseCommand, CommandError
 
 from cyclone_dsl.contrib.django import cyclone_settings, dsn
+from cyclone_dsl.errors import CycloneError
 from cyclone_dsl.worker.worker import Worker
+
+T = TypeVar("T")
+
+
+def pick(given: T | None, configured: T) -> T:
+    """The command-line value if one was given (``0`` included), else the setting."""
+    return configured if given is None else given
 
 
 class Command(BaseCommand):  # type: ignore[misc]  # Django ships no type hints
@@ -53,14 +61,17 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no type hints
             if options["queues"]
             else list(conf["QUEUES"])
         )
-        worker = Worker(
-            dsn(),
-            loaded,
-            queues=queues,
-            concurrency=options["concurrency"] or int(conf["CONCURRENCY"]),
-            grace=options["grace"] if options["grace"] is not None else float(conf["GRACE"]),
-        )
-        self.stdout.write(f"cyclone worker {worker.id}: queues {', '.join(queues)}")
-        self.stdout.flush()
-        worker.run()
+        try:
+            worker = Worker(
+                dsn(),
+                loaded,
+                queues=queues,
+                concurrency=pick(options["concurrency"], int(conf["CONCURRENCY"])),
+                grace=pick(options["grace"], float(conf["GRACE"])),
+            )
+            self.stdout.write(f"cyclone worker {worker.id}: queues {', '.join(queues)}")
+            self.stdout.flush()
+            worker.run()
+        except CycloneError as exc:  # a bad option, an unreachable database: one line
+            raise CommandError(str(exc).splitlines()[0] if str(exc) else repr(exc)) from exc
         self.stdout.write(f"cyclone worker {worker.id}: stopped")
