@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from cyclone_dsl.client.handle import RunHandle
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.contrib import missing_extra
-from cyclone_dsl.contrib._connections import engine_loaders, psycopg_connection
+from cyclone_dsl.contrib._connections import psycopg_connection
 from cyclone_dsl.db.callers import Connection as PsycopgConnection
 from cyclone_dsl.payload import JSONValue
 
@@ -59,8 +59,8 @@ def submit_tx(
     deadline: timedelta | None = None,
 ) -> RunHandle:
     """:meth:`Client.submit_tx <cyclone_dsl.Client.submit_tx>` in ``bind``'s transaction."""
-    with engine_loaders(driver_connection(bind)) as conn:
-        return client.submit_tx(conn, workflow, input, deadline=deadline)
+    conn = driver_connection(bind)
+    return client.submit_tx(conn, workflow, input, deadline=deadline)
 
 
 def submit_once_tx(
@@ -74,8 +74,8 @@ def submit_once_tx(
 ) -> RunHandle:
     """:meth:`Client.submit_once_tx <cyclone_dsl.Client.submit_once_tx>` in ``bind``'s
     transaction."""
-    with engine_loaders(driver_connection(bind)) as conn:
-        return client.submit_once_tx(conn, workflow, input, key=key, deadline=deadline)
+    conn = driver_connection(bind)
+    return client.submit_once_tx(conn, workflow, input, key=key, deadline=deadline)
 
 
 def enqueue_tx(
@@ -95,18 +95,18 @@ def enqueue_tx(
     concurrency_key: str | None = None,
 ) -> RunHandle:
     """:meth:`Client.enqueue_tx <cyclone_dsl.Client.enqueue_tx>` in ``bind``'s transaction."""
-    with engine_loaders(driver_connection(bind)) as conn:
-        return client.enqueue_tx(
-            conn,
-            step,
-            input,
-            queue=queue,
-            priority=priority,
-            scheduled_at=scheduled_at,
-            max_attempts=max_attempts,
-            timeout=timeout,
-            unique_key=unique_key,
-            sequence_key=sequence_key,
-            retention=retention,
-            concurrency_key=concurrency_key,
-        )
+    conn = driver_connection(bind)
+    return client.enqueue_tx(
+        conn,
+        step,
+        input,
+        queue=queue,
+        priority=priority,
+        scheduled_at=scheduled_at,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        unique_key=unique_key,
+        sequence_key=sequence_key,
+        retention=retention,
+        concurrency_key=concurrency_key,
+    )

@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
-from psycopg.pq import TransactionStatus
+from psycopg.pq import Format, TransactionStatus
 from psycopg.rows import dict_row
 
 from cyclone_dsl.db.tx import ConnectionTx, Row, Tx, with_shift
@@ -29,6 +29,35 @@ T = TypeVar("T")
 #: The connections ``submit_tx`` and its siblings accept (re-exported for the clients).
 Connection = psycopg.Connection[Any]
 AsyncConnection = psycopg.AsyncConnection[Any]
+
+
+#: The types the engine reads whose loaders frameworks replace on the connections they own:
+#: Django loads ``jsonb`` as text (its JSONField decodes it) and ``timestamptz`` in its own
+#: zone, naive when ``USE_TZ`` is off; SQLAlchemy can plug its own JSON decoder.
+ENGINE_TYPES = ("json", "jsonb", "timestamptz", "timestamp", "interval", "numeric")
+
+
+def with_psycopg_loaders(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
+    """Read with psycopg's default loaders on this cursor, whatever the connection's are (a
+    cursor's adapters are its own copy: the application's connection keeps its own)."""
+    for name in ENGINE_TYPES:
+        oid = psycopg.adapters.types[name].oid
+        for fmt in (Format.TEXT, Format.BINARY):
+            default = psycopg.adapters.get_loader(oid, fmt)
+            if default is not None and cursor.adapters.get_loader(oid, fmt) is not default:
+                cursor.adapters.register_loader(oid, default)
+
+
+class CallersTx(ConnectionTx):
+    """A :class:`ConnectionTx` on the application's connection: the engine reads its rows
+    as psycopg reads them by default, whatever loaders the application configured."""
+
+    __slots__ = ()
+
+    def _cursor(self) -> psycopg.Cursor[Row]:
+        cursor = super()._cursor()
+        with_psycopg_loaders(cursor)
+        return cursor
 
 
 def in_callers_transaction(conn: Connection, work: Callable[[Tx], T], *, shift: timedelta) -> T:
@@ -44,7 +73,7 @@ def in_callers_transaction(conn: Connection, work: Callable[[Tx], T], *, shift: 
     if conn.info.transaction_status == TransactionStatus.IDLE and not conn.autocommit:
         conn.execute(Q.ping)
     with conn.transaction():
-        return work(ConnectionTx(conn, shift))
+        return work(CallersTx(conn, shift))
 
 
 async def in_callers_async_transaction(
@@ -71,7 +100,8 @@ async def in_callers_async_transaction(
 class AsyncConnectionTx:
     """A :class:`Tx` whose statements run on an async connection's event loop.
 
-    Used from a thread other than the loop's (see the module docstring).
+    Used from a thread other than the loop's (see the module docstring). Like
+    :class:`CallersTx`, it reads with psycopg's default loaders.
     """
 
     __slots__ = ("conn", "loop", "shift")
@@ -88,6 +118,7 @@ class AsyncConnectionTx:
 
     async def _fetch(self, query: LiteralString, params: dict[str, object], many: bool) -> Any:
         async with self.conn.cursor(row_factory=dict_row) as cur:
+            with_psycopg_loaders(cur)
             await cur.execute(query, params)
             if cur.description is None:
                 return [] if many else None

@@ -63,18 +63,21 @@ class ConnectionTx:
         self.conn = conn
         self.shift = _shift_or_current(shift)
 
+    def _cursor(self) -> psycopg.Cursor[Row]:
+        return self.conn.cursor(row_factory=dict_row)
+
     def rows(self, query: LiteralString, **params: object) -> list[Row]:
-        with self.conn.cursor(row_factory=dict_row) as cur:
+        with self._cursor() as cur:
             cur.execute(query, with_shift(params, self.shift))
             return cur.fetchall() if cur.description else []
 
     def one(self, query: LiteralString, **params: object) -> Row | None:
-        with self.conn.cursor(row_factory=dict_row) as cur:
+        with self._cursor() as cur:
             cur.execute(query, with_shift(params, self.shift))
             return cur.fetchone() if cur.description else None
 
     def run(self, query: LiteralString, **params: object) -> int:
-        with self.conn.cursor() as cur:
+        with self._cursor() as cur:
             cur.execute(query, with_shift(params, self.shift))
             return cur.rowcount
 

@@ -237,3 +237,45 @@ def test_submit_once_tx_waits_for_the_holder_to_commit_or_roll_back(
             assert (handle.id, handle.created) == (first.id, False)
         else:
             assert handle.created and handle.id != first.id
+
+
+class TextLoader(psycopg.adapt.Loader):
+    """Loads a value as its text, as Django's connection does for ``jsonb``."""
+
+    def load(self, data: Any) -> str:
+        return bytes(data).decode()
+
+
+def configured_like_a_framework(conn: Any) -> None:
+    """The loaders a framework sets on the connections it owns: ``jsonb``, ``json`` and
+    ``timestamptz`` read as plain text."""
+    for name in ("json", "jsonb", "timestamptz"):
+        conn.adapters.register_loader(name, TextLoader)
+
+
+def test_submit_tx_reads_its_rows_with_psycopgs_loaders(client: Client, cyclone_dsn: str) -> None:
+    """A framework's connection loads jsonb as text: the child run the submit starts must
+    still get the input, not its JSON text, and the connection keeps its loaders."""
+    with psycopg.connect(cyclone_dsn) as conn:
+        configured_like_a_framework(conn)
+        run_id = client.submit_tx(conn, child_root, {"n": 1}).id
+        conn.commit()
+        assert conn.execute("SELECT '{}'::jsonb").fetchone() == ("{}",)
+    (started,) = client.children_of(run_id)
+    assert client.get_run(started["id"]).input == {"n": 1}
+
+
+def test_async_submit_tx_reads_its_rows_with_psycopgs_loaders(
+    client: Client, cyclone_dsn: str
+) -> None:
+    async def submit() -> int:
+        async with await psycopg.AsyncConnection.connect(cyclone_dsn) as conn:
+            configured_like_a_framework(conn)
+            async with AsyncClient(cyclone_dsn) as aclient:
+                run_id = (await aclient.submit_tx(conn, child_root, {"n": 2})).id
+            await conn.commit()
+            return run_id
+
+    run_id = asyncio.run(submit())
+    (started,) = client.children_of(run_id)
+    assert client.get_run(started["id"]).input == {"n": 2}

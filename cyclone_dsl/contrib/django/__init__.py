@@ -39,7 +39,7 @@ import psycopg  # noqa: TID251 - the DSN is built from Django's connection param
 from cyclone_dsl.client.handle import RunHandle
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.contrib import missing_extra
-from cyclone_dsl.contrib._connections import engine_loaders, psycopg_connection
+from cyclone_dsl.contrib._connections import psycopg_connection
 from cyclone_dsl.db.callers import Connection
 from cyclone_dsl.payload import JSONValue
 
@@ -188,8 +188,8 @@ def submit_tx(
     commits on its own, like an ORM write there. ``client`` defaults to
     :func:`get_client`.
     """
-    with engine_loaders(atomic_connection(using)) as conn:
-        return (client or get_client()).submit_tx(conn, workflow, input, deadline=deadline)
+    conn = atomic_connection(using)
+    return (client or get_client()).submit_tx(conn, workflow, input, deadline=deadline)
 
 
 def submit_once_tx(
@@ -203,10 +203,10 @@ def submit_once_tx(
 ) -> RunHandle:
     """:meth:`Client.submit_once_tx <cyclone_dsl.Client.submit_once_tx>` on Django's
     connection (see :func:`submit_tx`)."""
-    with engine_loaders(atomic_connection(using)) as conn:
-        return (client or get_client()).submit_once_tx(
-            conn, workflow, input, key=key, deadline=deadline
-        )
+    conn = atomic_connection(using)
+    return (client or get_client()).submit_once_tx(
+        conn, workflow, input, key=key, deadline=deadline
+    )
 
 
 def enqueue_tx(
@@ -227,18 +227,18 @@ def enqueue_tx(
 ) -> RunHandle:
     """:meth:`Client.enqueue_tx <cyclone_dsl.Client.enqueue_tx>` on Django's connection
     (see :func:`submit_tx`)."""
-    with engine_loaders(atomic_connection(using)) as conn:
-        return (client or get_client()).enqueue_tx(
-            conn,
-            step,
-            input,
-            queue=queue,
-            priority=priority,
-            scheduled_at=scheduled_at,
-            max_attempts=max_attempts,
-            timeout=timeout,
-            unique_key=unique_key,
-            sequence_key=sequence_key,
-            retention=retention,
-            concurrency_key=concurrency_key,
-        )
+    conn = atomic_connection(using)
+    return (client or get_client()).enqueue_tx(
+        conn,
+        step,
+        input,
+        queue=queue,
+        priority=priority,
+        scheduled_at=scheduled_at,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        unique_key=unique_key,
+        sequence_key=sequence_key,
+        retention=retention,
+        concurrency_key=concurrency_key,
+    )
