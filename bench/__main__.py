@@ -110,9 +110,10 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
     add("steps under a rate limit", rated, "steps/s", "standalone", noop)
 
     own_writes = cy.write_throughput(admin, size["jobs"], transactional=False)
-    add("steps writing a row on their own", own_writes, "steps/s")
+    add("steps writing a row on their own", own_writes, "steps/s", "standalone", noop)
     tx_writes = cy.write_throughput(admin, size["jobs"], transactional=True)
     add("transactional steps writing a row", tx_writes, "steps/s", "own tx", own_writes)
+    add("transactional vs plain no-op steps", tx_writes, "steps/s", "standalone", noop)
 
     chain = cy.workflow_throughput(admin, flows.chain, size["runs"], 3)
     add("3-step chains", chain, "steps/s", "standalone", noop)
