@@ -17,6 +17,7 @@ from cyclone_dsl.dsl.workflow import WorkflowDef, workflow
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.errors import (
     AlreadyTerminal,
+    ClientClosed,
     CycloneError,
     DatabaseUnavailable,
     HandlerConflict,
@@ -58,6 +59,7 @@ __all__ = [
     "AsyncRunHandle",
     "Attempt",
     "Client",
+    "ClientClosed",
     "Concurrency",
     "CycloneError",
     "DatabaseUnavailable",

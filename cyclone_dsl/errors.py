@@ -252,6 +252,10 @@ class BuildTimeValue(CycloneError, TypeError):
     """
 
 
+class ClientClosed(CycloneError):
+    """The client was closed (``close()``, or the end of its ``with`` block): open a new one."""
+
+
 class DatabaseUnavailable(CycloneError):
     """The database cannot be reached, or refused the session.
 

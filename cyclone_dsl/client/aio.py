@@ -270,6 +270,7 @@ class AsyncClient:
 
     def handle(self, run_id: int) -> AsyncRunHandle:
         """A handle to an existing run (no database access)."""
+        run_id = base.checked_run_id(run_id)
         return self._handle(run_id, created=False)
 
     # -- reading ---------------------------------------------------------------------
@@ -327,11 +328,15 @@ class AsyncClient:
 
     async def wait(self, run_id: int, timeout: float | None = None) -> Run:
         """See :meth:`Client.wait`; never blocks the event loop."""
+        run_id = base.checked_run_id(run_id)
+        self._client._db.check_open()
         await follow_async(self.dsn, run_end_plan(run_id, timeout), name="cyclone-wait")
         return await self.get_run(run_id)
 
     async def result(self, run_id: int, timeout: float | None = None) -> JSONValue:
         """See :meth:`Client.result`; never blocks the event loop."""
+        run_id = base.checked_run_id(run_id)
+        self._client._db.check_open()
         await follow_async(self.dsn, run_end_plan(run_id, timeout), name="cyclone-wait")
         return await self.outcome(run_id)
 
@@ -339,10 +344,12 @@ class AsyncClient:
 
     async def cancel(self, run_id: int) -> None:
         """See :meth:`Client.cancel`."""
+        run_id = base.checked_run_id(run_id)
         await asyncio.to_thread(self._client.cancel, run_id)
 
     async def retry(self, run_id: int, node: str) -> None:
         """See :meth:`Client.retry`."""
+        run_id = base.checked_run_id(run_id)
         await asyncio.to_thread(self._client.retry, run_id, node)
 
     async def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:
@@ -351,10 +358,12 @@ class AsyncClient:
 
     async def pause(self, run_id: int) -> None:
         """See :meth:`Client.pause`."""
+        run_id = base.checked_run_id(run_id)
         await asyncio.to_thread(self._client.pause, run_id)
 
     async def resume(self, run_id: int) -> None:
         """See :meth:`Client.resume`."""
+        run_id = base.checked_run_id(run_id)
         await asyncio.to_thread(self._client.resume, run_id)
 
     # -- schedules, retention, stats -------------------------------------------------

@@ -15,6 +15,15 @@ MAX_KEY_BYTES = 1024
 ENDED_STATES: tuple[RunState, ...] = (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
 
 
+def checked_run_id(run_id: object) -> int:
+    """``run_id`` if it is a run's id (an int); :class:`InvalidArgument` for anything else,
+    before any statement is sent."""
+    if isinstance(run_id, int) and not isinstance(run_id, bool):
+        return run_id
+    hint = " (a handle's run id is handle.id)" if hasattr(run_id, "id") else ""
+    raise InvalidArgument(f"expected a run id (an int), not {run_id!r}{hint}")
+
+
 def check_deadline(deadline: timedelta | None) -> timedelta | None:
     if deadline is None:
         return None

@@ -64,6 +64,7 @@ class Client:
         self._db = PooledDatabase(resolved, name="cyclone-client", max_size=pool_size)
 
     def close(self) -> None:
+        """Close the connection pool; later calls raise :class:`ClientClosed`."""
         self._db.close()
 
     def __enter__(self) -> Client:
@@ -367,12 +368,14 @@ class Client:
 
     def handle(self, run_id: int) -> RunHandle:
         """A handle to an existing run (no database access)."""
+        run_id = base.checked_run_id(run_id)
         return RunHandle(run_id, self, created=False)
 
     # -- reading ---------------------------------------------------------------------
 
     def get_run(self, run_id: int) -> Run:
         """The run with every step, or :class:`RunNotFound`."""
+        run_id = base.checked_run_id(run_id)
 
         def read(tx: Tx) -> Run:
             row = tx.one(Q.get_run, run_id=run_id)
@@ -425,11 +428,13 @@ class Client:
 
     def progress(self, run_id: int) -> tuple[int, int]:
         """(terminal steps, all steps) of a run."""
+        run_id = base.checked_run_id(run_id)
         row = self._read_one(Q.run_progress, run_id=run_id)
         return (row["done"], row["total"]) if row else (0, 0)
 
     def dependencies(self, run_id: int) -> dict[str, list[str]]:
         """Each node of a run with the nodes it depends on."""
+        run_id = base.checked_run_id(run_id)
         graph: dict[str, list[str]] = {}
         for edge in self._read(Q.get_run_deps, run_id=run_id):
             graph.setdefault(edge["node"], []).append(edge["dep_node"])
@@ -437,10 +442,12 @@ class Client:
 
     def signals_of(self, run_id: int) -> list[dict[str, Any]]:
         """The run's signal mailbox (consumed rows included), in delivery order."""
+        run_id = base.checked_run_id(run_id)
         return self._read(Q.run_signals, run_id=run_id)
 
     def children_of(self, run_id: int) -> list[dict[str, Any]]:
         """The child runs started by a run's child nodes."""
+        run_id = base.checked_run_id(run_id)
         return self._read(Q.child_runs, run_id=run_id)
 
     def run_counts(self) -> dict[str, int]:
@@ -449,6 +456,7 @@ class Client:
 
     def outcome(self, run_id: int) -> JSONValue:
         """The result of a terminal run (see :meth:`RunHandle.result`)."""
+        run_id = base.checked_run_id(run_id)
         row = self._read_one(Q.run_outcome, run_id=run_id)
         if row is not None and not RunState(row["state"]).is_terminal:
             raise InvalidArgument(f"run {run_id} is still {row['state']}")
@@ -460,6 +468,8 @@ class Client:
         Waits on LISTEN (no busy polling), re-reading the state every second as a
         fallback, and survives a lost or half-open connection.
         """
+        run_id = base.checked_run_id(run_id)
+        self._db.check_open()
         wait_for_end(self.dsn, run_id, timeout)
         return self.get_run(run_id)
 
@@ -469,6 +479,8 @@ class Client:
         Raises :class:`RunFailed` for a failed or cancelled run and
         :class:`NoOutput` when the workflow defines no result.
         """
+        run_id = base.checked_run_id(run_id)
+        self._db.check_open()
         wait_for_end(self.dsn, run_id, timeout)
         return self.outcome(run_id)
 
@@ -482,6 +494,7 @@ class Client:
 
     def cancel(self, run_id: int) -> None:
         """Cancel a run and its descendant runs; :class:`AlreadyTerminal` if it has ended."""
+        run_id = base.checked_run_id(run_id)
         self._db.transaction(lambda tx: self._engine.cancel(tx, run_id))
 
     def retry(self, run_id: int, node: str) -> None:
@@ -509,6 +522,7 @@ class Client:
         reset. Each message names what to retry instead.
         See docs/concepts/runs-and-steps.md, "Retrying failed work".
         """
+        run_id = base.checked_run_id(run_id)
         self._db.transaction(lambda tx: self._engine.retry(tx, run_id, node))
 
     def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:
@@ -521,16 +535,19 @@ class Client:
         :class:`SignalNotDeliverable` for a name no wait declares and
         :class:`AlreadyTerminal` for a run that has ended.
         """
+        run_id = base.checked_run_id(run_id)
         base.check_key("signal name", name)
         text = encode(payload, what="the signal payload")
         return self._db.transaction(lambda tx: self._engine.signal(tx, run_id, name, text))
 
     def pause(self, run_id: int) -> None:
         """Pause a running run: ready and pending steps wait; running steps finish."""
+        run_id = base.checked_run_id(run_id)
         self._db.transaction(lambda tx: self._engine.pause(tx, run_id))
 
     def resume(self, run_id: int) -> None:
         """Resume a paused run; its deadline and timed waits move by the pause length."""
+        run_id = base.checked_run_id(run_id)
         self._db.transaction(lambda tx: self._engine.resume(tx, run_id))
 
     # -- schedules, retention, stats -------------------------------------------------
@@ -634,6 +651,7 @@ class Client:
         """For each due step of the run that a limit holds back, why, in words:
         ``waiting for a concurrency slot (tenant-7: 3/3)`` or ``rate limited until 12:00:03``.
         """
+        run_id = base.checked_run_id(run_id)
         rows = self._db.transaction(lambda tx: self._engine.wait_reasons(tx, run_id))
         reasons: dict[str, list[str]] = {}
         for row in rows:

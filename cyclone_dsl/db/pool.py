@@ -16,7 +16,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from cyclone_dsl.db.connect import make_pool
 from cyclone_dsl.db.diagnose import check_reachable, describe_server, is_connection_loss, parse_dsn
 from cyclone_dsl.db.tx import Tx, in_autocommit, in_transaction
-from cyclone_dsl.errors import DatabaseUnavailable
+from cyclone_dsl.errors import ClientClosed, DatabaseUnavailable
 
 T = TypeVar("T")
 
@@ -26,6 +26,7 @@ class PooledDatabase:
 
     def __init__(self, dsn: str, *, name: str, max_size: int) -> None:
         self.dsn = dsn
+        self._name = name
         try:
             self._pool: ConnectionPool[Any] = make_pool(dsn, name=name, max_size=max_size)
         except PoolTimeout as exc:
@@ -33,6 +34,11 @@ class PooledDatabase:
 
     def close(self) -> None:
         self._pool.close()
+
+    def check_open(self) -> None:
+        """:class:`ClientClosed` once :meth:`close` was called."""
+        if self._pool.closed:
+            raise ClientClosed(f"this client was closed ({self._name}): open a new one")
 
     @property
     def pool(self) -> ConnectionPool[Any]:
@@ -44,6 +50,7 @@ class PooledDatabase:
 
         A deadlock or serialization failure retries the whole transaction.
         """
+        self.check_open()
         try:
             if one_statement:
                 return in_autocommit(self._pool, work)
