@@ -38,6 +38,7 @@ from cyclone_dsl.errors import (
     UnknownWorkflow,
     WorkerCrashed,
 )
+from cyclone_dsl.graph.conditions import Condition
 from cyclone_dsl.migrate import (
     EXTENSION_VERSION_TABLE,
     LATEST_EXTENSION_VERSION,
@@ -61,6 +62,7 @@ __all__ = [
     "Client",
     "ClientClosed",
     "Concurrency",
+    "Condition",
     "CycloneError",
     "DatabaseUnavailable",
     "Debounce",

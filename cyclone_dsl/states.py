@@ -28,6 +28,9 @@ class StepState(StrEnum):
     COMPLETED = "completed"
     DISCARDED = "discarded"
     CANCELLED = "cancelled"
+    #: Not a database state: how the client shows a node its condition skipped (stored as
+    #: ``completed`` with no output and error kind ``skipped``).
+    SKIPPED = "skipped"
 
     @property
     def is_terminal(self) -> bool:
@@ -49,6 +52,7 @@ class ErrorKind(StrEnum):
     DEP_FAILED = "dep_failed"
     CHILD_FAILED = "child_failed"
     CANCELLED = "cancelled"
+    SKIPPED = "skipped"  # a conditional node that did not run (its step is completed)
 
 
 class OnDepFailure(StrEnum):
@@ -57,4 +61,6 @@ class OnDepFailure(StrEnum):
 
 
 TERMINAL_RUN_STATES = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED})
-TERMINAL_STEP_STATES = frozenset({StepState.COMPLETED, StepState.DISCARDED, StepState.CANCELLED})
+TERMINAL_STEP_STATES = frozenset(
+    {StepState.COMPLETED, StepState.DISCARDED, StepState.CANCELLED, StepState.SKIPPED}
+)

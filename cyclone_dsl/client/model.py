@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from cyclone_dsl.payload import JSONValue
-from cyclone_dsl.states import RunState, StepState
+from cyclone_dsl.states import ErrorKind, RunState, StepState
 
 
 @attrs.frozen
@@ -45,6 +45,15 @@ class Attempt:
 
 #: Outcomes whose execution was counted in ``attempt`` (a failure); a reclaim is not.
 _COUNTED = frozenset({StepState.RUNNING, StepState.COMPLETED})
+
+
+def shown_state(row: dict[str, Any]) -> StepState:
+    """A step row's state as the client shows it: a node its condition skipped is stored
+    as completed (error kind ``skipped``) and shown as :attr:`StepState.SKIPPED`."""
+    state = StepState(row["state"])
+    if state is StepState.COMPLETED and row.get("error_kind") == ErrorKind.SKIPPED:
+        return StepState.SKIPPED
+    return state
 
 
 @attrs.frozen
@@ -100,7 +109,7 @@ class Step:
 
     @classmethod
     def from_row(cls, row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Step:
-        return cls(**{**row, "state": StepState(row["state"]), "attempts": attempts})
+        return cls(**{**row, "state": shown_state(row), "attempts": attempts})
 
 
 @attrs.frozen

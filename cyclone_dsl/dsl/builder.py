@@ -8,7 +8,9 @@ then default ids (the handler's name) made unique with ``_2``, ``_3``...
 
 from __future__ import annotations
 
+import collections.abc
 import contextvars
+import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -18,6 +20,8 @@ import attrs
 
 from cyclone_dsl import payload
 from cyclone_dsl.errors import BuildTimeValue, InvalidPayload
+from cyclone_dsl.graph import conditions
+from cyclone_dsl.graph.conditions import Condition, Operand, PathItem, Scalar
 from cyclone_dsl.graph.model import (
     Arg,
     ArgKind,
@@ -72,6 +76,9 @@ class PendingNode:
     keep_output: bool = True
     explicit_id: str | None = None
     final_id: str = ""
+    #: The condition the node runs under (sources: references); see :meth:`Builder.branch`.
+    when: Condition | None = None
+    on_skip: str = "skip"
     #: Problems of this call, reported with the node's id once ids are settled.
     problems: list[str] = attrs.field(factory=list)
 
@@ -99,6 +106,49 @@ class Ref(Generic[T_co]):
 
     def _described(self) -> str:
         raise NotImplementedError
+
+    # Conditions for when= (decided by the engine on the recorded value, never here).
+
+    def at(self, *path: PathItem) -> Operand:
+        """The value at ``path`` (object keys and list indices) inside this one, to build a
+        condition on: ``score.at("risk", "level").eq("high")``."""
+        return Operand(self, tuple(path))
+
+    def eq(self, value: Scalar) -> Condition:
+        """A condition: the value equals ``value`` (for ``when=``)."""
+        return Operand(self).eq(value)
+
+    def ne(self, value: Scalar) -> Condition:
+        """A condition: the value does not equal ``value``."""
+        return Operand(self).ne(value)
+
+    def lt(self, value: Scalar) -> Condition:
+        """A condition: the value is less than ``value`` (numbers, or strings)."""
+        return Operand(self).lt(value)
+
+    def le(self, value: Scalar) -> Condition:
+        """A condition: the value is at most ``value``."""
+        return Operand(self).le(value)
+
+    def gt(self, value: Scalar) -> Condition:
+        """A condition: the value is greater than ``value``."""
+        return Operand(self).gt(value)
+
+    def ge(self, value: Scalar) -> Condition:
+        """A condition: the value is at least ``value``."""
+        return Operand(self).ge(value)
+
+    def isin(self, values: Sequence[Scalar]) -> Condition:
+        """A condition: the value is one of ``values``."""
+        return Operand(self).isin(values)
+
+    def truthy(self) -> Condition:
+        """A condition: the value is truthy as in Python (not null, false, 0, "", [] or {})."""
+        return Operand(self).truthy()
+
+    def falsy(self) -> Condition:
+        """A condition: the value is falsy (or the path is missing)."""
+        return Operand(self).falsy()
 
     def _refuse(self, operation: str, advice: str) -> NoReturn:
         what = self._described()
@@ -331,6 +381,9 @@ class Builder:
         fan_out: FanOutSpec | None = None,
         child: ChildSpec | None = None,
         keep_output: bool = True,
+        when: object = None,
+        otherwise: object = None,
+        on_skip: object = None,
     ) -> NodeRef[Any]:
         where = f"call of {default_id!r}"
         if len(call_args) == 1 and isinstance(call_args[0], list | tuple):
@@ -345,6 +398,13 @@ class Builder:
             else:
                 binding = Binding.TUPLE
         control = self._control(after, where)
+        condition = self._condition(when, otherwise, where)
+        if condition is not None:
+            # The node waits for what its condition reads.
+            control += [o.source for o in condition.operands() if isinstance(o.source, NodeRef)]
+        if on_skip is not None and on_skip not in ("skip", "run"):
+            self.problems.append((None, f"{where}: on_skip= is 'skip' or 'run', not {on_skip!r}"))
+            on_skip = None
         node = PendingNode(
             default_id,
             kind,
@@ -356,9 +416,76 @@ class Builder:
             fan_out,
             child,
             keep_output,
+            when=condition,
+            on_skip=str(on_skip or "skip"),
         )
         self.nodes.append(node)
         return NodeRef(self, node)
+
+    def _condition(self, when: object, otherwise: object, where: str) -> Condition | None:
+        """The condition a node runs under, from ``when=`` or ``otherwise=`` (the negation
+        of another node's ``when=``); problems are recorded, not raised."""
+        if otherwise is not None:
+            if when is not None:
+                self.problems.append((None, f"{where}: give when= or otherwise=, not both"))
+                return None
+            if not isinstance(otherwise, NodeRef) or otherwise.builder is not self:
+                self.problems.append(
+                    (None, f"{where}: otherwise= takes a node of this workflow, not {otherwise!r}")
+                )
+                return None
+            if otherwise.node.when is None:
+                self.problems.append(
+                    (None, f"{where}: otherwise={otherwise!r} names a node without when=")
+                )
+                return None
+            return ~otherwise.node.when
+        if when is None:
+            return None
+        found = conditions.problems(when)
+        if found or not isinstance(when, Condition):
+            self.problems.extend((None, f"{where}: {problem}") for problem in found)
+            return None
+        for operand in when.operands():
+            source = operand.source
+            if not isinstance(source, NodeRef | RunInputRef):
+                self.problems.append(
+                    (
+                        None,
+                        f"{where}: a condition reads a node's output or the run input, "
+                        f"not {source!r}",
+                    )
+                )
+                return None
+            if source.builder is not self:
+                self.problems.append(
+                    (None, f"{where}: {source!r} belongs to workflow {source.builder.name!r}")
+                )
+                return None
+            if isinstance(source, NodeRef) and operand.path:
+                problem = self._path_problem(source.node, operand.path)
+                if problem is not None:
+                    self.problems.append((None, f"{where}: {problem}"))
+                    return None
+        return when
+
+    def _path_problem(self, node: PendingNode, path: tuple[PathItem, ...]) -> str | None:
+        """Why ``path`` cannot exist in ``node``'s output, judged from its declared type."""
+        shape = output_shape(node, self.steps)
+        first = path[0]
+        node_id = node.explicit_id or node.default_id
+        if shape == "scalar" or (shape == "list" and isinstance(first, str)):
+            what = "a list" if shape == "list" else "not an object"
+            return (
+                f"the condition's path {list(path)!r} goes into the output of {node_id!r}, "
+                f"which is {what}"
+            )
+        if shape == "object" and isinstance(first, int):
+            return (
+                f"the condition's path {list(path)!r} indexes the output of {node_id!r}, "
+                "which is an object"
+            )
+        return None
 
     def _control(self, after: object, where: str) -> list[NodeRef[Any]]:
         if after is None:
@@ -416,6 +543,13 @@ class Builder:
             return value
 
         options = NodeOptions(**node.options)
+        when = (
+            None
+            if node.when is None
+            else node.when.map_sources(
+                lambda source: source.node.final_id if isinstance(source, NodeRef) else None
+            )
+        )
         return Node(
             id=node.final_id,
             kind=node.kind,
@@ -427,7 +561,36 @@ class Builder:
             fan_out=node.fan_out,
             child=node.child,
             keep_output=node.keep_output,
+            when=when,
+            on_skip=node.on_skip,
         )
+
+
+def output_shape(node: PendingNode, steps: dict[str, StepDef[Any, Any]]) -> str | None:
+    """What a node's output is, when its declaration says: ``object``, ``list``,
+    ``scalar``, or ``None`` (unknown: any path may exist)."""
+    if node.fan_out is not None or (node.wait is not None and node.wait.count is not None):
+        return "list"
+    if node.wait is not None:
+        if node.wait.timer:
+            return "scalar"
+        return "object" if node.wait.signal_names else None
+    step = steps.get(node.kind)
+    if step is None:
+        return None
+    try:
+        hints = typing.get_type_hints(step.fn)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: unknown, not an error
+        return None
+    returned = hints.get("return")
+    origin = typing.get_origin(returned) or returned
+    if origin in (int, float, str, bool, type(None)):
+        return "scalar"
+    if origin in (list, tuple, collections.abc.Sequence):
+        return "list"
+    if origin in (dict, collections.abc.Mapping) or typing.is_typeddict(returned):
+        return "object"
+    return None
 
 
 def _holds_ref(value: object, depth: int = 0) -> bool:

@@ -8,10 +8,11 @@ from typing import Any, TypeVar, overload
 from typing_extensions import Unpack
 
 from cyclone_dsl.dsl.builder import NodeRef, Ref, require_builder
-from cyclone_dsl.dsl.signatures import After, FanOutOptions, Fn1, Fn1Ctx, HasHandler
+from cyclone_dsl.dsl.signatures import After, FanOutOptions, Fn1, Fn1Ctx, HasHandler, OnSkip
 from cyclone_dsl.dsl.step import StepDef
 from cyclone_dsl.dsl.workflow import WorkflowDef
 from cyclone_dsl.errors import InvalidGraph
+from cyclone_dsl.graph.conditions import Condition
 from cyclone_dsl.graph.model import ChildSpec, FanOutSpec
 from cyclone_dsl.graph.rows import KIND_CHILD
 
@@ -96,7 +97,15 @@ def for_each(
     return ref
 
 
-def child(workflow: WorkflowDef, input: object = None, *, after: After = None) -> NodeRef[Any]:
+def child(
+    workflow: WorkflowDef,
+    input: object = None,
+    *,
+    after: After = None,
+    when: Condition | None = None,
+    otherwise: NodeRef[object] | None = None,
+    on_skip: OnSkip | None = None,
+) -> NodeRef[Any]:
     """Start a run of ``workflow`` with ``input``; the node completes when that run does.
 
     If ``workflow`` defines a result, the node's output is that result.
@@ -119,6 +128,9 @@ def child(workflow: WorkflowDef, input: object = None, *, after: After = None) -
         args,
         after=after,
         child=ChildSpec(workflow.name, needs_result),
+        when=when,
+        otherwise=otherwise,
+        on_skip=on_skip,
     )
 
 

@@ -47,6 +47,7 @@ from typing import (
 from typing_extensions import TypedDict, Unpack
 
 from cyclone_dsl.dsl.builder import NodeRef, Ref
+from cyclone_dsl.graph.conditions import Condition
 
 if TYPE_CHECKING:
     from cyclone_dsl.worker.context import StepContext
@@ -67,6 +68,7 @@ R_out = TypeVar("R_out", covariant=True)
 F_out = TypeVar("F_out", covariant=True)
 
 OnDepFailure = Literal["fail_run", "cancel_branch"]
+OnSkip = Literal["skip", "run"]
 
 #: What ``after=`` takes: one node reference or a sequence of them (control-only edges).
 After: TypeAlias = NodeRef[object] | Sequence[NodeRef[object]] | None
@@ -87,6 +89,12 @@ class FanOutOptions(NodeOptionArgs, total=False):
     """The keyword options of ``for_each`` besides its own parameters."""
 
     node_id: str
+    #: Run only when this condition holds (else the node ends skipped).
+    when: Condition | None
+    #: Run exactly when that node's ``when=`` does not hold (its else branch).
+    otherwise: NodeRef[object] | None
+    #: With every dependency skipped: skip this node too (the default) or run it.
+    on_skip: OnSkip
 
 
 class CallOptions(FanOutOptions, total=False):

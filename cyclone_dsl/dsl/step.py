@@ -43,7 +43,7 @@ def make_options(base: NodeOptions, overrides: dict[str, Any]) -> NodeOptions:
 
 
 #: Keyword arguments a step call in a builder takes: the node options, ``after`` and ``node_id``.
-CALL_KEYWORDS = tuple(sorted({*OPTION_NAMES, "after", "node_id"}))
+CALL_KEYWORDS = tuple(sorted({*OPTION_NAMES, "after", "node_id", "when", "otherwise", "on_skip"}))
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
@@ -188,6 +188,7 @@ class StepDef(StepCalls[P, R]):
         options = {**self._bound, **kwargs}
         after = options.pop("after", None)
         node_id = options.pop("node_id", None)
+        branching = {k: options.pop(k, None) for k in ("when", "otherwise", "on_skip")}
         problems = []
         unknown = [k for k in options if k not in OPTION_NAMES]
         if unknown:
@@ -210,6 +211,7 @@ class StepDef(StepCalls[P, R]):
             after=after,
             options=attrs.asdict(node_options, recurse=False),
             keep_output=self.keep_output,
+            **branching,
         )
         ref.node.problems.extend(problems)
         if node_id is not None:

@@ -7,7 +7,8 @@ from datetime import timedelta
 from typing import Any
 
 from cyclone_dsl.dsl.builder import NodeRef, Ref, duration, require_builder
-from cyclone_dsl.dsl.signatures import After
+from cyclone_dsl.dsl.signatures import After, OnSkip
+from cyclone_dsl.graph.conditions import Condition
 from cyclone_dsl.graph.model import WaitSpec
 from cyclone_dsl.graph.rows import KIND_SIGNAL, KIND_TIMER
 
@@ -22,7 +23,13 @@ def _id_of(name: object) -> str:
 
 
 def wait_signal(
-    name: str, *, timeout: timedelta | float | None = None, after: After = None
+    name: str,
+    *,
+    timeout: timedelta | float | None = None,
+    after: After = None,
+    when: Condition | None = None,
+    otherwise: NodeRef[object] | None = None,
+    on_skip: OnSkip | None = None,
 ) -> NodeRef[Any]:
     """Wait for one signal ``name``; the node's output is its payload.
 
@@ -31,31 +38,87 @@ def wait_signal(
     """
     builder = require_builder("wait_signal")
     spec = WaitSpec(signal_name=name, duration=_timeout(timeout))
-    return builder.add(_id_of(name), KIND_SIGNAL, (), after=after, wait=spec)
+    return builder.add(
+        _id_of(name),
+        KIND_SIGNAL,
+        (),
+        after=after,
+        wait=spec,
+        when=when,
+        otherwise=otherwise,
+        on_skip=on_skip,
+    )
 
 
 def wait_n(
-    name: str, n: int, *, timeout: timedelta | float | None = None, after: After = None
+    name: str,
+    n: int,
+    *,
+    timeout: timedelta | float | None = None,
+    after: After = None,
+    when: Condition | None = None,
+    otherwise: NodeRef[object] | None = None,
+    on_skip: OnSkip | None = None,
 ) -> NodeRef[list[Any]]:
     """Wait for ``n`` signals ``name``; the output is the list of payloads in arrival order."""
     builder = require_builder("wait_n")
     spec = WaitSpec(signal_name=name, count=n, duration=_timeout(timeout))
-    return builder.add(_id_of(name), KIND_SIGNAL, (), after=after, wait=spec)
+    return builder.add(
+        _id_of(name),
+        KIND_SIGNAL,
+        (),
+        after=after,
+        wait=spec,
+        when=when,
+        otherwise=otherwise,
+        on_skip=on_skip,
+    )
 
 
 def wait_any(
-    names: Sequence[str], *, timeout: timedelta | float | None = None, after: After = None
+    names: Sequence[str],
+    *,
+    timeout: timedelta | float | None = None,
+    after: After = None,
+    when: Condition | None = None,
+    otherwise: NodeRef[object] | None = None,
+    on_skip: OnSkip | None = None,
 ) -> NodeRef[dict[str, Any]]:
     """Wait for the first of several signals; the output is ``{"name": ..., "payload": ...}``."""
     builder = require_builder("wait_any")
     listed: tuple[Any, ...] = (names,) if isinstance(names, Ref) else tuple(names)
     spec = WaitSpec(signal_names=listed, duration=_timeout(timeout))
     default_id = "any_" + "_".join(_id_of(n) for n in listed)
-    return builder.add(default_id, KIND_SIGNAL, (), after=after, wait=spec)
+    return builder.add(
+        default_id,
+        KIND_SIGNAL,
+        (),
+        after=after,
+        wait=spec,
+        when=when,
+        otherwise=otherwise,
+        on_skip=on_skip,
+    )
 
 
-def wait_timer(length: timedelta | float, *, after: After = None) -> NodeRef[None]:
+def wait_timer(
+    length: timedelta | float,
+    *,
+    after: After = None,
+    when: Condition | None = None,
+    otherwise: NodeRef[object] | None = None,
+    on_skip: OnSkip | None = None,
+) -> NodeRef[None]:
     """Wait ``length`` (from activation); completed by the timer scanner, not by a worker."""
     builder = require_builder("wait_timer")
     spec = WaitSpec(duration=duration(length, "duration"), timer=True)  # type: ignore[arg-type]
-    return builder.add("timer", KIND_TIMER, (), after=after, wait=spec)
+    return builder.add(
+        "timer",
+        KIND_TIMER,
+        (),
+        after=after,
+        wait=spec,
+        when=when,
+        otherwise=otherwise,
+        on_skip=on_skip,
+    )

@@ -118,7 +118,33 @@ def is_one_statement(compiled: CompiledRun) -> bool:
     Such a submit can run in autocommit mode: atomic on its own, and two round
     trips (BEGIN, COMMIT) shorter than an explicit transaction.
     """
-    return not special_roots(compiled) and not _fan_out_limits(compiled) and compiled.flow is None
+    return (
+        not special_roots(compiled)
+        and not _fan_out_limits(compiled)
+        and compiled.flow is None
+        and not compiled.guards
+    )
+
+
+def _record_guards(tx: Tx, graph: CompiledRun | RunTemplate) -> None:
+    """Store the definition's conditions before any of its nodes is activated."""
+    if graph.guards:
+        tx.rows(
+            Q.record_guards,
+            def_version=graph.def_version,
+            guards=json.dumps(
+                [
+                    {
+                        "node": g.node,
+                        "condition": g.condition,
+                        "variables": json.loads(g.variables),
+                        "sources": list(g.sources),
+                        "on_skip": g.on_skip,
+                    }
+                    for g in graph.guards
+                ]
+            ),
+        )
 
 
 def _record_fan_out_limits(
@@ -156,6 +182,7 @@ def insert_run(
         unique_key=unique_key,
         sequence_key=sequence_key,
     )
+    _record_guards(tx, compiled)
     row = tx.one(Q.insert_run_graph, **params)
     assert row is not None
     run_id: int = row["run_id"]
@@ -184,6 +211,7 @@ def insert_runs(
     """
     if not run_inputs:
         return []
+    _record_guards(tx, template)
     ids: list[int] = [r["id"] for r in tx.rows(Q.allocate_run_ids, count=len(run_inputs))]
     steps = []
     for step in template.steps:

@@ -43,7 +43,8 @@ class Hooks:
 
 
 def activate(tx: Tx, run_nodes: Iterable[tuple[int, str]], hooks: Hooks) -> None:
-    """Activate every listed pending node whose dependencies have all completed."""
+    """Activate every listed pending node whose dependencies have all completed (a node of a
+    conditional graph may end skipped instead; see the ``activate_ready`` query)."""
     pairs = sorted(set(run_nodes))
     if not pairs:
         return
@@ -52,9 +53,17 @@ def activate(tx: Tx, run_nodes: Iterable[tuple[int, str]], hooks: Hooks) -> None
     )
     if not rows:
         return
-    notify.wake_queues(tx, (r["queue"] for r in rows if r["state"] == StepState.AVAILABLE))
-    for hook in hooks.on_activated:
-        hook(tx, rows, hooks)
+    started = [r for r in rows if not r["skipped"]]
+    notify.wake_queues(tx, (r["queue"] for r in started if r["state"] == StepState.AVAILABLE))
+    if started:
+        for hook in hooks.on_activated:
+            hook(tx, started, hooks)
+    skipped = [r for r in rows if r["skipped"]]
+    if skipped:
+        # A skipped node ended: what depends on it is judged in turn, and its run may end.
+        after_completions(
+            tx, [{**r, "item_of": None, "has_downstream": True} for r in skipped], hooks
+        )
 
 
 def after_completions(tx: Tx, completed: Sequence[Row], hooks: Hooks) -> None:

@@ -6,6 +6,7 @@ import json
 
 import attrs
 
+from cyclone_dsl.graph import conditions
 from cyclone_dsl.graph.fingerprint import fingerprint
 from cyclone_dsl.graph.model import ArgKind, Binding, Graph, Node
 from cyclone_dsl.graph.rows import (
@@ -15,6 +16,7 @@ from cyclone_dsl.graph.rows import (
     TUPLE_KEYS,
     CompiledRun,
     DepRow,
+    GuardRow,
     InputRow,
     RunTemplate,
     StepRow,
@@ -66,7 +68,38 @@ def _input_binding(node: Node) -> _Binding:
 
 def _state(node: Node) -> str:
     special = node.kind in (KIND_SIGNAL, KIND_TIMER, KIND_CHILD) or node.fan_out is not None
-    return StepState.PENDING if special or node.deps else StepState.AVAILABLE
+    judged = node.when is not None  # a conditional root is activated (and judged) at submit
+    return StepState.PENDING if special or judged or node.deps else StepState.AVAILABLE
+
+
+def _guards(graph: Graph) -> tuple[GuardRow, ...]:
+    """The conditional nodes and every node downstream of one (see :class:`GuardRow`)."""
+    dependents: dict[str, list[str]] = {n.id: [] for n in graph.nodes}
+    for node in graph.nodes:
+        for dep in node.deps:
+            dependents[dep].append(node.id)
+    guarded: set[str] = set()
+    todo = [n.id for n in graph.nodes if n.when is not None]
+    while todo:
+        current = todo.pop()
+        if current not in guarded:
+            guarded.add(current)
+            todo.extend(dependents[current])
+    rows = []
+    for node in graph.nodes:
+        if node.id not in guarded:
+            continue
+        path = conditions.to_jsonpath(node.when) if node.when is not None else None
+        rows.append(
+            GuardRow(
+                node=node.id,
+                condition=path.text if path else None,
+                variables=encode(path.variables if path else {}, what="condition values"),
+                sources=tuple(conditions.sources(node.when)) if node.when is not None else (),
+                on_skip=node.on_skip if node.deps else "run",
+            )
+        )
+    return tuple(rows)
 
 
 def compile_template(graph: Graph, *, def_version: str | None = None) -> RunTemplate:
@@ -126,6 +159,7 @@ def compile_template(graph: Graph, *, def_version: str | None = None) -> RunTemp
         steps=tuple(steps),
         deps=tuple(deps),
         inputs=tuple(inputs),
+        guards=_guards(graph),
     )
 
 
@@ -143,6 +177,7 @@ def instantiate(
         steps=tuple(_with_run_input(step, run_input, run_text) for step in template.steps),
         deps=template.deps,
         inputs=template.inputs,
+        guards=template.guards,
     )
 
 

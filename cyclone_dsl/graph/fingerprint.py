@@ -7,9 +7,12 @@ dependencies (sorted), the options (queue, priority, max_attempts, timeout,
 retention, on_dep_failure), the wait spec (signal names, quorum, duration,
 timer), the fan-out spec (max_parallel, max_bytes, max_items), the child spec
 (workflow, whether it needs the result) and whether the output is kept; then
-the result node. Docstrings, function bodies and literal argument values do
-not count. The encoding is canonical JSON (sorted keys, no whitespace), so the
-hash does not depend on dict order, the process or ``PYTHONHASHSEED``.
+the result node. A conditional node adds its condition (``when``) and a
+node that runs when all its dependencies were skipped its ``on_skip``; a
+graph without them hashes as it did before conditions existed. Docstrings,
+function bodies and literal argument values do not count. The encoding is
+canonical JSON (sorted keys, no whitespace), so the hash does not depend on dict
+order, the process or ``PYTHONHASHSEED``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
+from cyclone_dsl.graph import conditions
 from cyclone_dsl.graph.model import Graph, Node
 
 VERSION_PREFIX = "v1:"
@@ -29,6 +33,16 @@ def _seconds(value: timedelta | None) -> float | None:
 
 
 def _node_shape(node: Node) -> dict[str, Any]:
+    shape = _core_shape(node)
+    # Only when set, so that the def_version of a graph without conditions is unchanged.
+    if node.when is not None:
+        shape["when"] = conditions.to_json(node.when)
+    if node.on_skip != "skip":
+        shape["on_skip"] = node.on_skip
+    return shape
+
+
+def _core_shape(node: Node) -> dict[str, Any]:
     options = node.options
     return {
         "id": node.id,

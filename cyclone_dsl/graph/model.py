@@ -7,6 +7,7 @@ from enum import StrEnum
 
 import attrs
 
+from cyclone_dsl.graph.conditions import Condition
 from cyclone_dsl.payload import JSONValue
 
 
@@ -81,6 +82,11 @@ class Node:
     fan_out: FanOutSpec | None = None
     child: ChildSpec | None = None
     keep_output: bool = True
+    #: Run only when this holds on the recorded outputs (sources: node ids, None for the
+    #: run input); otherwise the node ends skipped.
+    when: Condition | None = None
+    #: With every dependency skipped: ``skip`` this node too, or ``run`` it (with Nones).
+    on_skip: str = "skip"
 
     @property
     def data_deps(self) -> tuple[str, ...]:

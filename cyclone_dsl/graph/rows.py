@@ -93,6 +93,24 @@ class InputRow:
 
 
 @attrs.frozen
+class GuardRow:
+    """A node the engine judges when it activates it (stored per definition on the
+    extension track): one with a condition, or one downstream of a conditional node,
+    which is skipped when every one of its dependencies was (``on_skip`` ``skip``).
+
+    ``condition`` is a SQL/JSON path predicate over ``{"nodes": {id: output, ...},
+    "input": run input}`` holding the outputs of ``sources``; ``variables`` (JSON text)
+    are the values it compares with.
+    """
+
+    node: str
+    condition: str | None
+    variables: str
+    sources: tuple[str, ...]
+    on_skip: str
+
+
+@attrs.frozen
 class CompiledRun:
     workflow: str
     def_version: str
@@ -103,6 +121,7 @@ class CompiledRun:
     deps: tuple[DepRow, ...]
     inputs: tuple[InputRow, ...]
     flow: RunFlow | None = None  # the limits that apply to this run's steps, if any
+    guards: tuple[GuardRow, ...] = ()  # the nodes judged at activation (conditional graphs)
 
 
 @attrs.frozen
@@ -168,6 +187,7 @@ class RunTemplate:
     steps: tuple[StepRow, ...]
     deps: tuple[DepRow, ...]
     inputs: tuple[InputRow, ...]
+    guards: tuple[GuardRow, ...] = ()
 
 
 @attrs.frozen

@@ -6,6 +6,7 @@ from collections import Counter
 from datetime import timedelta
 
 from cyclone_dsl.errors import InvalidGraph
+from cyclone_dsl.graph import conditions
 from cyclone_dsl.graph.model import ArgKind, Binding, Graph, Node, NodeOptions
 from cyclone_dsl.graph.rows import SPECIAL_KINDS
 from cyclone_dsl.states import OnDepFailure
@@ -121,6 +122,19 @@ def _node_problems(node: Node, known: set[str]) -> list[str]:
             problems.append(f"max_items must be an integer >= 1, not {spec.max_items!r}")
         if node.kind in SPECIAL_KINDS:
             problems.append("for_each needs a @step or @action")
+    if node.when is not None:
+        problems.extend(f"condition problem: {p}" for p in conditions.problems(node.when))
+        for source in conditions.sources(node.when):
+            if source not in known:
+                problems.append(
+                    f"its condition reads {source!r}, which is not a node of this workflow"
+                )
+            elif source not in node.deps:
+                problems.append(
+                    f"its condition reads {source!r}, which is not one of its dependencies"
+                )
+    if node.on_skip not in ("skip", "run"):
+        problems.append(f"on_skip must be 'skip' or 'run', not {node.on_skip!r}")
     return problems
 
 

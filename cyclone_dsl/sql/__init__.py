@@ -145,6 +145,7 @@ class _Queries:
     allocate_run_ids: LiteralString
     insert_run_graphs: LiteralString
     insert_fan_out_limits: LiteralString
+    record_guards: LiteralString
     # waits.sql
     due_timers: LiteralString
     expired_signal_waits: LiteralString

@@ -121,9 +121,13 @@ CROSS JOIN LATERAL (
 JOIN cyclone_steps AS s ON s.run_id = c.run_id AND s.node = d.node
 
 -- name: activate_ready
--- Activate the pending nodes whose dependencies all completed, by kind and run state.
+-- Activate the pending nodes whose dependencies all completed, by kind and run state. A
+-- node of a conditional definition (a row in cyclone_ext_guards) is judged first: it is
+-- skipped (completed, output NULL, error_kind 'skipped') when every dependency was skipped
+-- and its on_skip is 'skip', or when its condition does not hold on the outputs it reads.
+-- Nodes of other definitions find no guard row, and the CASE reads nothing more for them.
 WITH ready AS (
-    SELECT s.id
+    SELECT s.id, s.run_id, s.node
     FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[]) AS c(run_id, node)
     JOIN cyclone_steps AS s ON s.run_id = c.run_id AND s.node = c.node
     WHERE s.state = 'pending' AND s.item_of IS NULL
@@ -134,21 +138,47 @@ WITH ready AS (
       AND NOT (s.fan_out_parallel IS NOT NULL AND EXISTS (
           SELECT 1 FROM cyclone_steps AS i WHERE i.run_id = s.run_id AND i.item_of = s.node))
     ORDER BY s.id
-    FOR NO KEY UPDATE
+    FOR NO KEY UPDATE OF s
+), judged AS (
+    SELECT ready.id, r.state AS run_state, CASE
+        WHEN g.node IS NULL THEN false
+        WHEN g.on_skip = 'skip' AND (
+            SELECT bool_and(u.error_kind IS NOT DISTINCT FROM 'skipped')
+            FROM cyclone_deps AS d
+            JOIN cyclone_steps AS u ON u.run_id = d.run_id AND u.node = d.dep_node
+            WHERE d.run_id = ready.run_id AND d.node = ready.node) THEN true
+        WHEN g.condition IS NULL THEN false
+        ELSE NOT coalesce(jsonb_path_match(
+            jsonb_build_object(
+                'nodes', (SELECT coalesce(jsonb_object_agg(u.node, coalesce(u.output, 'null')),
+                                          '{}'::jsonb)
+                          FROM cyclone_steps AS u
+                          WHERE u.run_id = ready.run_id AND u.node = ANY(g.sources)),
+                'input', coalesce(r.input, 'null'::jsonb)),
+            g.condition, g.variables, true), false)
+        END AS skip
+    FROM ready
+    JOIN cyclone_runs AS r ON r.id = ready.run_id
+    LEFT JOIN cyclone_ext_guards AS g ON g.def_version = r.def_version AND g.node = ready.node
 )
 UPDATE cyclone_steps AS s
 SET state = CASE
-        WHEN r.state = 'paused' THEN 'paused'
+        WHEN j.skip THEN 'completed'
+        WHEN j.run_state = 'paused' THEN 'paused'
         WHEN s.kind = '@signal' THEN 'waiting_signal'
         WHEN s.kind = '@timer' THEN 'waiting_timer'
         WHEN s.kind = '@child' THEN 'waiting_child'
         WHEN s.fan_out_parallel IS NOT NULL THEN 'pending'
         ELSE 'available' END,
-    scheduled_at = now() + %(shift)s::interval + coalesce(s.wait_for, interval '0')
-FROM ready, cyclone_runs AS r
-WHERE s.id = ready.id AND r.id = s.run_id
+    scheduled_at = now() + %(shift)s::interval
+                   + CASE WHEN j.skip THEN interval '0' ELSE coalesce(s.wait_for, interval '0') END,
+    completed_at = CASE WHEN j.skip THEN now() + %(shift)s::interval ELSE s.completed_at END,
+    output = CASE WHEN j.skip THEN NULL ELSE s.output END,
+    error_kind = CASE WHEN j.skip THEN 'skipped' ELSE s.error_kind END
+FROM judged AS j
+WHERE s.id = j.id
 RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.fan_out_parallel,
-          s.child_workflow
+          s.child_workflow, j.skip AS skipped
 
 
 -- name: finish_runs

@@ -146,3 +146,12 @@ SELECT (SELECT count(*) FROM runs) AS runs,
 -- Record the max_items guard of fan-out nodes that set one (extension track).
 INSERT INTO cyclone_ext_fan_out_limits (run_id, node, max_items)
 SELECT * FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[], %(max_items)s::int[])
+
+-- name: record_guards
+-- The nodes a conditional definition's activations judge (extension track): written by
+-- every submit of the definition, the same rows each time.
+INSERT INTO cyclone_ext_guards (def_version, node, condition, variables, sources, on_skip)
+SELECT %(def_version)s, g.node, g.condition::jsonpath, g.variables, g.sources, g.on_skip
+FROM jsonb_to_recordset(%(guards)s::jsonb)
+    AS g(node text, condition text, variables jsonb, sources text[], on_skip text)
+ON CONFLICT (def_version, node) DO NOTHING

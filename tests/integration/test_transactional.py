@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -376,6 +377,12 @@ def test_listeners_hear_of_the_end_after_the_commit(
     it, where NOTIFY would serialize the commits): they still arrive."""
     with psycopg.connect(cyclone_dsn, autocommit=True) as listener:
         listener.execute(f"LISTEN {RUN_DONE_CHANNEL}")
+        # The channel is shared by every schema of the database (tests run side by side):
+        # give this run an id no other test's run has.
+        listener.execute(
+            "SELECT setval(pg_get_serial_sequence('cyclone_runs', 'id'), %s)",
+            (random.randrange(10**12, 10**13),),
+        )
         start_worker(handler)
         handle = client.enqueue(handler, 2)
         heard: set[int] = set()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATEST = 19
-EXT_LATEST = 4
+EXT_LATEST = 5
 TS = "timestamp with time zone"
 
 
@@ -623,6 +623,26 @@ EXT_TABLES: dict[str, Table] = {
         ],
         indexes=[Index("idx_ext_debounce_run", "run_id")],
         since=4,
+    ),
+    "cyclone_ext_guards": Table(
+        columns=[
+            Column("def_version", "text", False),
+            Column("node", "text", False),
+            Column("condition", "jsonpath"),
+            Column("variables", "jsonb", False, "'{}'::jsonb"),
+            Column("sources", "text[]", False, "'{}'"),
+            Column("on_skip", "text", False, "'skip'"),
+            Column("created_at", TS, False, "now()"),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_guards_pkey", "p", "PRIMARY KEY (def_version, node)"),
+            Constraint(
+                "cyclone_ext_guards_on_skip_check",
+                "c",
+                "on_skip IN ('skip', 'run')",
+            ),
+        ],
+        since=5,
     ),
 }
 
