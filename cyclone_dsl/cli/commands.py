@@ -246,17 +246,59 @@ def resume(ctx: click.Context, run_id: int, as_json: bool) -> None:
 @cli.command()
 @click.argument("run_id", type=int)
 @click.argument("node")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replay: NODE may have completed; it and everything downstream run again.",
+)
 @as_json
 @click.pass_context
-def retry(ctx: click.Context, run_id: int, node: str, as_json: bool) -> None:
-    """Retry a discarded or cancelled NODE of a run (fresh attempts)."""
+def retry(ctx: click.Context, run_id: int, node: str, force: bool, as_json: bool) -> None:
+    """Retry a discarded or cancelled NODE of a run (fresh attempts); with --force, replay a
+    completed one and its downstream."""
     with client_for(ctx) as client:
-        client.retry(run_id, node)
+        client.retry(run_id, node, force=force)
         state = client.get_run(run_id).state
+    what = "and everything downstream of it will run again" if force else "will run again"
     emit(
-        {"run_id": run_id, "action": "retry", "node": node, "state": state.value},
+        {"run_id": run_id, "action": "retry", "node": node, "force": force, "state": state.value},
         as_json,
-        f"run {run_id}: node {node!r} will run again (run now {state.value})",
+        f"run {run_id}: node {node!r} {what} (run now {state.value})",
+    )
+
+
+@cli.command()
+@click.argument("run_id", type=int)
+@click.argument("node")
+@click.option("--input", "input_text", help="A new run input as JSON, or @file.")
+@click.option(
+    "--current-definition",
+    is_flag=True,
+    help="Fork onto this process's definition of the workflow (copied nodes keep their kind).",
+)
+@imports
+@as_json
+@click.pass_context
+def fork(
+    ctx: click.Context,
+    run_id: int,
+    node: str,
+    input_text: str | None,
+    current_definition: bool,
+    modules: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Start a new run of RUN_ID's workflow from NODE: what the run completed outside NODE's
+    downstream part is copied, the rest runs again (needs the workflow: --import its module)."""
+    import_modules(modules)
+    given = {} if input_text is None else {"input": parse_json(input_text, "--input")}
+    with client_for(ctx) as client:
+        handle = client.fork(run_id, node, current_definition=current_definition, **given)
+        copied = [s.node for s in client.get_run(handle.id).steps if s.copied]
+    emit(
+        {"run_id": handle.id, "forked_from": run_id, "from_node": node, "copied": copied},
+        as_json,
+        f"{handle.id} (fork of run {run_id} from {node!r}; copied: {', '.join(copied) or 'none'})",
     )
 
 

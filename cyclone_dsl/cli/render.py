@@ -75,8 +75,12 @@ def render_run(
         upstream = deps.get(step.node)
         below.setdefault(upstream[0] if upstream else None, []).append(step)
     lines = [click.style(f"run {run.id} {run.workflow} [{run.state}]", bold=True)]
+    if run.forked_from is not None:
+        lines.append(f"fork of run {run.forked_from} from node {run.fork_node!r}")
 
     def note(step: Step) -> str:
+        if step.copied:
+            return f" (copied from run {run.forked_from})"
         if step.node in children:
             return f" → child run {children[step.node]}"
         if step.node in reasons:

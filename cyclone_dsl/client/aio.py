@@ -347,10 +347,28 @@ class AsyncClient:
         run_id = base.checked_run_id(run_id)
         await asyncio.to_thread(self._client.cancel, run_id)
 
-    async def retry(self, run_id: int, node: str) -> None:
+    async def fork(
+        self,
+        run_id: int,
+        from_node: str,
+        *,
+        input: JSONValue | base.Unset = base.UNSET,
+        current_definition: bool = False,
+    ) -> AsyncRunHandle:
+        """See :meth:`Client.fork`."""
+        handle = await asyncio.to_thread(
+            self._client.fork,
+            run_id,
+            from_node,
+            input=input,
+            current_definition=current_definition,
+        )
+        return self._handle(handle.id)
+
+    async def retry(self, run_id: int, node: str, *, force: bool = False) -> None:
         """See :meth:`Client.retry`."""
         run_id = base.checked_run_id(run_id)
-        await asyncio.to_thread(self._client.retry, run_id, node)
+        await asyncio.to_thread(self._client.retry, run_id, node, force=force)
 
     async def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:
         """See :meth:`Client.signal`."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -13,6 +14,16 @@ MAX_KEY_BYTES = 1024
 
 #: The run states purge deletes unless told otherwise: every terminal one.
 ENDED_STATES: tuple[RunState, ...] = (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
+
+
+class Unset(enum.Enum):
+    """The type of :data:`UNSET`: an argument left out (where ``None`` is a value)."""
+
+    UNSET = "UNSET"
+
+
+#: An argument left out.
+UNSET = Unset.UNSET
 
 
 def checked_run_id(run_id: object) -> int:

@@ -86,6 +86,8 @@ class Step:
     input_from: str | None
     output: JSONValue
     attempts: tuple[Attempt, ...] = ()  # the executions that did not complete it
+    #: In a fork: the output was copied from the source run; the step did not run.
+    copied: bool = False
 
     @property
     def attempt_number(self) -> int:
@@ -108,8 +110,10 @@ class Step:
         return f"{number}/{self.max_attempts}" if number else "-"
 
     @classmethod
-    def from_row(cls, row: dict[str, Any], attempts: tuple[Attempt, ...] = ()) -> Step:
-        return cls(**{**row, "state": shown_state(row), "attempts": attempts})
+    def from_row(
+        cls, row: dict[str, Any], attempts: tuple[Attempt, ...] = (), *, copied: bool = False
+    ) -> Step:
+        return cls(**{**row, "state": shown_state(row), "attempts": attempts, "copied": copied})
 
 
 @attrs.frozen
@@ -129,6 +133,9 @@ class Run:
     parent_run_id: int | None
     parent_node_id: str | None
     steps: tuple[Step, ...] = ()
+    #: For a fork (``client.fork``): the run it was forked from, and the node.
+    forked_from: int | None = None
+    fork_node: str | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -141,5 +148,11 @@ class Run:
         raise KeyError(node)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any], steps: tuple[Step, ...] = ()) -> Run:
-        return cls(**{**row, "state": RunState(row["state"]), "steps": steps})
+    def from_row(
+        cls, row: dict[str, Any], steps: tuple[Step, ...] = (), fork: dict[str, Any] | None = None
+    ) -> Run:
+        return cls(
+            **{**row, "state": RunState(row["state"]), "steps": steps},
+            forked_from=fork["source_run_id"] if fork else None,
+            fork_node=fork["from_node"] if fork else None,
+        )

@@ -25,7 +25,7 @@ from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.flow import Debounce, key_of
 from cyclone_dsl.dsl.registry import Registry, default_registry
 from cyclone_dsl.engine import Delivery, Engine, Submitted
-from cyclone_dsl.errors import InvalidArgument, RunNotFound
+from cyclone_dsl.errors import InvalidArgument, InvalidTransition, RunNotFound
 from cyclone_dsl.graph.rows import CompiledRun
 from cyclone_dsl.migrate import check_database
 from cyclone_dsl.payload import JSONValue, encode
@@ -384,11 +384,13 @@ class Client:
             history: dict[int, list[Attempt]] = {}
             for a in tx.rows(Q.get_run_attempts, run_id=run_id):
                 history.setdefault(a["step_id"], []).append(Attempt.from_row(a))
+            fork = self._engine.fork_of(tx, run_id)
+            copied = set(fork["copied"]) if fork else set()
             steps = tuple(
-                Step.from_row(s, tuple(history.get(s["id"], ())))
+                Step.from_row(s, tuple(history.get(s["id"], ())), copied=s["node"] in copied)
                 for s in tx.rows(Q.get_run_steps, run_id=run_id)
             )
-            return Run.from_row(row, steps)
+            return Run.from_row(row, steps, fork)
 
         return self._db.transaction(read)
 
@@ -497,8 +499,60 @@ class Client:
         run_id = base.checked_run_id(run_id)
         self._db.transaction(lambda tx: self._engine.cancel(tx, run_id))
 
-    def retry(self, run_id: int, node: str) -> None:
+    def fork(
+        self,
+        run_id: int,
+        from_node: str,
+        *,
+        input: JSONValue | base.Unset = base.UNSET,
+        current_definition: bool = False,
+    ) -> RunHandle:
+        """A new run of run ``run_id``'s workflow, started again from ``from_node``.
+
+        The nodes outside ``from_node``'s downstream part that completed (or were
+        skipped) in run ``run_id`` are copied: they keep the outputs it recorded and
+        do not run (``Step.copied``). ``from_node``, everything that depends on it and
+        every node that did not complete run as in a new run, on the workers' current
+        handlers (fix a handler, then fork from the node that failed). ``input``
+        replaces the run input (by default the source run's). The source run is not
+        changed; the fork's ``Run.forked_from`` names it.
+
+        The fork uses the source run's definition (``def_version``), which this
+        process must define; with ``current_definition=True`` it uses this process's
+        definition of the workflow instead, as long as every copied node has the same
+        kind in both (:class:`InvalidTransition` otherwise). :class:`RunNotFound`,
+        :class:`UnknownWorkflow` when this process does not define the workflow, and
+        :class:`InvalidArgument` when ``from_node`` is not one of its nodes.
+        """
+        run_id = base.checked_run_id(run_id)
+        source = self._read_one(Q.fork_source_run, run_id=run_id)
+        if source is None:
+            raise RunNotFound(run_id)
+        definition = runs.resolve_workflow(self.registry, source["workflow"])
+        if definition.def_version != source["def_version"] and not current_definition:
+            raise InvalidTransition(
+                f"run {run_id} ran {source['workflow']!r} at {source['def_version']}; this "
+                f"process defines {definition.def_version}: pass current_definition=True to "
+                "fork onto it (each copied node must keep its kind)"
+            )
+        value = source["input"] if isinstance(input, base.Unset) else input
+        compiled = runs.compile_definition(definition, value)
+        new_id, _ = self._db.transaction(
+            lambda tx: self._engine.fork(tx, run_id, compiled, from_node)
+        )
+        return RunHandle(new_id, self)
+
+    def retry(self, run_id: int, node: str, *, force: bool = False) -> None:
         """Operator retry: run again what the run needs to finish, starting from ``node``.
+
+        With ``force=True`` (a replay), ``node`` may have completed (or been skipped):
+        it and every node downstream of it, directly or not, go back to pending with
+        no output and run again; every other node keeps its outcome, and each
+        replayed completion stays in the attempt history (outcome ``replayed``). A
+        fan-out in the replayed part expands again from its new input. Refused
+        (:class:`InvalidTransition`, nothing changed) while a node of that part is
+        under way, when it holds a child node that started a child run (fork the run
+        instead: :meth:`fork`), or when a node outside it did not complete.
 
         ``node`` must be discarded or cancelled; an item task ``F[i]`` stands for
         its fan-out node ``F``. The node and every cancelled step of the run go
@@ -523,7 +577,7 @@ class Client:
         See docs/concepts/runs-and-steps.md, "Retrying failed work".
         """
         run_id = base.checked_run_id(run_id)
-        self._db.transaction(lambda tx: self._engine.retry(tx, run_id, node))
+        self._db.transaction(lambda tx: self._engine.retry(tx, run_id, node, force=force))
 
     def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:
         """Deliver a signal to the run's wait for ``name``.

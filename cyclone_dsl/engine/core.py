@@ -25,7 +25,9 @@ from cyclone_dsl.engine import (
     complete,
     control,
     debounce,
+    fork,
     gates,
+    replay,
     scan,
     schedules,
     signals,
@@ -160,8 +162,23 @@ class Engine:
     def cancel(self, tx: Tx, run_id: int) -> None:
         control.cancel(tx, run_id, self._hooks)
 
-    def retry(self, tx: Tx, run_id: int, node: str) -> None:
-        control.retry(tx, run_id, node, self._hooks)
+    def fork(
+        self, tx: Tx, source_run_id: int, compiled: CompiledRun, from_node: str
+    ) -> tuple[int, list[str]]:
+        """A new run of ``compiled`` started from ``from_node``, copying the nodes of run
+        ``source_run_id`` outside its downstream part that completed; its id and the
+        copied nodes."""
+        return fork.fork(tx, source_run_id, compiled, from_node, self._hooks)
+
+    def fork_of(self, tx: Tx, run_id: int) -> Row | None:
+        """Where a fork came from (source_run_id, from_node, copied), or None."""
+        return tx.one(Q.fork_of, run_id=run_id)
+
+    def retry(self, tx: Tx, run_id: int, node: str, *, force: bool = False) -> None:
+        if force:
+            replay.replay(tx, run_id, node, self._hooks)
+        else:
+            control.retry(tx, run_id, node, self._hooks)
 
     def pause(self, tx: Tx, run_id: int) -> None:
         waits.pause(tx, run_id)

@@ -49,6 +49,13 @@ class _Queries:
     retry_reset_steps: LiteralString
     retry_reset_items: LiteralString
     retry_reopen_run: LiteralString
+    replay_reset_steps: LiteralString
+    replay_drop_items: LiteralString
+    fork_source: LiteralString
+    fork_source_steps: LiteralString
+    fork_copy: LiteralString
+    fork_of: LiteralString
+    fork_source_run: LiteralString
     # fanout.sql
     expand_fan_outs: LiteralString
     fan_out_sources: LiteralString

@@ -87,3 +87,77 @@ UPDATE cyclone_runs
 SET state = 'running', finished_at = NULL, paused_at = NULL, updated_at = now()
 WHERE id = %(run_id)s AND state IN ('completed', 'failed', 'cancelled')
 RETURNING id
+
+-- name: replay_reset_steps
+-- Operator replay (retry with force): these ended graph nodes go back to pending with a
+-- fresh attempt budget, their outputs dropped. The executions that completed are kept in
+-- the attempt history (outcome 'replayed'). lease_generation is kept: it fences stale
+-- workers.
+WITH listed AS (
+    SELECT s.id FROM cyclone_steps AS s
+    WHERE s.run_id = %(run_id)s AND s.node = ANY(%(nodes)s::text[]) AND s.item_of IS NULL
+      AND s.state IN ('completed', 'discarded', 'cancelled', 'pending')
+    ORDER BY s.id
+    FOR NO KEY UPDATE
+), reset AS (
+    UPDATE cyclone_steps AS s
+    SET state = 'pending', attempt = 0, reclaims = 0, error = NULL, error_kind = NULL,
+        panic_stack = NULL, output = NULL, started_at = NULL, completed_at = NULL,
+        lease_owner = NULL, lease_expiry = NULL, scheduled_at = now() + %(shift)s::interval
+    FROM cyclone_steps AS before
+    WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
+      AND before.id = s.id
+    RETURNING s.id, s.run_id, s.node, before.state AS was, before.error_kind AS was_kind,
+              before.attempt AS attempts, before.started_at, before.completed_at
+), history AS (
+    INSERT INTO cyclone_ext_attempts (step_id, run_id, attempt, started_at, ended_at, outcome)
+    SELECT id, run_id, attempts + 1, started_at, coalesce(completed_at, now()), 'replayed'
+    FROM reset
+    WHERE was = 'completed' AND was_kind IS DISTINCT FROM 'skipped' AND started_at IS NOT NULL
+)
+SELECT node FROM reset
+
+-- name: replay_drop_items
+-- Operator replay: the item tasks of these fan-out nodes go; the fan-out expands again
+-- from its (new) input when it is activated.
+DELETE FROM cyclone_steps
+WHERE run_id = %(run_id)s AND item_of = ANY(%(nodes)s::text[])
+RETURNING id
+
+-- name: fork_source
+-- The run a fork starts from, locked against a concurrent change of its steps' outcomes.
+SELECT r.id, r.workflow, r.def_version, r.input FROM cyclone_runs AS r
+WHERE r.id = %(run_id)s
+FOR SHARE
+
+-- name: fork_source_steps
+-- The graph nodes of the run a fork starts from (item tasks left out).
+SELECT s.node, s.kind, s.state FROM cyclone_steps AS s
+WHERE s.run_id = %(run_id)s AND s.item_of IS NULL
+
+-- name: fork_copy
+-- A fork's copied nodes take the outputs the source run recorded (inserted completed), and
+-- the fork is recorded with where it came from.
+WITH src AS (
+    SELECT s.node, s.output, s.error_kind FROM cyclone_steps AS s
+    WHERE s.run_id = %(source_run_id)s AND s.node = ANY(%(nodes)s::text[])
+), copied AS (
+    UPDATE cyclone_steps AS s
+    SET output = src.output, completed_at = now() + %(shift)s::interval,
+        error_kind = CASE WHEN src.error_kind = 'skipped' THEN 'skipped' END
+    FROM src
+    WHERE s.run_id = %(run_id)s AND s.node = src.node AND s.state = 'completed'
+    RETURNING s.node
+), recorded AS (
+    INSERT INTO cyclone_ext_forks (run_id, source_run_id, from_node, copied)
+    VALUES (%(run_id)s, %(source_run_id)s, %(from_node)s, %(nodes)s::text[])
+)
+SELECT node FROM copied
+
+-- name: fork_of
+-- Where a fork came from (no row: the run is not a fork).
+SELECT source_run_id, from_node, copied FROM cyclone_ext_forks WHERE run_id = %(run_id)s
+
+-- name: fork_source_run
+-- What a client needs to compile a fork of a run: its workflow, definition and input.
+SELECT r.workflow, r.def_version, r.input FROM cyclone_runs AS r WHERE r.id = %(run_id)s

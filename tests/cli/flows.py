@@ -50,3 +50,8 @@ release = threading.Event()
 def keyed(job: dict[str, str]) -> str:
     release.wait(30)
     return job["tenant"]
+
+
+@workflow(name="cli_chained")
+def chained(x):  # type: ignore[no-untyped-def]
+    return add(add(x))

@@ -92,6 +92,7 @@ def test_steering_commands_print_json(cyclone: Cli, client: Client) -> None:
         "run_id": handle.id,
         "action": "retry",
         "node": "cli_add",
+        "force": False,
         "state": "running",
     }
 
@@ -234,3 +235,25 @@ def test_stats_and_run_show_flow_control(
         flows.release.set()
     assert cyclone("queue-limit", "mail", "none").stdout.strip() == "queue 'mail': no cap"
     assert waiting.result(timeout=20) == "t7"
+
+
+def test_retry_force_replays_and_fork_copies(
+    cyclone: Cli, client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(flows.chained)
+    handle = client.submit(flows.chained, 1)
+    assert handle.result(timeout=30) == 3
+    replayed = json.loads(cyclone("retry", str(handle.id), "cli_add_2", "--force", "--json").stdout)
+    assert replayed["force"] is True
+    assert handle.result(timeout=30) == 3
+    forked = cyclone("fork", str(handle.id), "cli_add_2", "-m", "tests.cli.flows", "--json")
+    assert forked.returncode == 0, forked.stderr
+    data = json.loads(forked.stdout)
+    assert (data["forked_from"], data["copied"]) == (handle.id, ["cli_add"])
+    assert client.handle(data["run_id"]).result(timeout=30) == 3
+    shown = cyclone("run", str(data["run_id"])).stdout
+    assert f"fork of run {handle.id} from node 'cli_add_2'" in shown
+    assert f"(copied from run {handle.id})" in shown
+    refused = cyclone("retry", str(handle.id), "cli_add")
+    assert refused.returncode == 2
+    assert "cyclone: " in refused.stderr and "--force" not in refused.stdout

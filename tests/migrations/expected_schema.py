@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATEST = 19
-EXT_LATEST = 5
+EXT_LATEST = 6
 TS = "timestamp with time zone"
 
 
@@ -643,6 +643,21 @@ EXT_TABLES: dict[str, Table] = {
             ),
         ],
         since=5,
+    ),
+    "cyclone_ext_forks": Table(
+        columns=[
+            Column("run_id", "bigint", False),
+            Column("source_run_id", "bigint", False),
+            Column("from_node", "text", False),
+            Column("copied", "text[]", False),
+            Column("created_at", TS, False, "now()"),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_forks_pkey", "p", "PRIMARY KEY (run_id)"),
+            _cascade("cyclone_ext_forks_run_id_fkey", "run_id", "cyclone_runs"),
+        ],
+        indexes=[Index("idx_ext_forks_source", "source_run_id")],
+        since=6,
     ),
 }
 

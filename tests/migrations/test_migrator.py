@@ -237,6 +237,7 @@ EXT_TABLES = (
     "cyclone_ext_gates",
     "cyclone_ext_debounce",
     "cyclone_ext_guards",
+    "cyclone_ext_forks",
 )
 
 
@@ -290,6 +291,7 @@ def test_extension_version_moves_only_the_extension_track(
         "cyclone_ext_gates": False,
         "cyclone_ext_debounce": False,
         "cyclone_ext_guards": False,
+        "cyclone_ext_forks": False,
     }
     caplog.set_level(logging.INFO, logger="cyclone.migrate")
     assert migrate_versions(dsn) == (19, LATEST_EXTENSION_VERSION)
@@ -300,6 +302,8 @@ def test_extension_version_moves_only_the_extension_track(
         "extension migration 003_fan_out_limits up",
         "extension migration 004_flow_control up",
         "extension migration 005_conditions up",
+        "extension migration 006_forks up",
+        "extension migration 006_forks down",
         "extension migration 005_conditions down",
         "extension migration 004_flow_control down",
         "extension migration 003_fan_out_limits down",
