@@ -118,6 +118,7 @@ def orders(order_id: Ref[str]) -> NodeRef[str]:
     assert_type(shipped, NodeRef[list[str]])
     assert_type(for_each(ship_async, over=[1, 2], queue="io"), NodeRef[list[str]])
     assert_type(child(invoice, order), NodeRef[Any])
+    assert_type(for_each(invoice, over=lines(order), max_parallel=2), NodeRef[list[Any]])
 
     assert_type(summarize([paid, shipped]), NodeRef[int])
     assert_type(add_up([paid, paid]), NodeRef[int])

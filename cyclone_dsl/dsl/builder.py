@@ -386,7 +386,13 @@ class Builder:
         on_skip: object = None,
     ) -> NodeRef[Any]:
         where = f"call of {default_id!r}"
-        if len(call_args) == 1 and isinstance(call_args[0], list | tuple):
+        if (
+            len(call_args) == 1
+            and isinstance(call_args[0], list | tuple)
+            and any(isinstance(v, NodeRef | RunInputRef) for v in call_args[0])
+        ):
+            # A list of node references: the handler gets their outputs as one list. A list
+            # of literals is one static value like any other.
             binding = Binding.ARRAY
             args = [self.arg(v, where) for v in call_args[0]]
         else:

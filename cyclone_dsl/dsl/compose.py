@@ -22,6 +22,20 @@ O = TypeVar("O")  # noqa: E741 - the output of an item handler
 
 @overload
 def for_each(
+    handler: WorkflowDef,
+    *,
+    over: Sequence[Any] | Ref[Sequence[Any]],
+    max_parallel: int = 0,
+    max_bytes: int = 0,
+    max_items: int | None = None,
+    after: After = None,
+    node_id: str = ...,
+    when: Condition | None = None,
+    otherwise: NodeRef[object] | None = None,
+    on_skip: OnSkip = ...,
+) -> NodeRef[list[Any]]: ...
+@overload
+def for_each(
     handler: HasHandler[Fn1[E, Coroutine[Any, Any, O]]],
     *,
     over: Sequence[E] | Ref[Sequence[E]],
@@ -79,11 +93,19 @@ def for_each(
     The items run as ordinary steps ``<node>[<i>]``, at most ``max_parallel``
     at a time (0: no limit). For a step, the node's output is the list of the
     items' outputs in input order (failing with ``output_limit`` past
-    ``max_bytes``, 0: no limit); an action keeps no output.
+    ``max_bytes``, 0: no limit); an action keeps no output. For a workflow,
+    each item is a child run (its parent node ``<node>[<i>]``), and the node's
+    output is the children's results in item order (none if it defines none).
     """
     builder = require_builder("for_each")
+    if isinstance(handler, WorkflowDef):
+        return _for_each_child(
+            handler, over, max_parallel, max_bytes, max_items, after=after, options=options
+        )
     if not isinstance(handler, StepDef):
-        builder.problems.append((None, f"for_each needs a @step or @action, not {handler!r}"))
+        builder.problems.append(
+            (None, f"for_each needs a @step, @action or @workflow, not {handler!r}")
+        )
         return None
     ref = handler.with_options(**{**options, "after": after})(over)
     assert isinstance(ref, NodeRef)
@@ -94,6 +116,40 @@ def for_each(
     )
     if ref.node.binding.value not in ("single", "static"):
         builder.problems.append((None, f"for_each over= takes one reference, not {over!r}"))
+    return ref
+
+
+def _for_each_child(
+    workflow: WorkflowDef,
+    over: object,
+    max_parallel: int,
+    max_bytes: int,
+    max_items: int | None,
+    *,
+    after: Any,
+    options: dict[str, Any],
+) -> NodeRef[Any]:
+    """for_each over a workflow: one child run per item, started at most ``max_parallel``
+    at a time; the node's output is the children's results in item order."""
+    builder = require_builder("for_each")
+    node_id = options.pop("node_id", None)
+    branching = {k: options.pop(k, None) for k in ("when", "otherwise", "on_skip")}
+    ref = child(workflow, over, after=after, **branching)
+    if options:
+        ref.node.problems.append(
+            f"for_each over workflow {workflow.name!r} takes no step options "
+            f"({', '.join(sorted(options))}): set them on the child workflow's steps"
+        )
+    needs_result = ref.node.child is not None and ref.node.child.needs_result
+    ref.node.fan_out = FanOutSpec(
+        max_parallel=max_parallel,
+        max_bytes=max_bytes if needs_result else None,
+        max_items=max_items,
+    )
+    if ref.node.binding.value not in ("single", "static"):
+        builder.problems.append((None, f"for_each over= takes one reference, not {over!r}"))
+    if node_id is not None:
+        ref.named(node_id)
     return ref
 
 

@@ -8,7 +8,7 @@ from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import notify
 from cyclone_dsl.engine.submit import insert_run
 from cyclone_dsl.engine.transitions import Hooks, after_completions, after_discards, end_runs
-from cyclone_dsl.errors import CycloneError, UnknownWorkflow
+from cyclone_dsl.errors import CycloneError, InvalidTransition, UnknownWorkflow
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.graph.rows import KIND_CHILD
 from cyclone_dsl.sql import Q
@@ -29,8 +29,11 @@ def _start(tx: Tx, activated: list[Row], hooks: Hooks, *, defer_unknown: bool) -
     inputs = {r["id"]: r for r in tx.rows(Q.assemble_inputs, ids=[n["id"] for n in nodes])}
     deferred = False
     for node in nodes:
-        if tx.one(Q.child_run_of, run_id=node["run_id"], node=node["node"]) is not None:
-            continue  # started before (idx_runs_parent keeps one child per parent node)
+        found = tx.one(Q.child_run_of, run_id=node["run_id"], node=node["node"])
+        if found is not None:  # started before (idx_runs_parent: one child per parent node)
+            if node.get("item_of") is not None and RunState(found["state"]).is_terminal:
+                _reuse(tx, node, found, hooks)
+            continue
         try:
             if hooks.compile_child is None:
                 raise UnknownWorkflow("this process has no registry to compile child workflows")
@@ -54,6 +57,28 @@ def _start(tx: Tx, activated: list[Row], hooks: Hooks, *, defer_unknown: bool) -
         failpoint("child.after_insert")
     if deferred:
         notify.wake_queues(tx, [CHILD_WAKE])
+
+
+def _reuse(tx: Tx, item: Row, child_run: Row, hooks: Hooks) -> None:
+    """A retried fan-out item waits again for the child run it started before: a completed
+    one settles it at once, a failed or cancelled one is retried in place."""
+    state = RunState(child_run["state"])
+    if state == RunState.COMPLETED:
+        settle_parents(tx, [child_run], state, hooks)
+        return
+    try:
+        if hooks.retry_child is None:
+            raise InvalidTransition("this engine cannot retry child runs")
+        with tx.savepoint():
+            hooks.retry_child(tx, child_run["id"], hooks)
+    except InvalidTransition as exc:
+        failed = tx.rows(
+            Q.discard_node,
+            id=item["id"],
+            error=f"cannot retry child run {child_run['id']}: {exc}",
+            error_kind=ErrorKind.CHILD_FAILED.value,
+        )
+        after_discards(tx, failed, hooks)
 
 
 #: The wake-up payload (on the work channel) of a child run left for a worker to start.
@@ -116,3 +141,21 @@ def settle_parents(tx: Tx, ended: list[Row], state: RunState, hooks: Hooks) -> N
         after_completions(tx, done, hooks)
     if failed:
         after_discards(tx, failed, hooks)
+
+
+def cancel_with_nodes(tx: Tx, run_id: int, cancelled: list[Row], hooks: Hooks) -> None:
+    """Nodes-cancelled hook: the child runs of cancelled child nodes are cancelled too."""
+    nodes = [r["node"] for r in cancelled if r["kind"] == KIND_CHILD]
+    if not nodes:
+        return
+    open_runs = [r["id"] for r in tx.rows(Q.open_child_runs_of_nodes, run_id=run_id, nodes=nodes)]
+    if open_runs:
+        tx.rows(Q.lock_runs, run_ids=open_runs)
+        end_runs(
+            tx,
+            open_runs,
+            RunState.CANCELLED,
+            error="cancelled with its parent node",
+            error_kind=ErrorKind.CANCELLED,
+            hooks=hooks,
+        )

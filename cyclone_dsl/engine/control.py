@@ -22,15 +22,17 @@ from cyclone_dsl.states import ErrorKind, OnDepFailure, RunState, StepState
 
 
 def _lock_tree_rows(tx: Tx, run_id: int) -> list[Row]:
-    """Lock a run, its descendant runs and their ancestors (in id order); return their rows."""
-    tree = [r["id"] for r in tx.rows(Q.run_tree, run_id=run_id)]
-    locked = tx.rows(Q.lock_runs, run_ids=tree)
+    """Lock a run, its descendant runs and their ancestors (in id order); return the rows
+    of the run and its descendants (the ancestors are locked, not returned)."""
+    tree = {r["id"] for r in tx.rows(Q.run_tree, run_id=run_id)}
+    locked = [r for r in tx.rows(Q.lock_runs, run_ids=sorted(tree)) if r["id"] in tree]
     if not any(r["id"] == run_id for r in locked):
         raise RunNotFound(run_id)
     return locked
 
 
 def _lock_tree(tx: Tx, run_id: int) -> list[int]:
+    """Lock as :func:`_lock_tree_rows`; return the open runs of the tree below ``run_id``."""
     return [r["id"] for r in _lock_tree_rows(tx, run_id) if RunState(r["state"]) in _OPEN]
 
 
@@ -116,6 +118,15 @@ def retry(tx: Tx, run_id: int, node: str, hooks: Hooks) -> None:
             f"run {run_id}: cannot retry {node!r}: another active step holds its {held}; "
             "retry once that step has finished"
         ) from None
+
+
+def retry_child_run(tx: Tx, run_id: int, hooks: Hooks) -> None:
+    """Retry an ended child run whose (fan-out item) parent node waits for it again: every
+    node that failed it runs again. InvalidTransition when the run cannot finish."""
+    run = tx.one(Q.retry_run, run_id=run_id)
+    if run is None:
+        raise RunNotFound(run_id)
+    _apply(tx, _plan(tx, run, None), hooks)
 
 
 def _anchor(tx: Tx, run_id: int, node: str) -> str:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import gates, notify
-from cyclone_dsl.engine.transitions import Hooks, after_completions, after_discards
+from cyclone_dsl.engine.transitions import (
+    Hooks,
+    after_completions,
+    after_discards,
+    nodes_cancelled,
+)
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, StepState
@@ -31,7 +36,7 @@ def expand_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
     if items:
         gates.gate_items(tx, ids)
     failpoint("fanout.after_expand")
-    notify.wake_queues(tx, (i["queue"] for i in items if i["state"] == StepState.AVAILABLE))
+    _started(tx, items, hooks)
     for source in sources:
         if source in over:
             failed = tx.rows(
@@ -61,6 +66,15 @@ def expand_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
             after_completions(tx, done, hooks)
 
 
+def _started(tx: Tx, items: list[Row], hooks: Hooks) -> None:
+    """Items just made ready: workers hear of step items; child items start their runs."""
+    notify.wake_queues(tx, (i["queue"] for i in items if i["state"] == StepState.AVAILABLE))
+    children = [i for i in items if i["state"] == StepState.WAITING_CHILD]
+    if children:
+        for hook in hooks.on_activated:
+            hook(tx, children, hooks)
+
+
 def items_finished(tx: Tx, items: list[Row], hooks: Hooks) -> None:
     """After item tasks completed: start the next ones, complete finished fan-outs."""
     for run_id, node in sorted({(r["run_id"], r["item_of"]) for r in items}):
@@ -69,8 +83,7 @@ def items_finished(tx: Tx, items: list[Row], hooks: Hooks) -> None:
 
 def advance(tx: Tx, run_id: int, node: str, hooks: Hooks) -> None:
     """Start a pending fan-out's next items up to max_parallel; finish it if all completed."""
-    queues = tx.rows(Q.activate_next_items, run_id=run_id, node=node)
-    notify.wake_queues(tx, (q["queue"] for q in queues))
+    _started(tx, tx.rows(Q.activate_next_items, run_id=run_id, node=node), hooks)
     done = tx.rows(Q.finish_fan_out, run_id=run_id, node=node)
     if not done:
         return
@@ -99,6 +112,7 @@ def items_discarded(tx: Tx, items: list[Row], hooks: Hooks) -> None:
         cancelled = tx.rows(Q.cancel_items, run_id=run_id, node=node, error=f"cancelled: {error}")
         if any(c["was_running"] for c in cancelled):
             notify.steps_cancelled(tx, [run_id])
+        nodes_cancelled(tx, run_id, cancelled, hooks)
         fan_out = tx.one(Q.fan_out_node, run_id=run_id, node=node)
         if fan_out is None:
             continue

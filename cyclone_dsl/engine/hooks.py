@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cyclone_dsl.engine import children, fanout, signals
+from cyclone_dsl.engine import children, control, fanout, signals
 from cyclone_dsl.engine.transitions import ChildCompiler, Hooks
 
 
@@ -24,4 +24,6 @@ def build_hooks(compile_child: ChildCompiler | None) -> Hooks:
         on_items_discarded=[fanout.items_discarded],
         on_resumed=[fanout.gate_on_resume],
         on_runs_ended=[children.settle_parents],
+        on_nodes_cancelled=[children.cancel_with_nodes],
+        retry_child=control.retry_child_run,
     )

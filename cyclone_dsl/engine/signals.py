@@ -6,7 +6,7 @@ import json
 from enum import StrEnum
 
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine.transitions import Hooks, after_completions
+from cyclone_dsl.engine.transitions import Hooks, after_completions, lock_run
 from cyclone_dsl.errors import (
     AlreadyTerminal,
     MailboxFull,
@@ -37,10 +37,10 @@ def _capacity(wait: Row) -> int:
 
 def deliver(tx: Tx, run_id: int, name: str, payload_text: str, hooks: Hooks) -> Delivery:
     """Deliver one signal (the run row is locked first, so senders serialise per run)."""
-    locked = tx.rows(Q.lock_runs, run_ids=[run_id])
-    if not locked:
+    run = lock_run(tx, run_id)
+    if run is None:
         raise RunNotFound(run_id)
-    state = RunState(locked[0]["state"])
+    state = RunState(run["state"])
     if state.is_terminal:
         raise AlreadyTerminal(run_id, state.value)
     wait = tx.one(Q.find_signal_wait, run_id=run_id, name=name)

@@ -40,6 +40,20 @@ class Hooks:
     on_runs_ended: list[Callable[[Tx, list[Row], RunState, Hooks], None]] = attrs.field(
         factory=list
     )
+    #: Retries an ended child run (an operator retry of the whole run), for a fan-out item
+    #: retried by its fan-out: raises InvalidTransition when it cannot.
+    retry_child: Callable[[Tx, int, Hooks], None] | None = None
+    #: Called with the nodes of one run cancelled while the run goes on (rows with node,
+    #: kind): a branch cut off by a contained failure, the open items of a failed fan-out.
+    on_nodes_cancelled: list[Callable[[Tx, int, list[Row], Hooks], None]] = attrs.field(
+        factory=list
+    )
+
+
+def lock_run(tx: Tx, run_id: int) -> Row | None:
+    """Lock a run and its ancestor runs (in id order); return the run's own row (id, state,
+    has_fan_out, paused_at), or None when there is no such run."""
+    return next((r for r in tx.rows(Q.lock_runs, run_ids=[run_id]) if r["id"] == run_id), None)
 
 
 def activate(tx: Tx, run_nodes: Iterable[tuple[int, str]], hooks: Hooks) -> None:
@@ -143,10 +157,18 @@ def after_discards(tx: Tx, discarded: Sequence[Row], hooks: Hooks) -> None:
         )
         if any(c["was_running"] for c in cancelled):
             notify.steps_cancelled(tx, [run_id])
+        nodes_cancelled(tx, run_id, cancelled, hooks)
     finish_if_done(tx, contained.keys(), hooks)
     if items:
         for hook in hooks.on_items_discarded:
             hook(tx, items, hooks)
+
+
+def nodes_cancelled(tx: Tx, run_id: int, cancelled: list[Row], hooks: Hooks) -> None:
+    """Follow-ups of nodes of a going run that were cancelled (rows with node, kind)."""
+    if cancelled:
+        for hook in hooks.on_nodes_cancelled:
+            hook(tx, run_id, cancelled, hooks)
 
 
 def end_runs(

@@ -9,6 +9,7 @@ from cyclone_dsl.engine.transitions import (
     after_completions,
     after_discards,
     end_runs,
+    lock_run,
 )
 from cyclone_dsl.errors import AlreadyTerminal, InvalidTransition, RunNotFound
 from cyclone_dsl.sql import Q
@@ -54,29 +55,50 @@ def fail_past_deadline(tx: Tx, page: list[Row], hooks: Hooks) -> int:
 
 
 def pause(tx: Tx, run_id: int) -> None:
-    """Pause a running run: ready and pending work waits; running steps finish."""
+    """Pause a running run and its running child runs (to any depth): ready and pending work
+    waits; running steps finish."""
     run = _locked(tx, run_id)
     if RunState(run["state"]) == RunState.PAUSED:
         raise InvalidTransition(f"run {run_id} is already paused")
     tx.rows(Q.pause_run, run_id=run_id)
+    for below in _descendants(tx, run_id):
+        if below["state"] == RunState.RUNNING:
+            tx.rows(Q.pause_run, run_id=below["id"])
 
 
 def resume(tx: Tx, run_id: int, hooks: Hooks) -> None:
-    """Resume a paused run; its deadline and timed waits move forward by the pause length."""
+    """Resume a paused run, and the child runs paused with it (the same ``paused_at``; one
+    paused on its own stays paused); deadlines and timed waits move forward by the pause."""
     run = _locked(tx, run_id)
     if RunState(run["state"]) != RunState.PAUSED:
         raise InvalidTransition(f"run {run_id} is not paused (it is {run['state']})")
-    reopened = tx.rows(Q.resume_run, run_id=run_id, paused_at=run["paused_at"])
-    activate(tx, ((run_id, r["node"]) for r in reopened if r["item_of"] is None), hooks)
+    below = _descendants(tx, run_id)
+    _resume_one(tx, run, hooks)
+    for child in below:
+        if child["state"] == RunState.PAUSED and child["paused_at"] == run["paused_at"]:
+            _resume_one(tx, child, hooks)
+
+
+def _resume_one(tx: Tx, run: Row, hooks: Hooks) -> None:
+    reopened = tx.rows(Q.resume_run, run_id=run["id"], paused_at=run["paused_at"])
+    activate(tx, ((run["id"], r["node"]) for r in reopened if r["item_of"] is None), hooks)
     for hook in hooks.on_resumed:
         hook(tx, run, hooks)
 
 
+def _descendants(tx: Tx, run_id: int) -> list[Row]:
+    """The runs below ``run_id``, locked in id order (all after it: a child is younger)."""
+    ids = [r["id"] for r in tx.rows(Q.run_tree, run_id=run_id) if r["id"] != run_id]
+    if not ids:
+        return []
+    return [r for r in tx.rows(Q.lock_runs, run_ids=ids) if r["id"] in set(ids)]
+
+
 def _locked(tx: Tx, run_id: int) -> Row:
-    locked = tx.rows(Q.lock_runs, run_ids=[run_id])
-    if not locked:
+    run = lock_run(tx, run_id)
+    if run is None:
         raise RunNotFound(run_id)
-    state = RunState(locked[0]["state"])
+    state = RunState(run["state"])
     if state.is_terminal:
         raise AlreadyTerminal(run_id, state.value)
-    return locked[0]
+    return run

@@ -8,7 +8,7 @@ from datetime import timedelta
 from cyclone_dsl.errors import InvalidGraph
 from cyclone_dsl.graph import conditions
 from cyclone_dsl.graph.model import ArgKind, Binding, Graph, Node, NodeOptions
-from cyclone_dsl.graph.rows import SPECIAL_KINDS
+from cyclone_dsl.graph.rows import KIND_CHILD, SPECIAL_KINDS
 from cyclone_dsl.states import OnDepFailure
 
 MAX_QUEUE_BYTES = 256
@@ -120,8 +120,8 @@ def _node_problems(node: Node, known: set[str]) -> list[str]:
             problems.append(f"max_bytes must be an integer >= 0, not {spec.max_bytes!r}")
         if spec.max_items is not None and (not _is_int(spec.max_items) or spec.max_items < 1):
             problems.append(f"max_items must be an integer >= 1, not {spec.max_items!r}")
-        if node.kind in SPECIAL_KINDS:
-            problems.append("for_each needs a @step or @action")
+        if node.kind in SPECIAL_KINDS and node.kind != KIND_CHILD:
+            problems.append("for_each needs a @step, @action or @workflow")
     if node.when is not None:
         problems.extend(f"condition problem: {p}" for p in conditions.problems(node.when))
         for source in conditions.sources(node.when):

@@ -20,6 +20,7 @@ class _Queries:
     unstarted_children: LiteralString
     waiting_child_nodes: LiteralString
     ended_children_of_waiting_nodes: LiteralString
+    open_child_runs_of_nodes: LiteralString
     # claim.sql
     claim_steps: LiteralString
     heartbeat_steps: LiteralString

@@ -26,7 +26,8 @@ WHERE r.id IN (SELECT id FROM down) AND r.state IN ('running', 'paused')
 
 -- name: child_run_of
 -- The child run already started for a parent node, if any.
-SELECT id FROM cyclone_runs WHERE parent_run_id = %(run_id)s AND parent_node_id = %(node)s
+SELECT id, state, parent_run_id, parent_node_id
+FROM cyclone_runs WHERE parent_run_id = %(run_id)s AND parent_node_id = %(node)s
 
 -- name: unstarted_children
 -- Child nodes waiting for a child run that was never started (the process that activated
@@ -63,3 +64,10 @@ WHERE s.state = 'waiting_child' AND s.kind = '@child'
   AND s.id > %(after_id)s
 ORDER BY s.id
 LIMIT %(limit)s
+
+-- name: open_child_runs_of_nodes
+-- The child runs, not ended, of some child nodes of a run, in id order.
+SELECT c.id FROM cyclone_runs AS c
+WHERE c.parent_run_id = %(run_id)s AND c.parent_node_id = ANY(%(nodes)s::text[])
+  AND c.state IN ('running', 'paused')
+ORDER BY c.id

@@ -165,10 +165,10 @@ UPDATE cyclone_steps AS s
 SET state = CASE
         WHEN j.skip THEN 'completed'
         WHEN j.run_state = 'paused' THEN 'paused'
+        WHEN s.fan_out_parallel IS NOT NULL THEN 'pending'  -- collects items (steps or runs)
         WHEN s.kind = '@signal' THEN 'waiting_signal'
         WHEN s.kind = '@timer' THEN 'waiting_timer'
         WHEN s.kind = '@child' THEN 'waiting_child'
-        WHEN s.fan_out_parallel IS NOT NULL THEN 'pending'
         ELSE 'available' END,
     scheduled_at = now() + %(shift)s::interval
                    + CASE WHEN j.skip THEN interval '0' ELSE coalesce(s.wait_for, interval '0') END,

@@ -1,23 +1,28 @@
 -- name: expand_fan_outs
 -- Create one item task per element of each activated fan-out node's list (idempotent).
+-- The items of a fan-out over a workflow are child nodes: they start waiting for the child
+-- run the caller then starts (the activation hooks), not available to a worker.
 WITH f AS (
     SELECT s.id, s.run_id, s.node, s.kind, s.queue, s.priority, s.max_attempts, s.timeout,
-           s.retention, s.fan_out_parallel, coalesce(u.output, s.input) AS items
+           s.retention, s.fan_out_parallel, s.child_workflow, s.child_needs_result,
+           coalesce(u.output, s.input) AS items
     FROM cyclone_steps AS s
     LEFT JOIN cyclone_steps AS u ON u.run_id = s.run_id AND u.node = s.input_from
     WHERE s.id = ANY(%(ids)s::bigint[]) AND s.state = 'pending'
       AND jsonb_typeof(coalesce(u.output, s.input)) = 'array'
 )
 INSERT INTO cyclone_steps (run_id, node, kind, state, input, queue, priority, max_attempts,
-                           timeout, retention, item_of, item_index, scheduled_at)
+                           timeout, retention, item_of, item_index, scheduled_at,
+                           child_workflow, child_needs_result)
 SELECT f.run_id, f.node || '[' || (e.ord - 1) || ']', f.kind,
-       CASE WHEN f.fan_out_parallel = 0 OR e.ord <= f.fan_out_parallel
-            THEN 'available' ELSE 'pending' END,
+       CASE WHEN f.fan_out_parallel > 0 AND e.ord > f.fan_out_parallel THEN 'pending'
+            WHEN f.kind = '@child' THEN 'waiting_child'
+            ELSE 'available' END,
        e.value, f.queue, f.priority, f.max_attempts, f.timeout, f.retention, f.node,
-       (e.ord - 1)::int, now() + %(shift)s::interval
+       (e.ord - 1)::int, now() + %(shift)s::interval, f.child_workflow, f.child_needs_result
 FROM f, jsonb_array_elements(f.items) WITH ORDINALITY AS e(value, ord)
 ON CONFLICT (run_id, node) DO NOTHING
-RETURNING run_id, item_of, state, queue
+RETURNING id, run_id, node, kind, state, queue, fan_out_parallel, child_workflow, item_of
 
 -- name: fan_out_sources
 -- What each fan-out node would expand: the JSON type and length of its list, and its
@@ -46,14 +51,17 @@ WITH f AS (
                        ELSE greatest(f.fan_out_parallel - (
                            SELECT count(*) FROM cyclone_steps AS b
                            WHERE b.run_id = f.run_id AND b.item_of = f.node
-                             AND b.state IN ('available', 'running')), 0) END
+                             AND b.state IN ('available', 'running', 'waiting_child')), 0) END
            FROM f)
     FOR NO KEY UPDATE
 )
-UPDATE cyclone_steps AS s SET state = 'available', scheduled_at = now() + %(shift)s::interval
+UPDATE cyclone_steps AS s
+SET state = CASE WHEN s.kind = '@child' THEN 'waiting_child' ELSE 'available' END,
+    scheduled_at = now() + %(shift)s::interval
 FROM nxt
 WHERE s.id = nxt.id
-RETURNING s.queue
+RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.fan_out_parallel,
+          s.child_workflow, s.item_of
 
 -- name: finish_fan_out
 -- Complete a fan-out node whose items all completed, with their outputs in item order.
@@ -68,7 +76,7 @@ WHERE s.run_id = %(run_id)s AND s.node = %(node)s AND s.state = 'pending'
   AND NOT EXISTS (
       SELECT 1 FROM cyclone_steps AS i
       WHERE i.run_id = s.run_id AND i.item_of = s.node
-        AND i.state IN ('pending', 'available', 'running', 'paused'))
+        AND i.state IN ('pending', 'available', 'running', 'paused', 'waiting_child'))
 RETURNING s.id, s.run_id, s.node, s.item_of, true AS has_downstream, s.fan_out_max_bytes,
           octet_length(s.output::text) AS output_bytes
 
@@ -88,11 +96,12 @@ WHERE s.id = %(id)s AND s.state = 'pending'
 RETURNING s.id, s.run_id, s.node, s.item_of, true AS has_downstream
 
 -- name: cancel_items
--- Cancel the unfinished items of a fan-out node.
+-- Cancel the unfinished items of a fan-out node (the caller cancels the child runs of
+-- items that waited for one).
 WITH listed AS (
     SELECT s.id, s.state FROM cyclone_steps AS s
     WHERE s.run_id = %(run_id)s AND s.item_of = %(node)s
-      AND s.state IN ('pending', 'available', 'running', 'paused')
+      AND s.state IN ('pending', 'available', 'running', 'paused', 'waiting_child')
     ORDER BY s.id
     FOR NO KEY UPDATE
 )
@@ -101,8 +110,9 @@ SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
     error = %(error)s, error_kind = 'dep_failed', lease_owner = NULL, lease_expiry = NULL
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.run_id = %(run_id)s AND s.item_of = %(node)s
-  AND s.state IN ('pending', 'available', 'running', 'paused')
-RETURNING s.id, s.id = ANY(ARRAY(SELECT id FROM listed WHERE state = 'running')) AS was_running
+  AND s.state IN ('pending', 'available', 'running', 'paused', 'waiting_child')
+RETURNING s.id, s.node, s.kind,
+          s.id = ANY(ARRAY(SELECT id FROM listed WHERE state = 'running')) AS was_running
 
 -- name: fan_out_node
 -- A fan-out node by run and node id.

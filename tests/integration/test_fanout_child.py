@@ -9,7 +9,18 @@ from collections.abc import Callable
 
 import pytest
 
-from cyclone_dsl import Client, RunFailed, Worker, action, child, for_each, step, workflow
+from cyclone_dsl import (
+    AlreadyTerminal,
+    Client,
+    RunFailed,
+    Worker,
+    action,
+    child,
+    for_each,
+    step,
+    wait_signal,
+    workflow,
+)
 from cyclone_dsl.states import RunState, StepState
 
 running = 0
@@ -253,3 +264,56 @@ def test_cancel_branch_contains_a_failing_child(
     assert run.state is RunState.COMPLETED
     assert run.step("fc_fan_fail").error_kind == "child_failed"
     assert run.step("fc_sum").state is StepState.CANCELLED
+
+
+def test_cancelling_a_child_run_fails_its_parent_node_not_the_parent_run(
+    client: Client,
+) -> None:
+    handle = client.submit(top, 1)
+    (middle,) = client.list_runs(workflow="fc_mid")
+    (bottom,) = client.list_runs(workflow="fc_blocked")
+    client.cancel(bottom.id)
+    assert client.get_run(bottom.id).state is RunState.CANCELLED
+    # The cancelled child fails its parent node, and each parent follows its failure policy:
+    # the operator cancelled one run, not its ancestors.
+    for run_id, node in ((middle.id, "fc_blocked"), (handle.id, "fc_mid")):
+        run = client.get_run(run_id)
+        assert run.state is RunState.FAILED
+        assert run.step(node).error_kind == "child_failed"
+
+
+def test_a_child_run_pauses_and_resumes_on_its_own(client: Client) -> None:
+    handle = client.submit(top, 1)
+    (middle,) = client.list_runs(workflow="fc_mid")
+    client.pause(middle.id)
+    assert client.get_run(middle.id).state is RunState.PAUSED
+    assert client.get_run(handle.id).state is RunState.RUNNING
+    client.resume(middle.id)
+    assert client.get_run(middle.id).state is RunState.RUNNING
+    client.pause(handle.id)  # the whole tree, then the whole tree again
+    assert {r.state for r in client.list_runs()} == {RunState.PAUSED}
+    client.resume(handle.id)
+    assert {r.state for r in client.list_runs()} == {RunState.RUNNING}
+
+
+@workflow(name="fc_signalled")
+def signalled(_):  # type: ignore[no-untyped-def]
+    return wait_signal("a")
+
+
+@workflow(name="fc_signalled_parent")
+def signalled_parent(_):  # type: ignore[no-untyped-def]
+    child(signalled, None)
+    return wait_signal("x")
+
+
+def test_a_signal_to_an_ended_child_run_is_refused_while_its_parent_runs(
+    client: Client,
+) -> None:
+    handle = client.submit(signalled_parent, None)
+    (kid,) = client.list_runs(workflow="fc_signalled")
+    client.signal(kid.id, "a", 1)
+    assert client.get_run(kid.id).state is RunState.COMPLETED
+    assert handle.get().state is RunState.RUNNING
+    with pytest.raises(AlreadyTerminal):
+        client.signal(kid.id, "a", 2)

@@ -207,7 +207,7 @@ def test_for_each_needs_a_step() -> None:
     def fan(x):  # type: ignore[no-untyped-def]
         return for_each(len, over=x)
 
-    assert "for_each needs a @step or @action" in str(invalid(fan))
+    assert "for_each needs a @step, @action or @workflow" in str(invalid(fan))
 
 
 def test_literals_must_be_json() -> None:
