@@ -171,6 +171,8 @@ def migrate(
     show_default=True,
     help="Seconds between claims when no wake-up comes (without LISTEN: always).",
 )
+@click.option("--pooled", is_flag=True, help="As `cyclone --pooled`, for this worker.")
+@click.option("--listen-url", default=None, help="As `cyclone --listen-url`, for this worker.")
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -180,6 +182,8 @@ def worker(
     grace: float,
     transactional_dsn: str | None,
     poll_interval: float,
+    pooled: bool,
+    listen_url: str | None,
 ) -> None:
     """Run a worker for the handlers of MODULES (dotted names) until SIGTERM/SIGINT."""
     from cyclone_dsl.worker.worker import Worker
@@ -194,8 +198,8 @@ def worker(
             grace=grace,
             transactional_dsn=transactional_dsn,
             poll_interval=poll_interval,
-            pooled=ctx.obj["pooled"],
-            listen_dsn=ctx.obj["listen_url"] or "",
+            pooled=pooled or ctx.obj["pooled"],
+            listen_dsn=listen_url or ctx.obj["listen_url"] or "",
         ).run()
 
 
