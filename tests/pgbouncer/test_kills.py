@@ -86,4 +86,5 @@ def test_sigkilled_workers_through_pgbouncer_lose_nothing(
     text = "\n".join(outputs)
     assert "prepared statement" not in text
     assert "Traceback" not in text
+    assert "no LISTEN connection" not in text  # CYCLONE_LISTEN_URL reached the workers
     assert "prepared statement" not in server_log_tail(cyclone_admin_dsn)[log_before:]
