@@ -34,7 +34,9 @@ from cyclone_dsl.states import RunState
 def client_for(ctx: click.Context) -> Iterator[Client]:
     with database(ctx.obj["dsn"]) as dsn:
         check_reachable(dsn)
-        with Client(dsn) as client:
+        with Client(
+            dsn, pooled=ctx.obj["pooled"], listen_dsn=ctx.obj["listen_url"] or ""
+        ) as client:
             yield client
 
 
@@ -568,7 +570,7 @@ def scan(ctx: click.Context, modules: tuple[str, ...], once: bool, interval: flo
     import_modules(modules)
     registry: Registry = default_registry()
     with database(ctx.obj["dsn"]) as dsn:
-        pool = make_pool(dsn, name="cyclone-scan")
+        pool = make_pool(dsn, name="cyclone-scan", pooled=ctx.obj["pooled"])
         stopping = threading.Event()
         engine = Engine(
             compile_child=runs.child_compiler(registry),

@@ -17,6 +17,7 @@ import click
 
 from cyclone_dsl.cli.values import to_json
 from cyclone_dsl.db import diagnose
+from cyclone_dsl.db.connect import ENV_LISTEN_URL, ENV_POOLED
 from cyclone_dsl.db.embedded import ENV_URL, embedded_database
 from cyclone_dsl.db.errors import DatabaseError
 from cyclone_dsl.errors import CycloneError, DatabaseUnavailable
@@ -52,15 +53,43 @@ def emit(data: Any, as_json: bool, text: str) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--dsn", envvar=ENV_URL, help="PostgreSQL URL (default: the embedded server).")
+@click.option(
+    "--pooled",
+    is_flag=True,
+    envvar=ENV_POOLED,
+    help="The --dsn goes through a transaction-mode pooler (PgBouncer).",
+)
+@click.option(
+    "--listen-url",
+    envvar=ENV_LISTEN_URL,
+    default=None,
+    help="A direct connection for LISTEN (and migrations) when --dsn is pooled.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log what the engine does.")
 @click.pass_context
-def cli(ctx: click.Context, dsn: str | None, verbose: bool) -> None:
+def cli(
+    ctx: click.Context, dsn: str | None, pooled: bool, listen_url: str | None, verbose: bool
+) -> None:
     """Cyclone: durable workflows on PostgreSQL."""
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    ctx.obj = {"dsn": dsn}
+    ctx.obj = {"dsn": dsn, "pooled": pooled, "listen_url": listen_url or None}
+
+
+def direct_dsn(ctx: click.Context, dsn: str) -> str:
+    """A DSN that is not pooled (migrations take a session-level lock): --listen-url when
+    --dsn is pooled."""
+    if not ctx.obj["pooled"]:
+        return dsn
+    if ctx.obj["listen_url"] is None:
+        fail(
+            "migrations need a direct (or session-mode) connection, and --dsn is pooled: "
+            "give --listen-url (CYCLONE_LISTEN_URL), or a direct --dsn without --pooled"
+        )
+    direct: str = ctx.obj["listen_url"]
+    return direct
 
 
 @cli.command()
@@ -95,7 +124,8 @@ def migrate(
         versions,
     )
 
-    with database(ctx.obj["dsn"]) as dsn:
+    with database(ctx.obj["dsn"]) as pooled_or_direct:
+        dsn = direct_dsn(ctx, pooled_or_direct)
         before, ext_before = versions(dsn)
         if status:
             emit(
@@ -135,6 +165,14 @@ def migrate(
     default=None,
     help="Where transactional handlers write (default: the Cyclone database).",
 )
+@click.option(
+    "--poll-interval",
+    default=1.0,
+    show_default=True,
+    help="Seconds between claims when no wake-up comes (without LISTEN: always).",
+)
+@click.option("--pooled", is_flag=True, help="As `cyclone --pooled`, for this worker.")
+@click.option("--listen-url", default=None, help="As `cyclone --listen-url`, for this worker.")
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -143,6 +181,9 @@ def worker(
     concurrency: int,
     grace: float,
     transactional_dsn: str | None,
+    poll_interval: float,
+    pooled: bool,
+    listen_url: str | None,
 ) -> None:
     """Run a worker for the handlers of MODULES (dotted names) until SIGTERM/SIGINT."""
     from cyclone_dsl.worker.worker import Worker
@@ -156,6 +197,9 @@ def worker(
             concurrency=concurrency,
             grace=grace,
             transactional_dsn=transactional_dsn,
+            poll_interval=poll_interval,
+            pooled=pooled or ctx.obj["pooled"],
+            listen_dsn=listen_url or ctx.obj["listen_url"] or "",
         ).run()
 
 

@@ -66,8 +66,12 @@ class AsyncClient:
         *,
         registry: Registry | None = None,
         pool_size: int = 4,
+        pooled: bool | None = None,
+        listen_dsn: str | None = None,
     ) -> None:
-        self._client = Client(dsn, registry=registry, pool_size=pool_size)
+        self._client = Client(
+            dsn, registry=registry, pool_size=pool_size, pooled=pooled, listen_dsn=listen_dsn
+        )
         self.dsn = self._client.dsn
         self.registry = self._client.registry
 
@@ -330,15 +334,25 @@ class AsyncClient:
         """See :meth:`Client.wait`; never blocks the event loop."""
         run_id = base.checked_run_id(run_id)
         self._client._db.check_open()
-        await follow_async(self.dsn, run_end_plan(run_id, timeout), name="cyclone-wait")
+        await self._wait_for_end(run_id, timeout)
         return await self.get_run(run_id)
 
     async def result(self, run_id: int, timeout: float | None = None) -> JSONValue:
         """See :meth:`Client.result`; never blocks the event loop."""
         run_id = base.checked_run_id(run_id)
         self._client._db.check_open()
-        await follow_async(self.dsn, run_end_plan(run_id, timeout), name="cyclone-wait")
+        await self._wait_for_end(run_id, timeout)
         return await self.outcome(run_id)
+
+    async def _wait_for_end(self, run_id: int, timeout: float | None) -> None:
+        route = self._client.wait_route
+        await follow_async(
+            route.dsn,
+            run_end_plan(run_id, timeout, recheck=route.recheck),
+            name="cyclone-wait",
+            listen=route.listen,
+            pooled=route.pooled,
+        )
 
     # -- steering ----------------------------------------------------------------------
 

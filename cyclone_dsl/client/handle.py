@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from cyclone_dsl.db.connect import listen_target
 from cyclone_dsl.db.follow import (
     ConnectionLost,
     Listen,
@@ -30,6 +31,29 @@ if TYPE_CHECKING:
 RECHECK_SECONDS = 1.0
 #: Pause before replacing a wait connection that was lost.
 RECONNECT_SECONDS = 0.5
+#: Without LISTEN (a pooled DSN and no ``listen_dsn``), a waiting client reads this often.
+POLL_SECONDS = 0.25
+
+
+@attrs.frozen
+class WaitRoute:
+    """Where a client waits for runs: a direct connection that LISTENs (``listen_dsn``, or a
+    DSN that is not pooled), or else the pooled DSN, read every :data:`POLL_SECONDS`."""
+
+    dsn: str
+    listen: bool
+    pooled: bool
+
+    @classmethod
+    def of(cls, dsn: str, *, pooled: bool, listen_dsn: str | None) -> WaitRoute:
+        target = listen_target(dsn, pooled=pooled, listen_dsn=listen_dsn)
+        if target is None:
+            return cls(dsn, listen=False, pooled=True)
+        return cls(target, listen=True, pooled=False)
+
+    @property
+    def recheck(self) -> float:
+        return RECHECK_SECONDS if self.listen else POLL_SECONDS
 
 
 @attrs.frozen
@@ -56,13 +80,22 @@ class RunHandle:
         return self.client.result(self.id, timeout)
 
 
-def wait_for_end(dsn: str, run_id: int, timeout: float | None) -> str:
+def wait_for_end(route: WaitRoute, run_id: int, timeout: float | None) -> str:
     """Block until the run is terminal; return its state (see :func:`run_end_plan`)."""
-    return follow(dsn, run_end_plan(run_id, timeout), name="cyclone-wait")
+    return follow(
+        route.dsn,
+        run_end_plan(run_id, timeout, recheck=route.recheck),
+        name="cyclone-wait",
+        listen=route.listen,
+        pooled=route.pooled,
+    )
 
 
-def run_end_plan(run_id: int, timeout: float | None) -> Plan[str]:
-    """Wait for a run to be terminal using LISTEN, re-reading its state as a fallback.
+def run_end_plan(
+    run_id: int, timeout: float | None, *, recheck: float = RECHECK_SECONDS
+) -> Plan[str]:
+    """Wait for a run to be terminal using LISTEN, re-reading its state every ``recheck``
+    seconds as a fallback.
 
     Raises :class:`RunNotFound`, or ``TimeoutError`` after ``timeout`` seconds.
     A connection lost or left half-open while waiting is replaced, and every
@@ -77,7 +110,7 @@ def run_end_plan(run_id: int, timeout: float | None) -> Plan[str]:
                 state = check_state(row, run_id, deadline, timeout)
                 if state is not None:
                     return state
-                recheck_at = time.monotonic() + recheck_in(deadline)
+                recheck_at = time.monotonic() + recheck_in(deadline, recheck)
                 while True:
                     left = max(0.0, recheck_at - time.monotonic())
                     payloads: list[str] = yield Notifications(left)
@@ -104,11 +137,11 @@ def check_state(
     return None
 
 
-def recheck_in(deadline: float | None) -> float:
+def recheck_in(deadline: float | None, recheck: float = RECHECK_SECONDS) -> float:
     """Seconds to wait for a notification before reading the state again."""
     if deadline is None:
-        return RECHECK_SECONDS
-    return max(0.0, min(RECHECK_SECONDS, deadline - time.monotonic()))
+        return recheck
+    return max(0.0, min(recheck, deadline - time.monotonic()))
 
 
 def outcome_from_row(row: dict[str, Any] | None, run_id: int) -> JSONValue:

@@ -13,11 +13,12 @@ from types import TracebackType
 from typing import Any, LiteralString
 
 from cyclone_dsl.client import base
-from cyclone_dsl.client.handle import RunHandle, outcome_from_row, wait_for_end
+from cyclone_dsl.client.handle import RunHandle, WaitRoute, outcome_from_row, wait_for_end
 from cyclone_dsl.client.model import Attempt, Run, Step
 from cyclone_dsl.client.schedules import Schedule, schedule_from_row, spec_for
 from cyclone_dsl.db.callers import Connection, in_callers_transaction
 from cyclone_dsl.db.clock import current_shift
+from cyclone_dsl.db.connect import resolve_listen_dsn, resolve_pooled
 from cyclone_dsl.db.embedded import ENV_URL
 from cyclone_dsl.db.pool import PooledDatabase
 from cyclone_dsl.db.tx import Tx
@@ -40,6 +41,12 @@ class Client:
     block. Workflows are given as the decorated objects, or by name when they
     are registered in ``registry`` (the process-wide default registry unless
     one is passed).
+
+    ``pooled=True`` (default: ``$CYCLONE_POOLED``) says ``dsn`` goes through a
+    transaction-mode pooler such as PgBouncer: no session state, no server-side
+    prepared statements, no LISTEN on it. :meth:`wait` then LISTENs on
+    ``listen_dsn`` (default: ``$CYCLONE_LISTEN_URL``), a direct connection to the
+    same database and schema, or without one reads the run's state every 0.25 s.
     """
 
     def __init__(
@@ -48,6 +55,8 @@ class Client:
         *,
         registry: Registry | None = None,
         pool_size: int = 4,
+        pooled: bool | None = None,
+        listen_dsn: str | None = None,
     ) -> None:
         resolved = dsn or os.environ.get(ENV_URL)
         if not resolved:
@@ -60,8 +69,14 @@ class Client:
             compile_child=runs.child_compiler(self.registry),
             compile_schedule=runs.compiler_for(self.registry),
         )
-        check_database(resolved, name="cyclone-client")
-        self._db = PooledDatabase(resolved, name="cyclone-client", max_size=pool_size)
+        self.pooled = resolve_pooled(pooled)
+        self.wait_route = WaitRoute.of(
+            resolved, pooled=self.pooled, listen_dsn=resolve_listen_dsn(listen_dsn)
+        )
+        check_database(resolved, name="cyclone-client", pooled=self.pooled)
+        self._db = PooledDatabase(
+            resolved, name="cyclone-client", max_size=pool_size, pooled=self.pooled
+        )
 
     def close(self) -> None:
         """Close the connection pool; later calls raise :class:`ClientClosed`."""
@@ -468,11 +483,12 @@ class Client:
         """Block until the run is terminal and return it; ``TimeoutError`` after ``timeout`` s.
 
         Waits on LISTEN (no busy polling), re-reading the state every second as a
-        fallback, and survives a lost or half-open connection.
+        fallback, and survives a lost or half-open connection. On a pooled DSN without
+        ``listen_dsn``, reads the state every 0.25 s instead.
         """
         run_id = base.checked_run_id(run_id)
         self._db.check_open()
-        wait_for_end(self.dsn, run_id, timeout)
+        wait_for_end(self.wait_route, run_id, timeout)
         return self.get_run(run_id)
 
     def result(self, run_id: int, timeout: float | None = None) -> JSONValue:
@@ -483,7 +499,7 @@ class Client:
         """
         run_id = base.checked_run_id(run_id)
         self._db.check_open()
-        wait_for_end(self.dsn, run_id, timeout)
+        wait_for_end(self.wait_route, run_id, timeout)
         return self.outcome(run_id)
 
     def _read(self, query: LiteralString, **params: object) -> list[dict[str, Any]]:

@@ -1,7 +1,16 @@
-"""Connection pools with Cyclone's session settings."""
+"""Connection pools with Cyclone's session settings, direct or through a pooler.
+
+A *pooled* DSN goes through a transaction-mode pooler (PgBouncer): each transaction may
+run on another server session, so its connections carry no session state. They send no
+``options`` startup parameter (PgBouncer refuses it) and never prepare statements on
+the server (psycopg prepares a query after its 5th execution; the prepared statement
+would exist on one server session only). LISTEN never goes over a pooled DSN: see
+:func:`listen_target`.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psycopg
@@ -12,6 +21,35 @@ Pool = ConnectionPool[Any]
 
 #: Worker and client sessions never sit idle inside a transaction for long (seconds).
 IDLE_IN_TRANSACTION_S = 60.0
+
+
+#: ``$CYCLONE_POOLED`` (``1``/``true``/``yes``): the DSN goes through a transaction-mode pooler.
+ENV_POOLED = "CYCLONE_POOLED"
+#: ``$CYCLONE_LISTEN_URL``: a direct connection for LISTEN when the DSN is pooled.
+ENV_LISTEN_URL = "CYCLONE_LISTEN_URL"
+
+
+def resolve_pooled(pooled: bool | None) -> bool:
+    """``pooled``, or when it is ``None``, whether ``$CYCLONE_POOLED`` says so."""
+    if pooled is not None:
+        return pooled
+    return os.environ.get(ENV_POOLED, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def resolve_listen_dsn(listen_dsn: str | None) -> str | None:
+    """``listen_dsn``, or when it is ``None``, ``$CYCLONE_LISTEN_URL`` (``""``: none)."""
+    if listen_dsn is None:
+        listen_dsn = os.environ.get(ENV_LISTEN_URL)
+    return listen_dsn or None
+
+
+def listen_target(dsn: str, *, pooled: bool, listen_dsn: str | None) -> str | None:
+    """Where to LISTEN: ``listen_dsn`` if given, else ``dsn`` unless it is pooled (a
+    transaction-mode pooler would register the LISTEN on whichever server session ran
+    it, and deliver its notifications to nobody); ``None``: no LISTEN, poll."""
+    if listen_dsn:
+        return listen_dsn
+    return None if pooled else dsn
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
@@ -26,14 +64,18 @@ def make_pool(
     max_size: int = 4,
     open_now: bool = True,
     idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
+    pooled: bool = False,
 ) -> ConnectionPool[Any]:
     """A pool of autocommit connections (transactions are explicit) named ``name``; the
-    server ends a transaction of theirs idle ``idle_in_transaction_s`` seconds."""
+    server ends a transaction of theirs idle ``idle_in_transaction_s`` seconds (unless
+    ``pooled``: then the pooler's or the role's settings apply)."""
     pool: ConnectionPool[Any] = ConnectionPool(
         conninfo,
         min_size=min_size,
         max_size=max_size,
-        kwargs=connection_kwargs(conninfo, name, idle_in_transaction_s=idle_in_transaction_s),
+        kwargs=connection_kwargs(
+            conninfo, name, idle_in_transaction_s=idle_in_transaction_s, pooled=pooled
+        ),
         configure=_configure,
         open=False,
         name=name,
@@ -64,30 +106,38 @@ KEEPALIVE: dict[str, str | int | None] = {
 }
 
 
-def connect(conninfo: str, *, name: str, autocommit: bool = True) -> psycopg.Connection[Any]:
+def connect(
+    conninfo: str, *, name: str, autocommit: bool = True, pooled: bool = False
+) -> psycopg.Connection[Any]:
     """A dedicated connection with keepalives (ignored on Unix sockets)."""
     return psycopg.connect(
-        psycopg.conninfo.make_conninfo(conninfo, **_tcp_settings(conninfo)),
-        autocommit=autocommit,
-        application_name=name,
-        options=_merge_options(conninfo),
+        conninfo, autocommit=autocommit, **connection_kwargs(conninfo, name, pooled=pooled)
     )
 
 
-async def connect_async(conninfo: str, *, name: str) -> psycopg.AsyncConnection[Any]:
+async def connect_async(
+    conninfo: str, *, name: str, pooled: bool = False
+) -> psycopg.AsyncConnection[Any]:
     """An async autocommit connection with the same settings as :func:`connect`."""
     return await psycopg.AsyncConnection.connect(
-        psycopg.conninfo.make_conninfo(conninfo, **_tcp_settings(conninfo)),
-        autocommit=True,
-        application_name=name,
-        options=_merge_options(conninfo),
+        conninfo, autocommit=True, **connection_kwargs(conninfo, name, pooled=pooled)
     )
 
 
 def connection_kwargs(
-    conninfo: str, name: str, *, idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S
-) -> dict[str, str | int | None]:
-    """The settings every Cyclone connection to ``conninfo`` gets (for a pool made elsewhere)."""
+    conninfo: str,
+    name: str,
+    *,
+    idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
+    pooled: bool = False,
+) -> dict[str, Any]:
+    """The settings every Cyclone connection to ``conninfo`` gets (for a pool made elsewhere).
+
+    ``pooled``: no ``options`` startup parameter and no server-side prepared statements
+    (``prepare_threshold=None``), so no session state is left on a pooler's server session.
+    """
+    if pooled:
+        return {"application_name": name, "prepare_threshold": None, **_tcp_settings(conninfo)}
     return {
         "application_name": name,
         "options": _merge_options(conninfo, idle_in_transaction_s),

@@ -125,13 +125,17 @@ def _libpq_detail(text: str) -> str:
 
 
 def connect_checked(
-    dsn: str, *, name: str, timeout: int = CHECK_TIMEOUT_S
+    dsn: str, *, name: str, timeout: int = CHECK_TIMEOUT_S, pooled: bool = False
 ) -> psycopg.Connection[Any]:
-    """One autocommit connection, opened within ``timeout`` seconds, or a typed error."""
+    """One autocommit connection, opened within ``timeout`` seconds, or a typed error
+    (``pooled``: through a transaction-mode pooler, so no server-side prepared statements)."""
     params = parse_dsn(dsn)
     extra: dict[str, Any] = {} if "connect_timeout" in params else {"connect_timeout": timeout}
+    prepare: dict[str, Any] = {"prepare_threshold": None} if pooled else {}
     try:
-        return psycopg.connect(make_conninfo(dsn, **extra), autocommit=True, application_name=name)
+        return psycopg.connect(
+            make_conninfo(dsn, **extra), autocommit=True, application_name=name, **prepare
+        )
     except psycopg.OperationalError as exc:
         raise unavailable(exc, params) from exc
     except psycopg.ProgrammingError as exc:  # a parameter libpq rejects at connect time

@@ -14,6 +14,11 @@ throws :class:`ConnectionLost` into the plan, which decides whether to give
 up or :class:`Pause` and go on; the next :class:`Listen` opens a new
 connection. Every read is bounded, so a plan's own deadline holds whatever
 the network does.
+
+Without LISTEN (``listen=False``: the DSN goes through a transaction-mode pooler
+and no direct connection was given), :class:`Listen` only opens the connection
+and :class:`Notifications` sleeps its timeout: the plan then reads at its own
+re-check interval.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from psycopg.rows import dict_row
 
 from cyclone_dsl.db.clock import current_shift
 from cyclone_dsl.db.connect import connect, connect_async
-from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen, listen_async
+from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen_async
+from cyclone_dsl.db.listen import listen as listen_on
 from cyclone_dsl.db.tx import Row, with_shift
 
 T = TypeVar("T")
@@ -73,8 +79,9 @@ class ConnectionLost(Exception):
     """Thrown into a plan when its connection failed; the next :class:`Listen` reconnects."""
 
 
-def follow(dsn: str, plan: Plan[T], *, name: str) -> T:
-    """Run ``plan`` on blocking connections to ``dsn``; return what the plan returns."""
+def follow(dsn: str, plan: Plan[T], *, name: str, listen: bool = True, pooled: bool = False) -> T:
+    """Run ``plan`` on blocking connections to ``dsn``; return what the plan returns
+    (``listen=False``: without LISTEN; ``pooled``: ``dsn`` goes through a pooler)."""
     conn: psycopg.Connection[Any] | None = None
     reply: object = None
     failure: ConnectionLost | None = None
@@ -91,9 +98,9 @@ def follow(dsn: str, plan: Plan[T], *, name: str) -> T:
                     time.sleep(request.seconds)
                 elif isinstance(request, Listen):
                     if conn is None:
-                        conn = connect(dsn, name=name)
-                        for channel in request.channels:
-                            listen(conn, channel)
+                        conn = connect(dsn, name=name, pooled=pooled)
+                        for channel in request.channels if listen else ():
+                            listen_on(conn, channel)
                 elif conn is None:
                     failure = ConnectionLost("no connection: the plan must Listen first")
                 elif isinstance(request, Read):
@@ -103,6 +110,9 @@ def follow(dsn: str, plan: Plan[T], *, name: str) -> T:
                     ):
                         cur.execute(request.query, with_shift(request.params, current_shift()))
                         reply = cur.fetchone()
+                elif not listen:
+                    time.sleep(request.timeout)
+                    reply = []
                 else:
                     reply = [
                         n.payload for n in conn.notifies(timeout=request.timeout, stop_after=1)
@@ -118,7 +128,9 @@ def follow(dsn: str, plan: Plan[T], *, name: str) -> T:
             conn.close()
 
 
-async def follow_async(dsn: str, plan: Plan[T], *, name: str) -> T:
+async def follow_async(
+    dsn: str, plan: Plan[T], *, name: str, listen: bool = True, pooled: bool = False
+) -> T:
     """:func:`follow` on asyncio connections: never blocks the event loop."""
     conn: psycopg.AsyncConnection[Any] | None = None
     reply: object = None
@@ -136,13 +148,16 @@ async def follow_async(dsn: str, plan: Plan[T], *, name: str) -> T:
                     await asyncio.sleep(request.seconds)
                 elif isinstance(request, Listen):
                     if conn is None:
-                        conn = await connect_async(dsn, name=name)
-                        for channel in request.channels:
+                        conn = await connect_async(dsn, name=name, pooled=pooled)
+                        for channel in request.channels if listen else ():
                             await listen_async(conn, channel)
                 elif conn is None:
                     failure = ConnectionLost("no connection: the plan must Listen first")
                 elif isinstance(request, Read):
                     reply = await _read_async(conn, request)
+                elif not listen:
+                    await asyncio.sleep(request.timeout)
+                    reply = []
                 else:
                     reply = [
                         n.payload

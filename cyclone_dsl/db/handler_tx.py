@@ -29,11 +29,21 @@ _LEVELS = {
 AsyncPool = AsyncConnectionPool[Any]
 
 
-def handler_pool(dsn: str, *, name: str, max_size: int, idle_s: float) -> ConnectionPool[Any]:
+def handler_pool(
+    dsn: str, *, name: str, max_size: int, idle_s: float, pooled: bool = False
+) -> ConnectionPool[Any]:
     """The pool sync transactional handlers borrow their connection from. The server ends a
     transaction of theirs idle ``idle_s`` seconds (a frozen worker's, whose lease expired,
-    must not hold its row locks much longer)."""
-    return make_pool(dsn, name=name, min_size=0, max_size=max_size, idle_in_transaction_s=idle_s)
+    must not hold its row locks much longer); through a pooler (``pooled``), the pooler's
+    ``idle_transaction_timeout`` does."""
+    return make_pool(
+        dsn,
+        name=name,
+        min_size=0,
+        max_size=max_size,
+        idle_in_transaction_s=idle_s,
+        pooled=pooled,
+    )
 
 
 @contextlib.contextmanager
@@ -51,7 +61,7 @@ def handler_connection(
 
 
 def async_handler_pool(
-    dsn: str, *, name: str, max_size: int, idle_s: float
+    dsn: str, *, name: str, max_size: int, idle_s: float, pooled: bool = False
 ) -> AsyncConnectionPool[Any]:
     """The pool async transactional handlers borrow from (create it on the event loop that
     runs them; open it with ``await pool.open()``)."""
@@ -63,7 +73,7 @@ def async_handler_pool(
         dsn,
         min_size=0,
         max_size=max_size,
-        kwargs=connection_kwargs(dsn, name, idle_in_transaction_s=idle_s),
+        kwargs=connection_kwargs(dsn, name, idle_in_transaction_s=idle_s, pooled=pooled),
         configure=configure,
         open=False,
         name=name,

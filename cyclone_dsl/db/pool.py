@@ -22,13 +22,17 @@ T = TypeVar("T")
 
 
 class PooledDatabase:
-    """A connection pool named ``name`` (``application_name``) of at most ``max_size``."""
+    """A connection pool named ``name`` (``application_name``) of at most ``max_size``
+    (``pooled``: ``dsn`` goes through a transaction-mode pooler)."""
 
-    def __init__(self, dsn: str, *, name: str, max_size: int) -> None:
+    def __init__(self, dsn: str, *, name: str, max_size: int, pooled: bool = False) -> None:
         self.dsn = dsn
+        self.pooled = pooled
         self._name = name
         try:
-            self._pool: ConnectionPool[Any] = make_pool(dsn, name=name, max_size=max_size)
+            self._pool: ConnectionPool[Any] = make_pool(
+                dsn, name=name, max_size=max_size, pooled=pooled
+            )
         except PoolTimeout as exc:
             raise self._pool_unavailable(exc) from exc
 

@@ -133,11 +133,11 @@ def require_current_schema(conn: psycopg.Connection[Any]) -> None:
         )
 
 
-def check_database(dsn: str, *, name: str = "cyclone-check") -> None:
+def check_database(dsn: str, *, name: str = "cyclone-check", pooled: bool = False) -> None:
     """The start-up check of a client or worker: the database answers within a few seconds
     (else :class:`~cyclone_dsl.errors.DatabaseUnavailable` naming the cause) and is migrated
     for this build (else :class:`SchemaVersionMismatch` saying what to run)."""
-    with connect_checked(dsn, name=name) as conn:
+    with connect_checked(dsn, name=name, pooled=pooled) as conn:
         require_current_schema(conn)
 
 

@@ -88,15 +88,24 @@ class TransactionalRunner:
     """
 
     def __init__(
-        self, engine: Engine, dsn: str, *, name: str, size: int, max_bytes: int, idle_s: float
+        self,
+        engine: Engine,
+        dsn: str,
+        *,
+        name: str,
+        size: int,
+        max_bytes: int,
+        idle_s: float,
+        pooled: bool = False,
     ) -> None:
         self._engine = engine
         self._dsn = dsn
+        self._pooled = pooled
         self._name = name
         self._size = size
         self._max_bytes = max_bytes
         self._idle_s = idle_s
-        self._pool = handler_pool(dsn, name=name, max_size=size, idle_s=idle_s)
+        self._pool = handler_pool(dsn, name=name, max_size=size, idle_s=idle_s, pooled=pooled)
         self._async_pool: AsyncPool | None = None
 
     def close(self) -> None:
@@ -154,7 +163,11 @@ class TransactionalRunner:
         """:meth:`run` for an async handler, on the worker's event loop."""
         if self._async_pool is None:
             self._async_pool = async_handler_pool(
-                self._dsn, name=self._name, max_size=self._size, idle_s=self._idle_s
+                self._dsn,
+                name=self._name,
+                max_size=self._size,
+                idle_s=self._idle_s,
+                pooled=self._pooled,
             )
             await self._async_pool.open()
         loop = asyncio.get_running_loop()

@@ -10,7 +10,9 @@ Threads, each with one job:
 * the heartbeater extends leases on its own connection, and fails or drops
   steps whose timeout passed, whose lease was lost or whose run or branch was
   cancelled (at once when the listener hears of a cancel);
-* the listener holds the LISTEN connection (new work, cancellations);
+* the listener holds the LISTEN connection (new work, cancellations), on ``dsn``, or on
+  ``listen_dsn`` when ``dsn`` goes through a transaction-mode pooler; with neither, the
+  worker polls at ``poll_interval`` and says so once in the log;
 * the housekeeper records the worker as live in the worker registry and warns
   about work on its queues that no live worker serves;
 * the scanner runs the maintenance passes (expired leases, timeouts, timers…)
@@ -44,7 +46,13 @@ import attrs
 
 from cyclone_dsl import payload
 from cyclone_dsl.db.callers import Connection
-from cyclone_dsl.db.connect import connect, make_pool
+from cyclone_dsl.db.connect import (
+    connect,
+    listen_target,
+    make_pool,
+    resolve_listen_dsn,
+    resolve_pooled,
+)
 from cyclone_dsl.db.errors import ConnectionFailure, DatabaseError
 from cyclone_dsl.db.handler_tx import interrupt
 from cyclone_dsl.db.listen import listen, ping
@@ -125,6 +133,12 @@ class Worker:
     ``transactional_dsn`` (by default ``dsn``): a database where both the application's
     tables and Cyclone's are reachable, since their step completes in the same
     transaction. The worker opens up to ``concurrency`` such connections.
+
+    ``pooled=True`` (default: ``$CYCLONE_POOLED``) says ``dsn`` (and
+    ``transactional_dsn``) go through a transaction-mode pooler such as PgBouncer: no
+    session state, no server-side prepared statements, and no LISTEN on them. Wake-ups
+    then come over ``listen_dsn`` (default: ``$CYCLONE_LISTEN_URL``), a direct connection
+    to the same database; without one the worker polls every ``poll_interval`` seconds.
     """
 
     def __init__(
@@ -148,6 +162,8 @@ class Worker:
         registry: Registry | None = None,
         queue_limits: Mapping[str, int] | None = None,
         transactional_dsn: str | None = None,
+        pooled: bool | None = None,
+        listen_dsn: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidArgument("concurrency must be at least 1")
@@ -190,6 +206,11 @@ class Worker:
             compile_schedule=runs.compiler_for(self.registry),
         )
         self._dsn = dsn
+        self.pooled = resolve_pooled(pooled)
+        #: Where the worker LISTENs for wake-ups; ``None``: nowhere, it polls.
+        self.listen_dsn = listen_target(
+            dsn, pooled=self.pooled, listen_dsn=resolve_listen_dsn(listen_dsn)
+        )
         # Transactional handlers write the application's tables and Cyclone's in one
         # transaction: this database must hold both (by default, Cyclone's own).
         self._transactional_dsn = transactional_dsn or dsn
@@ -325,9 +346,12 @@ class Worker:
 
     def _start_services(self) -> None:
         """Check the database, register, start every thread; on failure nothing is left open."""
-        check_database(self._dsn, name=f"cyclone-worker-{os.getpid()}")
+        check_database(self._dsn, name=f"cyclone-worker-{os.getpid()}", pooled=self.pooled)
         self._pool = make_pool(
-            self._dsn, name=f"cyclone-worker-{os.getpid()}", max_size=3 + COMPLETERS
+            self._dsn,
+            name=f"cyclone-worker-{os.getpid()}",
+            max_size=3 + COMPLETERS,
+            pooled=self.pooled,
         )
         try:
             self._register(refuse_conflicts=True)
@@ -351,6 +375,7 @@ class Worker:
                 size=self.concurrency,
                 max_bytes=self.max_output_bytes,
                 idle_s=self.lease.total_seconds(),
+                pooled=self.pooled,
             )
         for number in range(COMPLETERS):
             self._spawn(self._complete_loop, f"complete-{number}")
@@ -860,7 +885,9 @@ class Worker:
                 continue
             try:
                 if conn is None or conn.closed:
-                    conn = connect(self._dsn, name=f"cyclone-heartbeat-{os.getpid()}")
+                    conn = connect(
+                        self._dsn, name=f"cyclone-heartbeat-{os.getpid()}", pooled=self.pooled
+                    )
                 tx = ConnectionTx(conn)
                 leases = [(e.step.id, e.step.generation) for e in due]
                 held = self._engine.heartbeat(tx, leases, self.lease)
@@ -925,10 +952,19 @@ class Worker:
     # -- wake-ups --------------------------------------------------------------------------
 
     def _listen_loop(self) -> None:
+        if self.listen_dsn is None:
+            log.warning(
+                "worker %s: no LISTEN connection (the DSN is pooled and no listen_dsn is "
+                "set): polling for work every %gs; give listen_dsn (CYCLONE_LISTEN_URL) a "
+                "direct connection for wake-ups",
+                self.id,
+                self.poll_interval,
+            )
+            return
         delay = 0.5
         while not self._stopping.is_set():
             try:
-                with connect(self._dsn, name=f"cyclone-listen-{os.getpid()}") as conn:
+                with connect(self.listen_dsn, name=f"cyclone-listen-{os.getpid()}") as conn:
                     listen(conn, WORK_CHANNEL)
                     listen(conn, CANCEL_CHANNEL)
                     self._wake.set()  # LISTEN first, then rescan: nothing slips between

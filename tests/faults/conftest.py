@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -40,13 +41,15 @@ def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture
-def spawn_worker(cyclone_dsn: str) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+@contextlib.contextmanager
+def worker_processes(dsn: str) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """``spawn(**env)`` starts a ``worker_main`` process on ``dsn`` (its settings from
+    ``env``); every process still alive at the end is killed."""
     procs: list[subprocess.Popen[str]] = []
 
     def spawn(**env: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.worker_main", cyclone_dsn],
+            [sys.executable, "-m", "tests.faults.worker_main", dsn],
             cwd=ROOT,
             env={**os.environ, **env},
             stdout=subprocess.PIPE,
@@ -56,11 +59,19 @@ def spawn_worker(cyclone_dsn: str) -> Iterator[Callable[..., subprocess.Popen[st
         procs.append(proc)
         return proc
 
-    yield spawn
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-            proc.kill()
-        proc.wait(10)
-        if proc.stdout:
-            proc.stdout.close()
+    try:
+        yield spawn
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+            proc.wait(10)
+            if proc.stdout:
+                proc.stdout.close()
+
+
+@pytest.fixture
+def spawn_worker(cyclone_dsn: str) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    with worker_processes(cyclone_dsn) as spawn:
+        yield spawn
