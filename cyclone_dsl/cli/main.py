@@ -135,6 +135,26 @@ def migrate(
     default=None,
     help="Where transactional handlers write (default: the Cyclone database).",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port at /metrics (needs the metrics extra).",
+)
+@click.option(
+    "--metrics-host",
+    default="0.0.0.0",  # noqa: S104 - Prometheus scrapes from another host
+    show_default=True,
+    help="The address /metrics listens on.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line; lines logged while a step runs carry its "
+    "run_id, node, step_id, attempt and kind.",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -143,10 +163,15 @@ def worker(
     concurrency: int,
     grace: float,
     transactional_dsn: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_format: str,
 ) -> None:
     """Run a worker for the handlers of MODULES (dotted names) until SIGTERM/SIGINT."""
+    from cyclone_dsl.observability import configure_logging
     from cyclone_dsl.worker.worker import Worker
 
+    configure_logging(json=log_format == "json", level=logging.getLogger().level)
     loaded = [_import(name) for name in modules]
     with database(ctx.obj["dsn"]) as dsn:
         Worker(
@@ -156,6 +181,8 @@ def worker(
             concurrency=concurrency,
             grace=grace,
             transactional_dsn=transactional_dsn,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         ).run()
 
 
