@@ -718,7 +718,7 @@ class Worker:
         """The engine's hook: note the runs a transaction of this worker ends."""
         ended = _ENDED_RUNS.get()
         if ended is not None:
-            ended.extend(EndedRun.from_row(row, state.value) for row in rows)
+            ended.extend(EndedRun.from_row(row, state.value) for row in rows if "workflow" in row)
 
     def _collecting(self, work: Callable[[Tx], Any]) -> tuple[Any, list[EndedRun]]:
         """Run ``work`` in a transaction; return its result and the runs it ended."""
