@@ -4,11 +4,14 @@ prometheus_client."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import threading
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -20,6 +23,7 @@ from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.ui.app import create_app
 from tests.waiting import wait_until
 
+ROOT = Path(__file__).resolve().parents[2]
 RUNS = 300
 blocker = threading.Event()
 
@@ -230,3 +234,20 @@ def test_importing_cyclone_does_not_import_prometheus_client() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_grafana_dashboard_uses_only_exported_metrics(
+    start_worker: Callable[..., Worker],
+) -> None:
+    dashboard = json.loads((ROOT / "docs" / "grafana" / "cyclone.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {
+        re.sub(r"_(total|bucket|count|sum)$", "", name)
+        for expr in exprs
+        for name in re.findall(r"cyclone_[a-z_]+", expr)
+    }
+    worker = start_worker(first, metrics_port=0, metrics_host="127.0.0.1")
+    url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        exported = {f.name for f in text_string_to_metric_families(response.read().decode())}
+    assert used and used <= exported, used - exported
