@@ -173,6 +173,26 @@ def migrate(
 )
 @click.option("--pooled", is_flag=True, help="As `cyclone --pooled`, for this worker.")
 @click.option("--listen-url", default=None, help="As `cyclone --listen-url`, for this worker.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port at /metrics (needs the metrics extra).",
+)
+@click.option(
+    "--metrics-host",
+    default="0.0.0.0",  # noqa: S104 - Prometheus scrapes from another host
+    show_default=True,
+    help="The address /metrics listens on.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line; lines logged while a step runs carry its "
+    "run_id, node, step_id, attempt and kind.",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -184,10 +204,15 @@ def worker(
     poll_interval: float,
     pooled: bool,
     listen_url: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_format: str,
 ) -> None:
     """Run a worker for the handlers of MODULES (dotted names) until SIGTERM/SIGINT."""
+    from cyclone_dsl.observability import configure_logging
     from cyclone_dsl.worker.worker import Worker
 
+    configure_logging(json=log_format == "json", level=logging.getLogger().level)
     loaded = [_import(name) for name in modules]
     with database(ctx.obj["dsn"]) as dsn:
         Worker(
@@ -200,6 +225,8 @@ def worker(
             poll_interval=poll_interval,
             pooled=pooled or ctx.obj["pooled"],
             listen_dsn=listen_url or ctx.obj["listen_url"] or "",
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         ).run()
 
 

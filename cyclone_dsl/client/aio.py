@@ -482,6 +482,10 @@ class AsyncClient:
         """See :meth:`Client.stats`."""
         return await asyncio.to_thread(self._client.stats)
 
+    async def gauges(self) -> list[dict[str, Any]]:
+        """See :meth:`Client.gauges`."""
+        return await asyncio.to_thread(self._client.gauges)
+
     async def workers(self) -> list[dict[str, Any]]:
         """See :meth:`Client.workers`."""
         return await asyncio.to_thread(self._client.workers)

@@ -767,6 +767,16 @@ class Client:
             }
         )
 
+    def gauges(self) -> list[dict[str, Any]]:
+        """The database-wide gauges that ``/metrics`` reports, read in one statement: rows
+        of ``gauge``, ``queue``, ``state``, ``value`` and ``oldest_s``.
+
+        ``gauge`` is ``steps`` (open steps of ``queue`` in ``state``; ``oldest_s`` is the
+        age of its oldest due available step, or None), ``runs`` (open runs in ``state``)
+        or ``waiting_runs`` (runs with a step waiting on a signal, a timer or a child run).
+        """
+        return self._db.transaction(self._engine.database_gauges, one_statement=True)
+
     def workers(self) -> list[dict[str, Any]]:
         """Known workers, live ones first: id, host, pid, queues, concurrency, versions
         served, handler identities, start and last beat, ``live``."""

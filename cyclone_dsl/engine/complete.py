@@ -52,10 +52,11 @@ def complete(tx: Tx, results: Sequence[Success], hooks: Hooks) -> set[int]:
     return {r["id"] for r in done}
 
 
-def fail(tx: Tx, failures: Sequence[Failure], hooks: Hooks) -> set[int]:
-    """Record failed executions: retry or discard; return the ids applied."""
+def fail(tx: Tx, failures: Sequence[Failure], hooks: Hooks) -> dict[int, str]:
+    """Record failed executions: retry or discard; return the ids applied, each with the
+    state its step moved to (``discarded``: failed for good; else it retries)."""
     if not failures:
-        return set()
+        return {}
     tx.rows(Q.lock_runs_of_steps, ids=[f.step_id for f in failures])
     rows = tx.rows(
         Q.fail_steps,
@@ -72,4 +73,4 @@ def fail(tx: Tx, failures: Sequence[Failure], hooks: Hooks) -> set[int]:
     discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
     if discarded:
         after_discards(tx, discarded, hooks)
-    return {r["id"] for r in rows}
+    return {r["id"]: r["state"] for r in rows}

@@ -15,7 +15,7 @@ a run; without it, this engine fires no schedules.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from cyclone_dsl.db.tx import Row, Tx
@@ -63,9 +63,16 @@ class Engine:
         *,
         compile_child: ChildCompiler | None = None,
         compile_schedule: Compiler | None = None,
+        on_runs_ended: Callable[[list[Row], RunState], None] | None = None,
     ) -> None:
+        """``on_runs_ended`` hears, inside the transaction, of every run a transition of
+        this engine ends (rows with id, workflow, created_at and finished_at): it must not
+        write, and its caller learns whether the transaction committed."""
         self._hooks = build_hooks(compile_child)
         self._compile_schedule = compile_schedule
+        if on_runs_ended is not None:
+            told = on_runs_ended
+            self._hooks.on_runs_ended.append(lambda tx, rows, state, hooks: told(rows, state))
 
     @property
     def fires_schedules(self) -> bool:
@@ -258,7 +265,9 @@ class Engine:
         gates.charge_units(tx, [(r.step_id, r.extra_units) for r in results if r.extra_units])
         return done
 
-    def fail(self, tx: Tx, failures: Sequence[Failure]) -> set[int]:
+    def fail(self, tx: Tx, failures: Sequence[Failure]) -> dict[int, str]:
+        """Record failed executions; return the ids applied, each with its step's new state
+        (``discarded``: failed for good; ``available`` or ``paused``: it retries)."""
         return complete.fail(tx, failures, self._hooks)
 
     # -- scanner passes: each call handles one page, in the caller's transaction --------
@@ -333,6 +342,11 @@ class Engine:
 
     def queue_caps(self, tx: Tx) -> dict[str, int]:
         return gates.queue_caps(tx)
+
+    def database_gauges(self, tx: Tx) -> list[Row]:
+        """The database-wide gauges (one statement): rows of ``gauge`` (``steps``, ``runs``
+        or ``waiting_runs``), ``queue``, ``state``, ``value`` and ``oldest_s``."""
+        return tx.rows(Q.database_gauges)
 
     def flow_stats(self, tx: Tx) -> list[Row]:
         return gates.flow_stats(tx)

@@ -56,7 +56,7 @@ def timed_out_page(tx: Tx, *, after_id: int, limit: int, grace: timedelta) -> li
     return tx.rows(Q.timed_out_steps, after_id=after_id, limit=limit, grace=grace)
 
 
-def fail_timed_out(tx: Tx, page: list[Row], hooks: Hooks) -> set[int]:
+def fail_timed_out(tx: Tx, page: list[Row], hooks: Hooks) -> dict[int, str]:
     """Fail steps that outlived their timeout (the worker running them is stuck or gone)."""
     return complete.fail(
         tx,

@@ -88,6 +88,8 @@ class _Queries:
     move_debounced: LiteralString
     delete_run_gates: LiteralString
     clear_lost_holders: LiteralString
+    # metrics.sql
+    database_gauges: LiteralString
     # migrate.sql
     migration_lock: LiteralString
     migration_unlock: LiteralString

@@ -196,7 +196,7 @@ WHERE r.id = ANY(%(run_ids)s::bigint[])
   AND (SELECT 1 FROM cyclone_steps AS s
        WHERE s.run_id = r.id AND s.state NOT IN ('completed', 'discarded', 'cancelled')
        LIMIT 1) IS NULL
-RETURNING r.id, r.parent_run_id, r.parent_node_id
+RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.finished_at
 
 -- name: end_runs
 -- Fail or cancel runs that are not terminal yet.
@@ -204,7 +204,7 @@ UPDATE cyclone_runs AS r
 SET state = %(state)s, finished_at = now() + %(shift)s::interval, updated_at = now()
 WHERE r.id = ANY(%(run_ids)s::bigint[])
   AND CASE WHEN r.state IN ('running', 'paused') THEN true ELSE false END
-RETURNING r.id, r.parent_run_id, r.parent_node_id
+RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.finished_at
 
 -- name: cancel_open_steps
 -- Cancel every non-terminal step of these runs (a late completion is then fenced).

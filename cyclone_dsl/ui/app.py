@@ -20,7 +20,13 @@ import attrs
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -199,6 +205,22 @@ def create_app(client: Client, *, read_only: bool = False, token: str | None = N
         run = client.get_run(run_id_of(request))
         return JSONResponse(json.loads(_json(attrs.asdict(run))))
 
+    gauges_registry: list[Any] = []  # built at the first scrape of /metrics
+
+    def prometheus(request: Request) -> Response:
+        """The database-wide gauges, in Prometheus's text format (the ``metrics`` extra)."""
+        try:
+            from cyclone_dsl.observability import metrics
+        except ImportError:
+            return PlainTextResponse(
+                "/metrics needs prometheus_client: pip install 'cyclone-dsl[metrics]'\n",
+                status_code=501,
+            )
+        if not gauges_registry:
+            gauges_registry.append(metrics.database_registry(client.gauges))
+        body, content_type = metrics.exposition(gauges_registry[0], request.headers.get("accept"))
+        return Response(body, media_type=content_type)
+
     def home(request: Request) -> RedirectResponse:
         return RedirectResponse("/runs")
 
@@ -223,6 +245,7 @@ def create_app(client: Client, *, read_only: bool = False, token: str | None = N
             Route("/api/stats", api_stats),
             Route("/api/runs", api_runs),
             Route("/api/runs/{run_id}", api_run),
+            Route("/metrics", prometheus),
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
         ],
         exception_handlers={

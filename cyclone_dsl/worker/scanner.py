@@ -41,6 +41,7 @@ class Scanner:
         owner: str = "scanner",
         catch_up: CatchUp = "latest",
         retention: timedelta | None = None,
+        on_reclaimed: Callable[[int], None] | None = None,
     ) -> None:
         self.pool = pool
         self.engine = engine
@@ -52,6 +53,7 @@ class Scanner:
         self.owner = owner
         self.catch_up: CatchUp = catch_up
         self.retention = retention
+        self.on_reclaimed = on_reclaimed
         self.passes = 0
 
     def run(self) -> None:
@@ -67,7 +69,7 @@ class Scanner:
     def scan_once(self) -> int:
         """Run every pass once; return how many rows changed."""
         engine = self.engine
-        changed = self._paginate(
+        reclaimed = self._paginate(
             "leases",
             lambda tx, after: engine.reclaim_expired_leases(
                 tx,
@@ -77,6 +79,9 @@ class Scanner:
                 default_max_reclaims=self.default_max_reclaims,
             ),
         )
+        if reclaimed and self.on_reclaimed is not None:
+            self.on_reclaimed(reclaimed)
+        changed = reclaimed
         changed += self._paginate(
             "timeouts",
             lambda tx, after: engine.fail_timed_out_steps(

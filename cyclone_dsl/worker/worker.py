@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextvars
 import logging
 import os
 import queue
@@ -73,13 +74,15 @@ from cyclone_dsl.engine import (
 )
 from cyclone_dsl.errors import InvalidArgument, WorkerCrashed
 from cyclone_dsl.migrate import check_database
-from cyclone_dsl.states import ErrorKind
+from cyclone_dsl.observability import logs
+from cyclone_dsl.states import ErrorKind, RunState
 from cyclone_dsl.worker import execute
 from cyclone_dsl.worker.context import StepContext
+from cyclone_dsl.worker.observe import EndedRun, Observers, WorkerObserver
 from cyclone_dsl.worker.scanner import Scanner
 from cyclone_dsl.worker.serving import serving_of
 from cyclone_dsl.worker.threads import DaemonThreadPool
-from cyclone_dsl.worker.transactional import COMMITTED, Call, TransactionalRunner
+from cyclone_dsl.worker.transactional import COMMITTED, DROPPED, Call, TransactionalRunner
 
 log = logging.getLogger("cyclone.worker")
 
@@ -100,12 +103,21 @@ UNSERVED_CHECK_S = 60.0
 #: A sync handler still running this long past its timeout is reported (once).
 STUCK_REPORT_S = 10.0
 
+#: Collects the runs the current transaction ended, while an observer wants them.
+_ENDED_RUNS: contextvars.ContextVar[list[EndedRun] | None] = contextvars.ContextVar(
+    "cyclone_ended_runs", default=None
+)
+
 
 @attrs.define
 class _Inflight:
     step: Claimed
     ctx: StepContext
     deadline: float | None  # monotonic time the handler's timeout passes
+    claimed_at: float = 0.0  # monotonic time its claim returned
+    started_at: float = 0.0  # monotonic time its handler started (kept when observed)
+    decided_here: bool = False  # a transactional step's own transaction took the decision
+    ended_runs: list[EndedRun] | None = None  # runs its own transaction ended (observed)
     settled: bool = False  # the outcome is decided (or abandoned): nothing more to record
     returned: bool = False  # the handler has returned: its slot is free
     task: asyncio.Task[Any] | None = None  # an async handler's task, to cancel it
@@ -139,6 +151,11 @@ class Worker:
     session state, no server-side prepared statements, and no LISTEN on them. Wake-ups
     then come over ``listen_dsn`` (default: ``$CYCLONE_LISTEN_URL``), a direct connection
     to the same database; without one the worker polls every ``poll_interval`` seconds.
+
+    ``metrics_port`` serves Prometheus metrics on ``http://metrics_host:port/metrics``
+    while the worker runs (port 0: any free port, see :attr:`metrics_port` once started);
+    it needs the ``metrics`` extra. ``observers`` hear what the worker does with its steps
+    (see :class:`~cyclone_dsl.worker.observe.WorkerObserver`).
     """
 
     def __init__(
@@ -164,6 +181,9 @@ class Worker:
         transactional_dsn: str | None = None,
         pooled: bool | None = None,
         listen_dsn: str | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "0.0.0.0",  # noqa: S104 - Prometheus scrapes from another host
+        observers: Sequence[WorkerObserver] = (),
     ) -> None:
         if concurrency < 1:
             raise InvalidArgument("concurrency must be at least 1")
@@ -201,9 +221,22 @@ class Worker:
         self.batch_size = batch_size
         self.max_output_bytes = max_output_bytes
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        watching = list(observers)
+        #: The worker's own Prometheus registry (None without ``metrics_port``).
+        self.metrics_registry: Any = None
+        #: The port /metrics is served on (the one bound, once started with port 0).
+        self.metrics_port = metrics_port
+        self._metrics_host = metrics_host
+        self._metrics_server: Any = None
+        if metrics_port is not None:
+            watching.append(self._metrics_observer(metrics_port))
+        self._observer: WorkerObserver | None = (
+            None if not watching else watching[0] if len(watching) == 1 else Observers(watching)
+        )
         self._engine = Engine(
             compile_child=runs.child_compiler(self.registry, also=self._also),
             compile_schedule=runs.compiler_for(self.registry),
+            on_runs_ended=self._runs_ended if self._observer is not None else None,
         )
         self._dsn = dsn
         self.pooled = resolve_pooled(pooled)
@@ -252,6 +285,28 @@ class Worker:
         self._crash_reported = False
         self._registered = False
         self._unserved_reported: dict[tuple[str, str, str, str], float] = {}
+
+    def _metrics_observer(self, port: int) -> WorkerObserver:
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            raise InvalidArgument(f"metrics_port must be a port number (0-65535), not {port!r}")
+        try:
+            from cyclone_dsl.observability import metrics  # only when asked: prometheus_client
+        except ImportError as exc:
+            raise InvalidArgument(
+                f"metrics_port needs prometheus_client: pip install 'cyclone-dsl[metrics]' ({exc})"
+            ) from exc
+        self.metrics_registry = metrics.new_registry()
+        metrics.DatabaseGauges(lambda: self._tx(self._engine.database_gauges)).register(
+            self.metrics_registry
+        )
+        return metrics.WorkerMetrics(
+            self.metrics_registry, slots_in_use=lambda: self.slots_in_use, slots=self.concurrency
+        )
+
+    @property
+    def slots_in_use(self) -> int:
+        """Handler slots taken now (claimed steps whose handler has not returned)."""
+        return len(self._running)
 
     @property
     def error(self) -> BaseException | None:
@@ -357,6 +412,7 @@ class Worker:
             self._register(refuse_conflicts=True)
             registered = self._tx(self._register_schedules)
             self.refresh_queue_caps()
+            self._serve_metrics()
         except BaseException:
             self._pool.close()
             raise
@@ -393,6 +449,7 @@ class Worker:
                 owner=self.id,
                 catch_up=self._catch_up,
                 retention=self._retention,
+                on_reclaimed=self._observer.on_reclaimed if self._observer is not None else None,
             )
             self._spawn(self._scanner.run, "scan")
         log.info(
@@ -402,6 +459,24 @@ class Worker:
             len(self.handlers),
             self.concurrency,
         )
+
+    def _serve_metrics(self) -> None:
+        if self.metrics_registry is None:
+            return
+        from cyclone_dsl.observability import metrics
+
+        assert self.metrics_port is not None
+        self._metrics_server = metrics.serve(
+            self.metrics_registry, self.metrics_port, self._metrics_host
+        )
+        self.metrics_port = self._metrics_server.server_port
+        log.info("serving metrics on %s:%d/metrics", self._metrics_host, self.metrics_port)
+
+    def _stop_metrics(self) -> None:
+        server, self._metrics_server = self._metrics_server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
 
     def _register_schedules(self, tx: Tx) -> list[str]:
         """Register every ``@schedule`` of the worker's registry; return their ids."""
@@ -463,6 +538,8 @@ class Worker:
             try:
                 released = self._tx(lambda tx: self._engine.release(tx, leases))
                 log.info("released %d leases at shutdown", len(released))
+                if self._observer is not None:
+                    self._observer.on_released(released)
             except DatabaseError:
                 log.exception("could not release leases; they will expire and be reclaimed")
         if self._registered:
@@ -488,6 +565,7 @@ class Worker:
             self._executor.shutdown()
         if self._pool is not None:
             self._pool.close()
+        self._stop_metrics()
         self._stopped.set()
         log.info("worker %s stopped", self.id)
 
@@ -537,8 +615,12 @@ class Worker:
                 log.warning("claim failed (%s); retrying in %.1fs", exc, backoff)
             for _ in range(free - len(claimed)):
                 self._slots.release()
-            for step in claimed:
-                self._dispatch(step)
+            if claimed:
+                claimed_at = time.monotonic()
+                if self._observer is not None:
+                    self._observer.on_claimed(claimed)
+                for step in claimed:
+                    self._dispatch(step, claimed_at)
             if backoff:
                 self._stopping.wait(backoff)
             elif not claimed or len(claimed) < free:
@@ -604,16 +686,20 @@ class Worker:
         self._queue_turn = (self._queue_turn + 1) % len(self.queues)
         return self.queues[self._queue_turn :] + self.queues[: self._queue_turn]
 
-    def _dispatch(self, step: Claimed) -> None:
+    def _dispatch(self, step: Claimed, claimed_at: float) -> None:
         handler = self.handlers[step.kind]
         deadline = time.monotonic() + step.timeout_s if step.timeout_s else None
-        entry = _Inflight(step, execute.make_context(step, lambda: self._beat(step)), deadline)
+        entry = _Inflight(
+            step, execute.make_context(step, lambda: self._beat(step)), deadline, claimed_at
+        )
         with self._inflight_lock:
             self._inflight[step.id] = entry
             self._running[step.id] = entry
         try:
             args = execute.call_arguments(self.serving, handler.fn, step)
         except (TypeError, ValueError, KeyError) as exc:  # cannot build the call
+            if self._observer is not None:
+                self._observer.on_finished(step, "failed", 0.0)
             self._settle(entry, execute.failure_from_exception(step, exc, kind=ErrorKind.ERROR))
             self._handler_returned(entry)
             return
@@ -628,8 +714,45 @@ class Worker:
             )
         else:
             assert self._executor is not None
-            future = self._executor.submit(handler.fn, *args, **kwargs)
+            future = self._executor.submit(self._call, entry, handler.fn, args, kwargs)
         future.add_done_callback(lambda f: self._on_done(entry, f, handler.keep_output))
+
+    def _call(
+        self, entry: _Inflight, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        """Run a sync handler on this handler thread, its step in scope of the logs."""
+        token = logs.enter(entry.step)
+        try:
+            if self._observer is not None:
+                self._started(entry, self._observer)
+            return fn(*args, **kwargs)
+        finally:
+            logs.leave(token)
+
+    @staticmethod
+    def _started(entry: _Inflight, observer: WorkerObserver) -> None:
+        entry.started_at = time.monotonic()
+        observer.on_started(entry.step, entry.started_at - entry.claimed_at)
+
+    def _finished(self, entry: _Inflight, outcome: str) -> None:
+        if self._observer is not None:
+            duration = time.monotonic() - entry.started_at if entry.started_at else 0.0
+            self._observer.on_finished(entry.step, outcome, duration)
+
+    def _runs_ended(self, rows: list[Any], state: RunState) -> None:
+        """The engine's hook: note the runs a transaction of this worker ends."""
+        ended = _ENDED_RUNS.get()
+        if ended is not None:
+            ended.extend(EndedRun.from_row(row, state.value) for row in rows if "workflow" in row)
+
+    def _collecting(self, work: Callable[[Tx], Any]) -> tuple[Any, list[EndedRun]]:
+        """Run ``work`` in a transaction; return its result and the runs it ended."""
+        ended: list[EndedRun] = []
+        token = _ENDED_RUNS.set(ended)
+        try:
+            return self._tx(work), ended
+        finally:
+            _ENDED_RUNS.reset(token)
 
     def _dispatch_transactional(
         self, entry: _Inflight, handler: StepDef[Any, Any], args: list[Any], kwargs: dict[str, Any]
@@ -653,6 +776,7 @@ class Worker:
 
             async def run_async() -> object:
                 entry.task = asyncio.current_task()
+                self._enter_transactional(entry)  # the task's own context: no reset
                 return await runner.run_async(call, entry.step.timeout_s)
 
             future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(
@@ -660,8 +784,27 @@ class Worker:
             )
         else:
             assert self._executor is not None
-            future = self._executor.submit(runner.run, call)
+            future = self._executor.submit(self._call_transactional, entry, runner, call)
         future.add_done_callback(lambda f: self._on_transaction_done(entry, f))
+
+    def _enter_transactional(self, entry: _Inflight) -> None:
+        """Put the step in scope of the logs, and collect the runs its transaction ends."""
+        logs.enter(entry.step)
+        if self._observer is not None:
+            entry.ended_runs = []
+            _ENDED_RUNS.set(entry.ended_runs)
+            self._started(entry, self._observer)
+
+    def _call_transactional(
+        self, entry: _Inflight, runner: TransactionalRunner, call: Call
+    ) -> object:
+        return contextvars.copy_context().run(self._run_transactional, entry, runner, call)
+
+    def _run_transactional(
+        self, entry: _Inflight, runner: TransactionalRunner, call: Call
+    ) -> object:
+        self._enter_transactional(entry)
+        return runner.run(call)
 
     def _decide(self, entry: _Inflight) -> bool:
         """Take the decision of a transactional step for its own transaction (False: a
@@ -670,6 +813,7 @@ class Worker:
             if entry.settled:
                 return False
             entry.settled = True
+            entry.decided_here = True
             self._inflight.pop(entry.step.id, None)
         return True
 
@@ -683,6 +827,8 @@ class Worker:
                 self._on_done(entry, future, keep_output=False)
                 return
             result = future.result()
+            if self._observer is not None:
+                self._transaction_observed(entry, result, self._observer)
             if result is COMMITTED:
                 with self._count_lock:
                     self.completed_count += 1
@@ -695,9 +841,29 @@ class Worker:
         finally:
             self._handler_returned(entry)
 
-    @staticmethod
-    async def _run_async(entry: _Inflight, fn: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    def _transaction_observed(
+        self, entry: _Inflight, result: object, observer: WorkerObserver
+    ) -> None:
+        step_id = entry.step.id
+        if result is COMMITTED:
+            self._finished(entry, "returned")
+            observer.on_completed([step_id])
+            if entry.ended_runs:
+                observer.on_runs_ended(entry.ended_runs)
+        elif result is DROPPED:
+            self._finished(entry, "abandoned")
+            if entry.decided_here:  # fenced at completion (else counted where it was decided)
+                observer.on_fenced([step_id])
+        else:
+            self._finished(entry, "failed")
+
+    async def _run_async(
+        self, entry: _Inflight, fn: Any, args: list[Any], kwargs: dict[str, Any]
+    ) -> Any:
         entry.task = asyncio.current_task()
+        logs.enter(entry.step)  # the task's own context: no reset
+        if self._observer is not None:
+            self._started(entry, self._observer)
         return await asyncio.wait_for(fn(*args, **kwargs), entry.step.timeout_s)
 
     def _on_done(
@@ -706,15 +872,19 @@ class Worker:
         """The handler returned (or raised, or its task was cancelled): record, free the slot."""
         try:
             if entry.settled:
+                self._finished(entry, "abandoned")
                 return  # timed out, cancelled or lease lost: already decided
             step = entry.step
             exc = None if future.cancelled() else future.exception()
             if future.cancelled() or isinstance(exc, asyncio.CancelledError):
                 outcome: Success | Failure | None = None  # cancelled by us: decided elsewhere
+                self._finished(entry, "abandoned")
             elif isinstance(exc, TimeoutError) and entry.deadline is not None:
                 outcome = execute.timeout_failure(step)
+                self._finished(entry, "timeout")
             elif exc is not None:
                 outcome = execute.failure_from_exception(step, exc, kind=ErrorKind.ERROR)
+                self._finished(entry, "failed")
             else:
                 rate = self.handlers[step.kind].rate_limit
                 outcome = execute.success_from_result(
@@ -724,6 +894,7 @@ class Worker:
                     max_bytes=self.max_output_bytes,
                     extra_units=execute.extra_units(entry.ctx, rate.units) if rate else 0,
                 )
+                self._finished(entry, "returned" if isinstance(outcome, Success) else "failed")
             self._settle(entry, outcome)
         finally:
             self._handler_returned(entry)
@@ -754,6 +925,7 @@ class Worker:
                 "step %s (kind %r): the handler returned after its timeout; its slot is free",
                 entry.step.id,
                 entry.step.kind,
+                extra=logs.step_fields(entry.step),
             )
         self._slots.release()
 
@@ -824,8 +996,14 @@ class Worker:
     def _apply(self, group: Sequence[Success | Failure]) -> None:
         successes = [o for o in group if isinstance(o, Success)]
         failures = [o for o in group if isinstance(o, Failure)]
+        observer = self._observer
+        ended: list[EndedRun] = []
         if successes:
-            done = self._tx(lambda tx: self._engine.complete(tx, successes))
+            done: set[int]
+            if observer is None:
+                done = self._tx(lambda tx: self._engine.complete(tx, successes))
+            else:
+                done, ended = self._collecting(lambda tx: self._engine.complete(tx, successes))
             with self._count_lock:  # two completers: += is not atomic
                 self.completed_count += len(done)
             if len(done) < len(successes):
@@ -833,8 +1011,35 @@ class Worker:
                     "%d completions fenced out (lease lost or run ended)",
                     len(successes) - len(done),
                 )
+            if observer is not None:
+                self._observe_outcomes(observer, successes, done, ended)
         if failures:
-            self._tx(lambda tx: self._engine.fail(tx, failures))
+            if observer is None:
+                self._tx(lambda tx: self._engine.fail(tx, failures))
+            else:
+                states, ended = self._collecting(lambda tx: self._engine.fail(tx, failures))
+                self._observe_outcomes(observer, failures, states, ended)
+
+    @staticmethod
+    def _observe_outcomes(
+        observer: WorkerObserver,
+        outcomes: Sequence[Success | Failure],
+        applied: set[int] | dict[int, str],
+        ended: list[EndedRun],
+    ) -> None:
+        if isinstance(applied, dict):
+            retried = [i for i, state in applied.items() if state != "discarded"]
+            failed = [i for i, state in applied.items() if state == "discarded"]
+            if retried:
+                observer.on_failed(retried, retried=True)
+            if failed:
+                observer.on_failed(failed, retried=False)
+        elif applied:
+            observer.on_completed(applied)
+        if len(applied) < len(outcomes):
+            observer.on_fenced([o.step_id for o in outcomes if o.step_id not in applied])
+        if ended:
+            observer.on_runs_ended(ended)
 
     def _apply_poisoned(self, outcome: Success | Failure, exc: DatabaseError) -> None:
         """The database refused this outcome: fail its step for good, with the reason."""
@@ -847,7 +1052,9 @@ class Worker:
             retry=False,
         )
         try:
-            self._tx(lambda tx: self._engine.fail(tx, [final]))
+            states = self._tx(lambda tx: self._engine.fail(tx, [final]))
+            if self._observer is not None:
+                self._observe_outcomes(self._observer, [final], states, [])
         except DatabaseError:
             log.exception(
                 "step %s: could not record its failure; its lease will expire", final.step_id
@@ -927,6 +1134,7 @@ class Worker:
                     entry.step.node,
                     entry.step.kind,
                     now - (entry.deadline or now),
+                    extra=logs.step_fields(entry.step),
                 )
 
     def _lost(self, entry: _Inflight, state: str | None) -> None:
@@ -937,6 +1145,7 @@ class Worker:
                 step.id,
                 step.run_id,
                 step.node,
+                extra=logs.step_fields(step),
             )
         else:
             log.warning(
@@ -945,8 +1154,11 @@ class Worker:
                 step.run_id,
                 step.node,
                 state or "gone",
+                extra=logs.step_fields(step),
             )
         if self._settle(entry, None):
+            if self._observer is not None:
+                self._observer.on_fenced([step.id])
             self._stop_handler(entry)
 
     # -- wake-ups --------------------------------------------------------------------------
@@ -967,6 +1179,8 @@ class Worker:
                 with connect(self.listen_dsn, name=f"cyclone-listen-{os.getpid()}") as conn:
                     listen(conn, WORK_CHANNEL)
                     listen(conn, CANCEL_CHANNEL)
+                    if self._observer is not None:
+                        self._observer.on_listener(True)
                     self._wake.set()  # LISTEN first, then rescan: nothing slips between
                     self._check_now.set()  # and a cancel missed while away is seen now
                     delay = 0.5
@@ -980,6 +1194,8 @@ class Worker:
                                 self._wake.set()
                         ping(conn)  # a dead or half-open connection shows up here
             except DatabaseError as exc:
+                if self._observer is not None:
+                    self._observer.on_listener(False)
                 if self._stopping.is_set():
                     return
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
