@@ -18,7 +18,8 @@ def _trim(value: float) -> str:
 
 
 def duration(value: timedelta | float | None) -> str:
-    """A length of time: ``850 ms``, ``1.2 s``, ``42 s``, ``3 min``, ``3.5 min``, ``2 h``, ``3 d``."""
+    """A length of time: ``850 ms``, ``1.2 s``, ``42 s``, ``3 min``, ``3.5 min``, ``30 h``,
+    ``3 d``."""
     if value is None:
         return ""
     seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
@@ -32,7 +33,7 @@ def duration(value: timedelta | float | None) -> str:
         return f"{_trim(seconds)} s"
     if seconds < 60:
         return f"{round(seconds)} s"
-    for unit, size, cap in (("min", 60, 3600), ("h", 3600, 86400), ("d", 86400, None)):
+    for unit, size, cap in (("min", 60, 3600), ("h", 3600, 48 * 3600), ("d", 86400, None)):
         if cap is None or seconds < cap:
             amount = seconds / size
             return f"{_trim(amount) if amount < 10 else round(amount)} {unit}"

@@ -103,13 +103,13 @@ def trend_chart(
         dots: list[str] = []
         move = True
         for i, v in enumerate(values):
-            value = v.get(key)
-            if value is None:
+            point = v.get(key)
+            if point is None:
                 move = True
                 continue
-            path.append(f"{'M' if move else 'L'}{x(i + 0.5)},{y(float(value))}")
-            if float(value) > 0:  # a lone slice shows as a dot
-                dots.append(f'<circle cx="{x(i + 0.5)}" cy="{y(float(value))}" r="2.5"/>')
+            path.append(f"{'M' if move else 'L'}{x(i + 0.5)},{y(float(point))}")
+            if float(point) > 0:  # a lone slice shows as a dot
+                dots.append(f'<circle cx="{x(i + 0.5)}" cy="{y(float(point))}" r="2.5"/>')
             move = False
         parts.append(
             f'<path class="line" data-series="{escape(key)}" stroke="{colour}" '

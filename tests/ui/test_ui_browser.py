@@ -338,7 +338,11 @@ def test_the_timeline_shows_attempts_waits_fan_out_and_child_live(
 
     rows = page.locator("#timeline").evaluate(TIMELINE_PROBES)
     first, second = rows["tl_flaky"]["bars"]
-    assert (first["attempt"], first["outcome"], first["phases"]) == (1, "retried", ["queued", "running"])
+    assert (first["attempt"], first["outcome"], first["phases"]) == (
+        1,
+        "retried",
+        ["queued", "running"],
+    )
     assert (second["attempt"], second["outcome"]) == (2, "completed")
     assert second["phases"][0] == "backoff" and second["phases"][-1] == "running"
     assert first["left"] < first["right"] <= second["left"] + 0.5 < second["right"]
@@ -354,7 +358,10 @@ def test_the_timeline_shows_attempts_waits_fan_out_and_child_live(
     assert all(rows[node]["shown"] for node in items)
     for node in items:
         (item,) = rows[node]["bars"]
-        assert item["phases"][-1] == "running" and item["left"] >= rows["tl_items"]["bars"][0]["right"] - 0.5
+        assert (
+            item["phases"][-1] == "running"
+            and item["left"] >= rows["tl_items"]["bars"][0]["right"] - 0.5
+        )
     # A click on a bar shows its exact times, its worker and its error.
     page.click('.tl-row[data-node="tl_flaky"] g.bar[data-attempt="1"] rect.running', force=True)
     detail = page.locator("#tl-detail")

@@ -58,7 +58,9 @@ def test_the_attempts_of_a_step_across_a_sigkill_reclaim(
         assert "error-text" not in error_cell
         # The timeline draws one bar per attempt, the reclaimed one first.
         timeline = page[page.index('data-node="fault_work" data-state') :]
-        bars = re.findall(r'data-outcome="(\w+)"[^>]*data-attempt="(\d+)"', timeline.split("</div>")[0])
+        bars = re.findall(
+            r'data-outcome="(\w+)"[^>]*data-attempt="(\d+)"', timeline.split("</div>")[0]
+        )
         assert bars == [("reclaimed", "1"), ("completed", "1")]
 
 
@@ -77,7 +79,9 @@ def test_the_fleet_page_marks_a_killed_worker_gone(
 
     def statuses(web: TestClient) -> dict[int, tuple[str, str]]:
         page = web.get("/fleet").text
-        rows = re.findall(r'<tr data-worker="[^"]*" data-pid="(\d+)" data-status="(\w+)">(.*?)</tr>', page, re.S)
+        rows = re.findall(
+            r'<tr data-worker="[^"]*" data-pid="(\d+)" data-status="(\w+)">(.*?)</tr>', page, re.S
+        )
         return {
             int(pid): (status, re.findall(r'<td class="slots">([^<]+)</td>', row)[0])
             for pid, status, row in rows

@@ -44,3 +44,21 @@ def tour(x):  # type: ignore[no-untyped-def]
     squares = for_each(square, over=items(tried))
     sub = child(inner, tried)
     return join([approval, squares, sub])
+
+
+@step(name="tl_score")
+def score(x: int) -> float:
+    return 0.1
+
+
+@step(name="tl_review")
+def review(x: int) -> str:
+    return "reviewed"
+
+
+@workflow(name="tl_cond")
+def conditional(x):  # type: ignore[no-untyped-def]
+    """``tl_review`` is skipped: the score is low."""
+    risk = score(x)
+    checked = review(x, when=risk.gt(0.8))
+    return join([risk, checked])
