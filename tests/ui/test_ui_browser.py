@@ -132,7 +132,7 @@ TIMELINE_PROBES = """(timeline) => {
   const rows = {};
   for (const row of timeline.querySelectorAll(".tl-row[data-node]")) {
     rows[row.dataset.node] = {
-      shown: !row.hidden && row.getBoundingClientRect().height > 0,
+      shown: row.getBoundingClientRect().height > 0,
       density: row.querySelectorAll(".density .cell").length,
       bars: [...row.querySelectorAll("g.bar")].map((bar) => {
         const box = bar.getBoundingClientRect();

@@ -17,6 +17,7 @@ from tests.ui import tour
 from tests.ui.test_ui_api import csrf_of, echo, waits
 from tests.waiting import wait_until
 
+
 def timeline_row(page: str, node: str) -> str:
     start = page.index('<div class="tl-row')
     row = page[page.index(f'data-node="{node}" data-state', start) :]
