@@ -603,9 +603,19 @@ def scan(ctx: click.Context, modules: tuple[str, ...], once: bool, interval: flo
 @click.option("--port", default=8080, show_default=True)
 @click.option("--read-only", is_flag=True, help="Refuse every write (cancel, signal, ...).")
 @click.option("--token", envvar="CYCLONE_UI_TOKEN", help="Require this secret on every write.")
+@imports
 @click.pass_context
-def ui(ctx: click.Context, host: str, port: int, read_only: bool, token: str | None) -> None:
-    """Serve the web dashboard (loopback only unless --host says otherwise)."""
+def ui(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    read_only: bool,
+    token: str | None,
+    modules: tuple[str, ...],
+) -> None:
+    """Serve the web dashboard (loopback only unless --host says otherwise); --import the
+    workflows' modules to fork runs from the run page."""
+    import_modules(modules)
     try:
         import uvicorn
 

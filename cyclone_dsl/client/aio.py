@@ -293,6 +293,8 @@ class AsyncClient:
         parent_run_id: int | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        text: str | None = None,
+        error_kind: str | None = None,
     ) -> list[Run]:
         """See :meth:`Client.list_runs`."""
         return await asyncio.to_thread(
@@ -304,6 +306,8 @@ class AsyncClient:
             parent_run_id=parent_run_id,
             since=since,
             until=until,
+            text=text,
+            error_kind=error_kind,
         )
 
     async def progress(self, run_id: int) -> tuple[int, int]:
@@ -478,14 +482,22 @@ class AsyncClient:
             self._client.count_purgeable, older_than=older_than, states=states
         )
 
-    async def stats(self) -> dict[str, list[dict[str, Any]]]:
+    async def stats(self, *, live_for: timedelta | None = None) -> dict[str, list[dict[str, Any]]]:
         """See :meth:`Client.stats`."""
-        return await asyncio.to_thread(self._client.stats)
+        return await asyncio.to_thread(lambda: self._client.stats(live_for=live_for))
 
     async def gauges(self) -> list[dict[str, Any]]:
         """See :meth:`Client.gauges`."""
         return await asyncio.to_thread(self._client.gauges)
 
-    async def workers(self) -> list[dict[str, Any]]:
+    async def workers(self, *, live_for: timedelta | None = None) -> list[dict[str, Any]]:
         """See :meth:`Client.workers`."""
-        return await asyncio.to_thread(self._client.workers)
+        return await asyncio.to_thread(lambda: self._client.workers(live_for=live_for))
+
+    async def throughput(
+        self, *, window: timedelta = timedelta(hours=1), buckets: int = 30
+    ) -> list[dict[str, Any]]:
+        """See :meth:`Client.throughput`."""
+        return await asyncio.to_thread(
+            lambda: self._client.throughput(window=window, buckets=buckets)
+        )

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from cyclone_dsl.engine import LIVE_FOR
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.states import RunState
 
@@ -102,3 +103,13 @@ def wait_reason(row: Mapping[str, Any]) -> str:
     if kind == "queue":
         return f"waiting for queue {name} ({full} running: its cap)"
     return f"waiting for a concurrency slot ({share}{full})"
+
+
+def live_for(value: timedelta | None) -> timedelta:
+    """How recent a worker's last beat must be for it to count as live (workers beat every
+    few seconds): ``value``, or the engine's default."""
+    if value is None:
+        return LIVE_FOR
+    if not isinstance(value, timedelta) or value <= timedelta(0):
+        raise InvalidArgument(f"live_for must be a positive timedelta, not {value!r}")
+    return value

@@ -419,11 +419,17 @@ class Client:
         parent_run_id: int | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        text: str | None = None,
+        error_kind: str | None = None,
     ) -> list[Run]:
         """Runs newest first (without steps); page with ``before_id`` = the last id seen.
 
-        Filters: ``state``, ``workflow``, ``parent_run_id`` and a creation-time
-        range ``since`` (inclusive) to ``until`` (exclusive).
+        Filters: ``state``, ``workflow``, ``parent_run_id``, a creation-time range
+        ``since`` (inclusive) to ``until`` (exclusive), ``text`` (found, ignoring case,
+        in the input's JSON or the submit key) and ``error_kind`` (a step ended with
+        that error kind, or one of its attempts failed with it: ``timeout``,
+        ``reclaimed``...). ``text`` reads every run it passes: narrow it with the
+        other filters on a large table.
         """
         if not 1 <= limit <= 10_000:
             raise InvalidArgument("limit must be between 1 and 10000")
@@ -438,6 +444,8 @@ class Client:
                 parent_run_id=parent_run_id,
                 since=since,
                 until=until,
+                text=text or None,
+                error_kind=error_kind or None,
             ),
             one_statement=True,
         )
@@ -743,7 +751,7 @@ class Client:
             one_statement=True,
         )
 
-    def stats(self) -> dict[str, list[dict[str, Any]]]:
+    def stats(self, *, live_for: timedelta | None = None) -> dict[str, list[dict[str, Any]]]:
         """Queues and kinds (the ``cyclone_v_queues`` and ``cyclone_v_kinds`` views), and the
         work that no live worker serves.
 
@@ -757,12 +765,16 @@ class Client:
         ``key``, ``max_count``, ``per_s`` (a rate's window), ``in_use`` (running, or
         started in the window), ``waiting`` (due steps held back) and, for a full
         rate, ``next_free_at``.
+
+        ``live_for`` is how recent a worker's last beat must be for it to count as live
+        (default 30 s; workers beat every 5 s).
         """
+        live = base.live_for(live_for)
         return self._db.transaction(
             lambda tx: {
                 "queues": tx.rows(Q.queue_stats),
                 "kinds": tx.rows(Q.kind_stats),
-                "unserved": self._engine.unserved_work(tx),
+                "unserved": self._engine.unserved_work(tx, live_for=live),
                 "limits": self._engine.flow_stats(tx),
             }
         )
@@ -777,7 +789,30 @@ class Client:
         """
         return self._db.transaction(self._engine.database_gauges, one_statement=True)
 
-    def workers(self) -> list[dict[str, Any]]:
-        """Known workers, live ones first: id, host, pid, queues, concurrency, versions
-        served, handler identities, start and last beat, ``live``."""
-        return self._db.transaction(self._engine.list_workers, one_statement=True)
+    def workers(self, *, live_for: timedelta | None = None) -> list[dict[str, Any]]:
+        """Known workers, live ones first: id, host, pid, queues, concurrency,
+        ``slots_in_use`` (running steps it holds), versions served, handler identities
+        (``handlers``: kind to identity), start, last beat, ``stopped_at`` and ``live``
+        (its last beat is younger than ``live_for``, by default 30 s, and it has not
+        stopped)."""
+        live = base.live_for(live_for)
+        return self._db.transaction(
+            lambda tx: self._engine.list_workers(tx, live), one_statement=True
+        )
+
+    def throughput(
+        self, *, window: timedelta = timedelta(hours=1), buckets: int = 30
+    ) -> list[dict[str, Any]]:
+        """Steps started in each of ``buckets`` equal slices of the last ``window``, oldest
+        first: ``bucket`` (0 is the oldest), ``until`` (the end of the window, on the
+        database's clock), ``started``, ``completed`` (of those), and how long they waited
+        once due (``wait_p50_s``, ``wait_p95_s``, ``wait_max_s``; None for an empty slice).
+
+        A step counts at its latest start (a retried step once, in its last attempt's
+        slice). It reads the steps started in the window through the ``started_at`` index.
+        """
+        if not timedelta(seconds=1) <= window <= timedelta(days=31):
+            raise InvalidArgument("window must be between 1 second and 31 days")
+        if not 1 <= buckets <= 1000:
+            raise InvalidArgument("buckets must be between 1 and 1000")
+        return self._read(Q.step_throughput, window=window, buckets=buckets)

@@ -25,11 +25,13 @@ from cyclone_dsl.engine.notify import (
 from cyclone_dsl.engine.schedules import CatchUp, Compiler
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import Submitted
+from cyclone_dsl.engine.workers import LIVE_FOR
 
 __all__ = [
     "CANCEL_CHANNEL",
     "CHILD_WAKE",
     "DEFAULT_RETENTION",
+    "LIVE_FOR",
     "RUN_DONE_CHANNEL",
     "WORK_CHANNEL",
     "AfterCommit",

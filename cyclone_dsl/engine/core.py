@@ -421,13 +421,15 @@ class Engine:
         """Forget workers stopped or silent for a day; return how many."""
         return workers.prune(tx)
 
-    def list_workers(self, tx: Tx) -> list[Row]:
+    def list_workers(self, tx: Tx, live_for: timedelta = workers.LIVE_FOR) -> list[Row]:
         """Known workers, live ones first (see :func:`~cyclone_dsl.engine.workers.listing`)."""
-        return workers.listing(tx)
+        return workers.listing(tx, live_for)
 
-    def unserved_work(self, tx: Tx, queues: Sequence[str] | None = None) -> list[Row]:
+    def unserved_work(
+        self, tx: Tx, queues: Sequence[str] | None = None, live_for: timedelta = workers.LIVE_FOR
+    ) -> list[Row]:
         """Due available work that no live worker serves, grouped by queue, kind and version."""
-        return workers.unserved(tx, queues)
+        return workers.unserved(tx, queues, live_for)
 
 
 def _next_cursor(page: list[Row], limit: int) -> int | None:

@@ -87,15 +87,18 @@ def prune(tx: Tx, keep: timedelta = KEEP_FOR) -> int:
     return len(tx.rows(Q.prune_workers, keep=keep))
 
 
-def listing(tx: Tx) -> list[Row]:
-    return tx.rows(Q.list_workers, live_for=LIVE_FOR)
+def listing(tx: Tx, live_for: timedelta = LIVE_FOR) -> list[Row]:
+    """Known workers, live ones first, with ``slots_in_use`` (running steps they hold)."""
+    return tx.rows(Q.list_workers, live_for=live_for)
 
 
-def unserved(tx: Tx, queues: Sequence[str] | None = None) -> list[Row]:
+def unserved(
+    tx: Tx, queues: Sequence[str] | None = None, live_for: timedelta = LIVE_FOR
+) -> list[Row]:
     """Due available work no live worker serves, by queue, kind, workflow and version."""
     return tx.rows(
         Q.unserved_work,
         queues=list(queues) if queues is not None else None,
-        live_for=LIVE_FOR,
+        live_for=live_for,
         sample=UNSERVED_SAMPLE,
     )

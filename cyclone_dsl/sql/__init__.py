@@ -114,6 +114,7 @@ class _Queries:
     run_signals: LiteralString
     run_counts: LiteralString
     child_runs: LiteralString
+    step_throughput: LiteralString
     # retention.sql
     purge_runs: LiteralString
     expire_runs: LiteralString

@@ -22,17 +22,29 @@ WHERE s.run_id = %(run_id)s
 ORDER BY a.step_id, a.id
 
 -- name: list_runs
--- Runs newest first, optionally by state and workflow, keyset-paginated by id.
-SELECT id, workflow, def_version, input, state, created_at, updated_at, finished_at,
-       deadline_at, result_node, submit_key, paused_at, parent_run_id, parent_node_id
-FROM cyclone_runs
-WHERE (%(state)s::text IS NULL OR state = %(state)s)
-  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s)
-  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s)
-  AND (%(parent_run_id)s::bigint IS NULL OR parent_run_id = %(parent_run_id)s)
-  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
-  AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)
-ORDER BY id DESC
+-- Runs newest first, optionally by state and workflow, keyset-paginated by id. %(text)s
+-- matches (case-insensitively, as plain text) the input's JSON or the submit key;
+-- %(error_kind)s, a step that ended with that error kind or an attempt that failed with it.
+SELECT r.id, r.workflow, r.def_version, r.input, r.state, r.created_at, r.updated_at,
+       r.finished_at, r.deadline_at, r.result_node, r.submit_key, r.paused_at,
+       r.parent_run_id, r.parent_node_id
+FROM cyclone_runs AS r
+WHERE (%(state)s::text IS NULL OR r.state = %(state)s)
+  AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s)
+  AND (%(before_id)s::bigint IS NULL OR r.id < %(before_id)s)
+  AND (%(parent_run_id)s::bigint IS NULL OR r.parent_run_id = %(parent_run_id)s)
+  AND (%(since)s::timestamptz IS NULL OR r.created_at >= %(since)s)
+  AND (%(until)s::timestamptz IS NULL OR r.created_at < %(until)s)
+  AND (%(text)s::text IS NULL
+       OR strpos(lower(r.input::text), lower(%(text)s)) > 0
+       OR strpos(lower(coalesce(r.submit_key, '')), lower(%(text)s)) > 0)
+  AND (%(error_kind)s::text IS NULL
+       OR EXISTS (SELECT 1 FROM cyclone_steps AS s
+                  WHERE s.run_id = r.id AND s.error_kind = %(error_kind)s)
+       OR EXISTS (SELECT 1 FROM cyclone_steps AS s
+                  JOIN cyclone_ext_attempts AS a ON a.step_id = s.id
+                  WHERE s.run_id = r.id AND a.error_kind = %(error_kind)s))
+ORDER BY r.id DESC
 LIMIT %(limit)s
 
 -- name: run_outcome
@@ -73,3 +85,29 @@ SELECT state, count(*) AS count FROM cyclone_runs GROUP BY state ORDER BY state
 -- The child runs of a run.
 SELECT id, workflow, state, parent_node_id FROM cyclone_runs
 WHERE parent_run_id = %(run_id)s ORDER BY id
+
+-- name: step_throughput
+-- Steps started in each of %(buckets)s equal buckets of the last %(window)s (by their
+-- latest start, through idx_steps_timeout), how many of them completed, and how long they
+-- waited once due (started_at - scheduled_at): median, 95th percentile and maximum, in
+-- seconds. Bucket 0 is the oldest; now is the database's clock.
+WITH span AS (
+    SELECT now() + %(shift)s::interval AS until,
+           extract(epoch FROM %(window)s::interval) / %(buckets)s AS bucket_s
+), started AS (
+    SELECT s.state, greatest(0, extract(epoch FROM s.started_at - s.scheduled_at)) AS wait_s,
+           least(%(buckets)s - 1, floor(extract(epoch FROM s.started_at
+                                                - (span.until - %(window)s::interval))
+                                        / span.bucket_s))::int AS bucket
+    FROM cyclone_steps AS s, span
+    WHERE s.started_at >= span.until - %(window)s::interval AND s.started_at <= span.until
+)
+SELECT (SELECT until FROM span) AS until, b.bucket, count(st.bucket) AS started,
+       count(st.bucket) FILTER (WHERE st.state = 'completed') AS completed,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY st.wait_s) AS wait_p50_s,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY st.wait_s) AS wait_p95_s,
+       max(st.wait_s) AS wait_max_s
+FROM generate_series(0, %(buckets)s - 1) AS b(bucket)
+LEFT JOIN started AS st ON st.bucket = b.bucket
+GROUP BY b.bucket
+ORDER BY b.bucket

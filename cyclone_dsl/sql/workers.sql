@@ -60,9 +60,10 @@ WHERE coalesce(stopped_at, heartbeat_at) < now() + %(shift)s::interval - %(keep)
 RETURNING id
 
 -- name: list_workers
--- Every known worker, live ones first, with what it serves.
+-- Every known worker, live ones first, with what it serves and how many of its slots hold
+-- a running step (the running steps are found through idx_steps_lease: only they hold one).
 SELECT w.id, w.host, w.pid, w.queues, w.concurrency, w.package_version, w.started_at,
-       w.heartbeat_at, w.stopped_at,
+       w.heartbeat_at, w.stopped_at, coalesce(busy.steps, 0) AS slots_in_use,
        (w.stopped_at IS NULL
         AND w.heartbeat_at > now() + %(shift)s::interval - %(live_for)s::interval) AS live,
        coalesce((SELECT jsonb_object_agg(h.kind, h.identity ORDER BY h.kind)
@@ -75,6 +76,9 @@ SELECT w.id, w.host, w.pid, w.queues, w.concurrency, w.package_version, w.starte
                  WHERE v.worker_id = w.id AND v.def_version <> 'standalone'),
                 '[]'::jsonb) AS versions
 FROM cyclone_ext_workers AS w
+LEFT JOIN (SELECT s.lease_owner, count(*) AS steps FROM cyclone_steps AS s
+           WHERE s.lease_expiry IS NOT NULL AND s.state = 'running'
+           GROUP BY s.lease_owner) AS busy ON busy.lease_owner = w.id
 ORDER BY live DESC, w.heartbeat_at DESC, w.id
 
 -- name: unserved_work

@@ -11,13 +11,15 @@ from __future__ import annotations
 import hmac
 import json
 import secrets
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
 import attrs
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import Environment, PackageLoader, pass_context, select_autoescape
+from jinja2.runtime import Context
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
@@ -32,7 +34,8 @@ from starlette.staticfiles import StaticFiles
 
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.errors import CycloneError, InvalidArgument, RunNotFound
-from cyclone_dsl.states import RunState
+from cyclone_dsl.states import ErrorKind, RunState
+from cyclone_dsl.ui import fleet, humane, timeline
 from cyclone_dsl.ui.chart import queue_chart
 from cyclone_dsl.ui.graph import draw
 
@@ -50,26 +53,51 @@ def _preview(value: object) -> tuple[str, bool]:
     return (text[:PREVIEW_CHARS], len(text) > PREVIEW_CHARS)
 
 
-def create_app(client: Client, *, read_only: bool = False, token: str | None = None) -> Starlette:
+#: Error kinds the runs list filters by: the steps' and the attempt history's.
+ERROR_KINDS = [k.value for k in ErrorKind if k is not ErrorKind.SKIPPED] + ["reclaimed"]
+
+
+@pass_context
+def _when(context: Context, value: datetime | None) -> Markup:
+    return humane.when_html(value, context["now"])
+
+
+def create_app(
+    client: Client,
+    *,
+    read_only: bool = False,
+    token: str | None = None,
+    live_for: timedelta | None = None,
+) -> Starlette:
+    """The dashboard on ``client``. ``live_for``: how recent a worker's last beat must be
+    for the fleet page to show it live (default: the engine's, 30 s)."""
     env = Environment(
         loader=PackageLoader("cyclone_dsl.ui", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
     )
     env.filters["preview"] = _preview
     env.filters["json"] = _json
+    env.filters["when"] = _when
+    env.filters["duration"] = humane.duration
+    env.filters["exact"] = humane.exact
+    env.globals["took"] = humane.took
 
-    def page(request: Request, template: str, **context: Any) -> HTMLResponse:
-        csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
-        html = env.get_template(template).render(
+    def render(request: Request, template: str, csrf: str, **context: Any) -> str:
+        # Shown to the viewer as "3 min ago"; nothing is decided on this clock.
+        context.setdefault("now", datetime.now(UTC))  # noqa: TID251
+        return env.get_template(template).render(
             request=request,
             csrf=csrf,
             read_only=read_only,
             needs_token=token is not None,
             message=request.query_params.get("message"),
             error=request.query_params.get("error"),
-            counts=client.run_counts(),
             **context,
         )
+
+    def page(request: Request, template: str, **context: Any) -> HTMLResponse:
+        csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
+        html = render(request, template, csrf, counts=client.run_counts(), **context)
         response = HTMLResponse(html)
         response.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict")
         return response
@@ -109,26 +137,41 @@ def create_app(client: Client, *, read_only: bool = False, token: str | None = N
             filters=request.query_params,
             next_query=urlencode({**query, "before_id": next_before}) if next_before else None,
             states=[s.value for s in RunState],
+            error_kinds=ERROR_KINDS,
         )
 
-    def run_page(request: Request) -> HTMLResponse:
+    def run_context(request: Request) -> dict[str, Any]:
         run_id = run_id_of(request)
         run = client.get_run(run_id)
         deps = client.dependencies(run_id)
         drill = request.query_params.get("items")
         shown = [s for s in run.steps if s.item_of is None or s.item_of == drill]
-        return page(
-            request,
-            "run.html",
-            run=run,
-            svg=draw(run.steps, deps, run.id),
-            steps=shown,
-            deps=deps,
-            drill=drill,
-            signals=client.signals_of(run_id),
-            children=client.children_of(run_id),
-            reasons=client.why_waiting(run_id),
-        )
+        children = client.children_of(run_id)
+        child_of = {c["parent_node_id"]: c["id"] for c in children}
+        now = datetime.now(UTC)  # noqa: TID251 (drawn for the viewer)
+        rows = timeline.build(run, deps, now, child_of)
+        return {
+            "now": now,
+            "run": run,
+            "svg": draw(run.steps, deps, run.id),
+            "timeline": timeline.draw(run, rows, now),
+            "attempts": {s.id: timeline.attempts(s, now) for s in shown},
+            "steps": shown,
+            "deps": deps,
+            "drill": drill,
+            "signals": client.signals_of(run_id),
+            "children": children,
+            "reasons": client.why_waiting(run_id),
+        }
+
+    def run_page(request: Request) -> HTMLResponse:
+        return page(request, "run.html", **run_context(request))
+
+    def run_live(request: Request) -> HTMLResponse:
+        """The run page's changing part, which its script fetches to stay current."""
+        csrf = request.cookies.get(CSRF_COOKIE, "")
+        html = render(request, "run_live.html", csrf, **run_context(request))
+        return HTMLResponse(html, headers={"cache-control": "no-store"})
 
     def output(request: Request) -> Response:
         run = client.get_run(run_id_of(request))
@@ -154,6 +197,10 @@ def create_app(client: Client, *, read_only: bool = False, token: str | None = N
                 payload = json.loads(form.get("payload") or "null")
                 delivery = await _threaded(client.signal, run_id, form.get("name", ""), payload)
                 return back(url, message=f"signal {form.get('name')!r}: {delivery.value}")
+            if action == "fork":
+                node = form.get("node", "")
+                forked = await _threaded(client.fork, run_id, node)
+                return back(f"/runs/{forked.id}", message=f"forked from run {run_id} at {node!r}")
             if action == "retry":
                 await _threaded(client.retry, run_id, form.get("node", ""))
             elif action in ("cancel", "pause", "resume"):
@@ -221,6 +268,30 @@ def create_app(client: Client, *, read_only: bool = False, token: str | None = N
         body, content_type = metrics.exposition(gauges_registry[0], request.headers.get("accept"))
         return Response(body, media_type=content_type)
 
+    def api_attempts(request: Request) -> JSONResponse:
+        """Each step's attempts, in order, as the run page lists them: the attempt history,
+        then the attempt the step row holds (completed, running or cancelled)."""
+        run = client.get_run(run_id_of(request))
+        now = datetime.now(UTC)  # noqa: TID251 (a running attempt's end, for the viewer)
+        listed = {
+            s.node: [
+                {
+                    "number": a.number,
+                    "label": a.label,
+                    "outcome": a.outcome,
+                    "worker": a.worker,
+                    "started_at": a.ran.start,
+                    "ended_at": None if a.outcome == "running" else a.ran.end,
+                    "error": a.error,
+                    "error_kind": a.error_kind,
+                }
+                for a in timeline.attempts(s, now)
+                if a.ran is not None
+            ]
+            for s in run.steps
+        }
+        return JSONResponse(json.loads(_json(listed)))
+
     def home(request: Request) -> RedirectResponse:
         return RedirectResponse("/runs")
 
@@ -236,6 +307,7 @@ def create_app(client: Client, *, read_only: bool = False, token: str | None = N
             Route("/", home),
             Route("/runs", runs),
             Route("/runs/{run_id}", run_page),
+            Route("/runs/{run_id}/live", run_live),
             Route("/runs/{run_id}/steps/{node}/output.json", output),
             Route("/runs/{run_id}/{action}", steer, methods=["POST"]),
             Route("/queues", queues),
@@ -246,6 +318,8 @@ def create_app(client: Client, *, read_only: bool = False, token: str | None = N
             Route("/api/runs", api_runs),
             Route("/api/runs/{run_id}", api_run),
             Route("/metrics", prometheus),
+            Route("/api/runs/{run_id}/attempts", api_attempts),
+            *fleet.routes(client, page, live_for),
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
         ],
         exception_handlers={
@@ -287,6 +361,8 @@ def _run_filters(request: Request) -> dict[str, Any]:
         "parent_run_id": number("parent"),
         "since": instant("since"),
         "until": instant("until"),
+        "text": params.get("q") or None,
+        "error_kind": params.get("error_kind") or None,
     }
 
 

@@ -22,6 +22,11 @@ if __name__ == "__main__":
 
         time_machine.travel(time.time() + skew, tick=True).start()
     set_clock_shift(timedelta(seconds=float(os.environ.get("CYCLONE_FAULT_SHIFT", "0"))))
+    if "CYCLONE_FAULT_BEAT" in os.environ:
+        # Registry beats this often (the fleet tests call a worker gone after ~1 s).
+        from cyclone_dsl.worker import worker as worker_module
+
+        worker_module.REGISTRY_BEAT_S = float(os.environ["CYCLONE_FAULT_BEAT"])
     Worker(
         sys.argv[1],
         [handlers],

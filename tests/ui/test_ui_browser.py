@@ -2,7 +2,10 @@
 
 It runs the flagship example, sends the signal its run waits for from the
 page, watches it complete, cancels another run, and checks that an output
-holding ``<script>`` renders as text. It measures the drawn run graph (no edge
+holding ``<script>`` renders as text. It watches a run with a retried step, a
+signal wait, a fan-out and a child move on its timeline without a reload, and
+measures the bars: one per attempt, in order, a backoff before the retry, the
+wait drawn as a wait. It measures the drawn run graph (no edge
 runs behind a node; edges that skip rows stay visible) and the queue chart (axes,
 tick labels that fit and do not overlap, a time range, a series that follows the
 counts). Screenshots go to a temporary folder; ``CYCLONE_SCREENSHOTS=1`` writes
@@ -17,7 +20,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from cyclone_dsl import Client, Registry, Worker
 from cyclone_dsl.cli import flagship
 from cyclone_dsl.ui.app import create_app
 from cyclone_dsl.ui.chart import nice_ticks
+from tests.ui import tour
 from tests.ui.test_ui_api import echo, skips, waits
 from tests.waiting import wait_until
 
@@ -119,6 +123,30 @@ CHART_PROBES = """(svg) => {
     legend: [...svg.querySelectorAll(".legend-item")].map((g) => g.textContent.trim()),
     ys,
   };
+}"""
+
+
+#: The timeline as drawn: for each row, its bars (attempt, outcome, the phases of their
+#: segments and their left and right ends on the page) and whether the row is shown.
+TIMELINE_PROBES = """(timeline) => {
+  const rows = {};
+  for (const row of timeline.querySelectorAll(".tl-row[data-node]")) {
+    rows[row.dataset.node] = {
+      shown: row.getBoundingClientRect().height > 0,
+      density: row.querySelectorAll(".density .cell").length,
+      bars: [...row.querySelectorAll("g.bar")].map((bar) => {
+        const box = bar.getBoundingClientRect();
+        return {
+          attempt: bar.dataset.attempt ? Number(bar.dataset.attempt) : null,
+          outcome: bar.dataset.outcome,
+          phases: [...bar.querySelectorAll("rect.seg")].map((r) => r.dataset.phase),
+          left: box.left,
+          right: box.right,
+        };
+      }),
+    };
+  }
+  return rows;
 }"""
 
 
@@ -282,3 +310,74 @@ def test_the_graph_and_the_queue_chart_as_drawn(
     start, end = re.fullmatch(r"(\S+) - (\S+) UTC", axes["range"]).groups()  # type: ignore[union-attr]
     span = datetime.strptime(end, "%H:%M:%S") - datetime.strptime(start, "%H:%M:%S")
     assert span.total_seconds() % 86400 == 120
+
+
+def test_the_timeline_shows_attempts_waits_fan_out_and_child_live(
+    server: str,
+    client: Client,
+    start_worker: Callable[..., Worker],
+    browser_page: object,
+    shots: Path,
+) -> None:
+    from playwright.sync_api import Page, expect
+
+    page: Page = browser_page  # type: ignore[assignment]
+    start_worker(tour, poll_interval=0.1)
+    run = client.submit(tour.tour, 2)
+    page.goto(f"{server}/runs/{run.id}")
+    timeline = page.locator("#timeline")
+    # The page follows the run without a reload: the retry appears, then the run ends.
+    flaky = page.locator('.tl-row[data-node="tl_flaky"] g.bar')
+    expect(flaky).to_have_count(2, timeout=15_000)
+    expect(flaky.nth(1)).to_have_attribute("data-outcome", "completed", timeout=15_000)
+    waiting = timeline.evaluate(TIMELINE_PROBES)["go"]["bars"]
+    assert [(b["outcome"], b["phases"]) for b in waiting] == [("waiting", ["signal"])]
+    client.signal(run.id, "go", {"by": "browser"})
+    expect(page.locator("#run-state")).to_have_text("completed", timeout=15_000)
+    assert int(page.locator("#live").get_attribute("data-updates") or 0) >= 2
+
+    rows = page.locator("#timeline").evaluate(TIMELINE_PROBES)
+    first, second = rows["tl_flaky"]["bars"]
+    assert (first["attempt"], first["outcome"], first["phases"]) == (
+        1,
+        "retried",
+        ["queued", "running"],
+    )
+    assert (second["attempt"], second["outcome"]) == (2, "completed")
+    assert second["phases"][0] == "backoff" and second["phases"][-1] == "running"
+    assert first["left"] < first["right"] <= second["left"] + 0.5 < second["right"]
+    (signal,) = rows["go"]["bars"]
+    assert (signal["outcome"], signal["phases"]) == ("completed", ["signal"])
+    assert [b["phases"] for b in rows["tl_inner"]["bars"]] == [["child"]]
+    # Fan-out items: one collapsed row with a density strip, expanded on click.
+    items = [node for node in rows if node.startswith("tl_square[")]
+    assert len(items) == 6 and not any(rows[node]["shown"] for node in items)
+    assert rows["tl_square"]["density"] > 0 and rows["tl_square"]["bars"][0]["phases"] == ["fanout"]
+    page.click('.tl-row.fanout[data-node="tl_square"] .tl-label')
+    rows = page.locator("#timeline").evaluate(TIMELINE_PROBES)
+    assert all(rows[node]["shown"] for node in items)
+    for node in items:
+        (item,) = rows[node]["bars"]
+        assert (
+            item["phases"][-1] == "running"
+            and item["left"] >= rows["tl_items"]["bars"][0]["right"] - 0.5
+        )
+    # A click on a bar shows its exact times, its worker and its error.
+    page.click('.tl-row[data-node="tl_flaky"] g.bar[data-attempt="1"] rect.running', force=True)
+    detail = page.locator("#tl-detail")
+    expect(detail).to_be_visible()
+    expect(detail).to_contain_text("attempt 1/3 · retried")
+    expect(detail).to_contain_text("worker: ")
+    expect(detail).to_contain_text("the first attempt fails")
+    expect(detail).to_contain_text(" UTC")
+    attempts = page.locator('tr[data-node="tl_flaky"] ol.attempt-list li')
+    expect(attempts).to_have_count(2)
+    expect(attempts.nth(0)).to_contain_text("attempt 1/3")
+    expect(attempts.nth(1)).to_contain_text("attempt 2/3")
+    timeline.screenshot(path=str(shots / "timeline.png"))
+
+    page.goto(f"{server}/fleet")
+    expect(page.locator('tr[data-status="live"]')).to_have_count(1)
+    expect(page.locator("#throughput .y-axis .axis-title")).to_have_text("steps per minute")
+    expect(page.locator("#latency .y-axis .axis-title")).to_have_text("seconds")
+    page.screenshot(path=str(shots / "fleet.png"), full_page=True)
