@@ -158,7 +158,6 @@ def migrate(
     )
 
     with database(ctx.obj["dsn"]) as dsn:
-        check_reachable(dsn)
         before, ext_before = versions(dsn)
         if status:
             emit(
@@ -232,7 +231,6 @@ def demo(ctx: click.Context, show_steps: bool) -> None:
     from cyclone_dsl.cli.demo import run_demo
 
     with database(ctx.obj["dsn"]) as dsn:
-        check_reachable(dsn)
         code = run_demo(dsn)
     sys.exit(code)
 
