@@ -111,7 +111,8 @@ def mask_passwords(text: str, dsn: str | None = None, *, password: str | None = 
     if password:
         known.add(password)
     for secret in sorted(known, key=len, reverse=True):
-        text = text.replace(secret, MASK)
+        # Whole words only: a password "b" must not turn "database" into "data****ase".
+        text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", MASK, text)
     return text
 
 

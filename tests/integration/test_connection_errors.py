@@ -161,3 +161,4 @@ def test_mask_passwords_hides_urls_settings_and_a_known_password() -> None:
     assert mask_passwords(text, "postgresql://u:pw 3@h/db").endswith("c '****' and p%40ss")
     assert mask_passwords("x p@ss y", "postgresql://u:p%40ss@h/db") == "x **** y"
     assert mask_passwords("x secret", password="secret") == "x ****"
+    assert mask_passwords("database 'b'", password="b") == "database '****'"
