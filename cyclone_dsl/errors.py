@@ -26,7 +26,8 @@ Every error a caller can act on has its own class; all derive from
     ├── DatabaseUnavailable     the database cannot be reached or refused the session (cause)
     ├── SchemaVersionMismatch   the database is migrated past what this build knows, or not migrated
     ├── MigrationError          a migration file set or a migration failed
-    │   └── MigrationLockTimeout  the migration lock is held by another session
+    │   ├── MigrationLockTimeout  the migration lock is held by another session
+    │   └── MigrationPermissionDenied  the database role may not make a schema change
     ├── EmbeddedServerError     the embedded PostgreSQL could not be started
     ├── ScheduleError           a bad cron spec, location or schedule id
     ├── Permanent               raised by a handler: fail now, skip the remaining attempts
@@ -225,6 +226,15 @@ class MigrationError(CycloneError):
 
 class MigrationLockTimeout(MigrationError):
     """Another session holds the migration lock for longer than the timeout."""
+
+
+class MigrationPermissionDenied(MigrationError):
+    """The database role lacks a privilege a migration needs (``CREATE`` on the schema,
+    ownership of a table); what it could not do was rolled back.
+
+    The message names the migration (or the version tables) and the database's refusal.
+    Run the migrations as a role that owns the schema, or has ``CREATE`` on it.
+    """
 
 
 class EmbeddedServerError(CycloneError):

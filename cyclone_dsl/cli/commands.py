@@ -17,7 +17,15 @@ from typing import Any
 import attrs
 import click
 
-from cyclone_dsl.cli.main import EXIT_FAILED, check_reachable, cli, database, emit, fail
+from cyclone_dsl.cli.main import (
+    EXIT_FAILED,
+    check_migrated,
+    check_reachable,
+    cli,
+    database,
+    emit,
+    fail,
+)
 from cyclone_dsl.cli.render import render_run
 from cyclone_dsl.cli.values import Duration, human_duration
 from cyclone_dsl.client import base
@@ -570,6 +578,7 @@ def scan(ctx: click.Context, modules: tuple[str, ...], once: bool, interval: flo
     import_modules(modules)
     registry: Registry = default_registry()
     with database(ctx.obj["dsn"]) as dsn:
+        check_migrated(dsn, pooled=ctx.obj["pooled"])
         pool = make_pool(dsn, name="cyclone-scan", pooled=ctx.obj["pooled"])
         stopping = threading.Event()
         engine = Engine(

@@ -1,15 +1,20 @@
 """The ``cyclone`` command line.
 
-Exit codes: 0 success, 1 an operation failed (a run failed, a timeout),
-2 bad usage or input (unknown run, malformed JSON, unknown workflow).
+Exit codes: 0 success, 1 an operation failed (a run failed, a timeout, the database
+cannot be reached or refused a statement, a migration failed), 2 bad usage or input
+(a bad option, an unknown run, malformed JSON, an unknown workflow, an unmigrated
+database). Every error is one line on standard error, ``cyclone: <what is wrong>``, with
+the fix where there is one, and never shows a password; ``-v`` adds the traceback of an
+error nobody planned for, and click's full usage text for bad usage.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -20,10 +25,30 @@ from cyclone_dsl.db import diagnose
 from cyclone_dsl.db.connect import ENV_LISTEN_URL, ENV_POOLED
 from cyclone_dsl.db.embedded import ENV_URL, embedded_database
 from cyclone_dsl.db.errors import DatabaseError
-from cyclone_dsl.errors import CycloneError, DatabaseUnavailable
+from cyclone_dsl.errors import (
+    CycloneError,
+    DatabaseUnavailable,
+    EmbeddedServerError,
+    MigrationError,
+    RunFailed,
+    SubmitContended,
+    WorkerCrashed,
+)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+
+#: Errors that mean the operation could not be carried out (exit 1). Every other
+#: CycloneError is bad usage or input (exit 2), including a database not migrated for
+#: this build.
+FAILED_ERRORS: tuple[type[CycloneError], ...] = (
+    DatabaseUnavailable,
+    EmbeddedServerError,
+    MigrationError,
+    RunFailed,
+    SubmitContended,
+    WorkerCrashed,
+)
 
 
 @contextmanager
@@ -41,14 +66,50 @@ def check_reachable(dsn: str) -> None:
     diagnose.check_reachable(dsn, name="cyclone-cli")
 
 
+def check_migrated(dsn: str, *, pooled: bool = False) -> None:
+    """Reachable and migrated for this build, else a typed error saying what to do."""
+    from cyclone_dsl.migrate import check_database
+
+    check_database(dsn, name="cyclone-cli", pooled=pooled)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line, its lines joined (a message's later lines are often its hint)."""
+    parts = [line.strip() for line in text.splitlines() if line.strip()]
+    joined = parts[0] if parts else ""
+    for part in parts[1:]:
+        joined += " " if joined.endswith(":") or part.startswith("(") else "; "
+        joined += part
+    return joined
+
+
+def error_line(message: str) -> str:
+    """The ``cyclone: ...`` line for ``message``: one line, passwords masked."""
+    return f"cyclone: {diagnose.mask_passwords(one_line(message), _dsn_given())}"
+
+
+def _dsn_given() -> str | None:
+    """The DSN of the command line or the environment, whose password no message shows."""
+    return _last["dsn"] or os.environ.get(ENV_URL)
+
+
+def first_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    click.echo(f"cyclone: {message}", err=True)
+    click.echo(error_line(message), err=True)
     sys.exit(code)
 
 
 def emit(data: Any, as_json: bool, text: str) -> None:
     """Print ``data`` as JSON (ISO 8601 timestamps) with --json, else ``text``."""
     click.echo(to_json(data) if as_json else text)
+
+
+#: What the group's options said, for the error report after click has returned.
+_last: dict[str, Any] = {"dsn": None, "verbose": False}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -71,6 +132,7 @@ def cli(
     ctx: click.Context, dsn: str | None, pooled: bool, listen_url: str | None, verbose: bool
 ) -> None:
     """Cyclone: durable workflows on PostgreSQL."""
+    _last.update(dsn=dsn, verbose=verbose)
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -214,6 +276,8 @@ def worker(
 
     configure_logging(json=log_format == "json", level=logging.getLogger().level)
     loaded = [_import(name) for name in modules]
+    if transactional_dsn:
+        check_reachable(transactional_dsn)  # its pool connects only when a step needs it
     with database(ctx.obj["dsn"]) as dsn:
         Worker(
             dsn,
@@ -249,15 +313,58 @@ def _import(name: str) -> object:
         fail(f"cannot import {name!r}: {exc}")
 
 
-def main() -> None:
+def main(args: Sequence[str] | None = None) -> NoReturn:
+    """The ``cyclone`` entry point: run the command, every error one line."""
+    sys.exit(run(args))
+
+
+def run(args: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit code (errors are reported on stderr)."""
     from cyclone_dsl.cli import commands  # noqa: F401 - registers the commands on cli
 
+    _last.update(dsn=None, verbose=False)
     try:
-        cli(standalone_mode=True)
-    except DatabaseUnavailable as exc:
-        fail(str(exc), EXIT_FAILED)
+        code = cli.main(args=args, prog_name="cyclone", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()
+        return EXIT_USAGE
+    except click.UsageError as exc:
+        if _last["verbose"]:
+            exc.show()  # click's usage text and its message
+            return EXIT_USAGE
+        where = exc.ctx.command_path if exc.ctx is not None else "cyclone"
+        return report(f"{usage_message(exc)} (see '{where} --help')", EXIT_USAGE)
+    except click.ClickException as exc:
+        return report(exc.format_message(), exc.exit_code)
+    except click.Abort:
+        return report("aborted", EXIT_FAILED)
     except CycloneError as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        code = EXIT_FAILED if isinstance(exc, FAILED_ERRORS) else EXIT_USAGE
+        return report(str(exc) or type(exc).__name__, code)
     except DatabaseError as exc:
-        first = str(exc).strip().splitlines()
-        fail(f"the database refused the call: {first[0] if first else exc}", EXIT_FAILED)
+        if _last["verbose"]:
+            raise
+        first = first_line(str(exc)) or type(exc).__name__
+        return report(
+            f"the database refused the call: {first} (-v prints the traceback)", EXIT_FAILED
+        )
+    except Exception as exc:  # the CLI's boundary: one line, -v for the traceback
+        if _last["verbose"]:
+            raise
+        return report(
+            f"unexpected error ({type(exc).__name__}: {one_line(str(exc))}): please report it, "
+            "with the traceback that -v prints",
+            EXIT_FAILED,
+        )
+    return code if isinstance(code, int) else 0
+
+
+def usage_message(exc: click.UsageError) -> str:
+    """click's message in the style of ours: lower case, no final full stop."""
+    text = one_line(exc.format_message()).removesuffix(".")
+    return text[:1].lower() + text[1:] if text[1:2].islower() else text
+
+
+def report(message: str, code: int) -> int:
+    click.echo(error_line(message), err=True)
+    return code

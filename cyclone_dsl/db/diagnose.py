@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -75,18 +76,69 @@ _SQLSTATES = {
 }
 
 
+#: A URL's scheme (``mysql://``); a key=value conninfo string has none.
+_SCHEME = re.compile(r"^\s*([A-Za-z][A-Za-z0-9+.\-]*)://")
+_SCHEMES = ("postgresql", "postgres")
+#: The password of a URL's user info (``scheme://user:PASSWORD@host``).
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)([^@\n]*)(@)")
+#: The password of a key=value conninfo string, quoted or not.
+_KEY_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+MASK = "****"
+
+
+def _passwords(dsn: str) -> set[str]:
+    """The password(s) written in ``dsn``, raw and percent-decoded, found without libpq (which
+    may be what failed)."""
+    found: set[str] = set()
+    for match in _URL_PASSWORD.finditer(dsn):
+        found.add(match.group(2))
+    for match in _KEY_PASSWORD.finditer(dsn):
+        value = match.group(2)
+        found.add(value)
+        if value.startswith("'") and value.endswith("'") and len(value) >= 2:
+            found.add(value[1:-1])
+    found |= {unquote(value) for value in found}
+    return {value for value in found if value}
+
+
+def mask_passwords(text: str, dsn: str | None = None, *, password: str | None = None) -> str:
+    """``text`` with every password hidden: those of URLs and ``password=`` settings it
+    contains, and, given ``dsn`` (or the ``password`` itself), that password wherever it
+    appears (libpq quotes pieces of a DSN it cannot parse)."""
+    text = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{MASK}{m.group(3)}", text)
+    text = _KEY_PASSWORD.sub(lambda m: f"{m.group(1)}{MASK}", text)
+    known = _passwords(dsn) if dsn else set()
+    if password:
+        known.add(password)
+    for secret in sorted(known, key=len, reverse=True):
+        # Whole words only: a password "b" must not turn "database" into "data****ase".
+        text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", MASK, text)
+    return text
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[0] if lines else "no detail"
+
+
 def parse_dsn(dsn: str) -> dict[str, Any]:
-    """The DSN's parameters; :class:`InvalidArgument` for one that libpq cannot parse."""
+    """The DSN's parameters; :class:`InvalidArgument` for one that libpq cannot parse.
+
+    The message is one line and never shows the DSN's password.
+    """
     if not isinstance(dsn, str) or not dsn.strip():
         raise InvalidArgument("the DSN is empty: pass a PostgreSQL URL or conninfo string")
+    scheme = _SCHEME.match(dsn)
+    if scheme is not None and scheme.group(1) not in _SCHEMES:
+        raise InvalidArgument(
+            f"the DSN cannot be parsed: its URL scheme is {scheme.group(1)!r}: a PostgreSQL "
+            "URL starts with postgresql:// or postgres://"
+        )
     try:
         return conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        hint = ""
-        scheme = dsn.split("://", 1)[0] if "://" in dsn else None
-        if scheme is not None and scheme not in ("postgresql", "postgres"):
-            hint = f" (the URL scheme is {scheme!r}: it must be 'postgresql' or 'postgres')"
-        raise InvalidArgument(f"the DSN cannot be parsed: {exc}{hint}") from None
+        detail = mask_passwords(_one_line(str(exc)), dsn)
+        raise InvalidArgument(f"the DSN cannot be parsed: {detail}") from None
 
 
 def describe_server(params: dict[str, Any]) -> str:
@@ -110,7 +162,7 @@ def unavailable(exc: psycopg.Error, params: dict[str, Any]) -> DatabaseUnavailab
             if pattern.search(text):
                 cause, advice = found_cause, found_advice
                 break
-    detail = _libpq_detail(text)
+    detail = mask_passwords(_libpq_detail(text), password=params.get("password"))
     return DatabaseUnavailable(f"cannot connect to {where}: {detail}: {advice}", cause)
 
 
@@ -139,7 +191,8 @@ def connect_checked(
     except psycopg.OperationalError as exc:
         raise unavailable(exc, params) from exc
     except psycopg.ProgrammingError as exc:  # a parameter libpq rejects at connect time
-        raise InvalidArgument(f"the DSN cannot be used: {exc}") from None
+        detail = mask_passwords(_one_line(str(exc)), dsn)
+        raise InvalidArgument(f"the DSN cannot be used: {detail}") from None
 
 
 def check_reachable(dsn: str, *, name: str = "cyclone-check") -> None:

@@ -15,20 +15,29 @@ first.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, LiteralString, NamedTuple
 
 import attrs
 import psycopg
 from psycopg.rows import dict_row
 
-from cyclone_dsl.errors import MigrationError, MigrationLockTimeout, SchemaVersionMismatch
+from cyclone_dsl.db.diagnose import connect_checked
+from cyclone_dsl.errors import (
+    MigrationError,
+    MigrationLockTimeout,
+    MigrationPermissionDenied,
+    SchemaVersionMismatch,
+)
 from cyclone_dsl.migrate.files import Migration, load_extension_migrations, load_migrations
 from cyclone_dsl.sql import Q
 
 log = logging.getLogger("cyclone.migrate")
 
 LOCK_NAMESPACE = 0x0C7C10E  # Cyclone's advisory-lock namespace
+
+PERMISSION_ADVICE = "run the migrations as a role that owns the schema or has CREATE on it"
 
 
 class SchemaVersions(NamedTuple):
@@ -125,11 +134,11 @@ def apply_migrations(
         raise MigrationError("migrate() needs a connection in autocommit mode")
     core = _Track("", core_files, Q.update_version)
     ext = _Track("extension ", ext_files, Q.update_ext_version)
-    _lock(conn, lock_timeout_s)
+    with _typed("cannot take the migration lock"):
+        _lock(conn, lock_timeout_s)
     try:
-        conn.execute(Q.create_version_table)
-        current = _current(conn, Q.read_version, Q.insert_version)
-        ext_current = _current(conn, Q.read_ext_version, Q.insert_ext_version)
+        with _typed("cannot read or create the version tables"):
+            current, ext_current = _prepare_version_tables(conn)
         if current > latest:
             raise SchemaVersionMismatch(
                 f"the database is at schema version {current}, newer than this build's "
@@ -179,6 +188,35 @@ def run_migrations(
     return outcome.before, outcome.version
 
 
+def _prepare_version_tables(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """Both applied versions, after creating what is missing of the version tables.
+
+    Tables that exist are not created again, so an up-to-date schema needs no CREATE
+    privilege: a role that may only read and write rows can call migrate() on start.
+    """
+    present = _one(conn, Q.version_tables_exist)
+    if not (present and present["core"] and present["extension"]):
+        conn.execute(Q.create_version_table)
+    current = _current(conn, Q.read_version, Q.insert_version)
+    return current, _current(conn, Q.read_ext_version, Q.insert_ext_version)
+
+
+@contextmanager
+def _typed(what: str) -> Iterator[None]:
+    """The database's errors as typed ones, on one line, saying ``what`` failed."""
+    try:
+        yield
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise MigrationPermissionDenied(f"{what}: {_first_line(exc)}: {PERMISSION_ADVICE}") from exc
+    except psycopg.Error as exc:
+        raise MigrationError(f"{what}: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def _current(conn: psycopg.Connection[Any], read: LiteralString, insert: LiteralString) -> int:
     version = _version(conn, read)
     if version is None:
@@ -206,17 +244,15 @@ def _apply(
     # The core's lines start with "migration " (tests count them); the extension's with
     # "extension migration ".
     log.info("%smigration %03d_%s %s", track.label, migration.version, migration.name, direction)
-    try:
-        with conn.transaction():
-            if sql:
-                # Migration files are trusted text shipped with the package, not user input.
-                conn.execute(sql.encode("utf-8"))
-            conn.execute(track.update, {"version": new_version})
-    except psycopg.Error as exc:
-        raise MigrationError(
-            f"{track.label}migration {migration.version:03d}_{migration.name} ({direction}) "
-            f"failed and was rolled back: {exc}"
-        ) from exc
+    what = (
+        f"{track.label}migration {migration.version:03d}_{migration.name} ({direction}) "
+        "failed and was rolled back"
+    )
+    with _typed(what), conn.transaction():
+        if sql:
+            # Migration files are trusted text shipped with the package, not user input.
+            conn.execute(sql.encode("utf-8"))
+        conn.execute(track.update, {"version": new_version})
 
 
 def _lock(conn: psycopg.Connection[Any], timeout_s: float) -> None:
@@ -243,4 +279,6 @@ def _unlock(conn: psycopg.Connection[Any]) -> None:
 
 
 def connect_for_migration(conninfo: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(conninfo, autocommit=True, application_name="cyclone-migrate")
+    """One autocommit connection, or a typed error (DatabaseUnavailable, InvalidArgument)
+    that names the cause without the DSN's password."""
+    return connect_checked(conninfo, name="cyclone-migrate")

@@ -4,38 +4,16 @@ timestamps), schedules subcommands, a safe purge, readable runs, and flow contro
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
 from cyclone_dsl import Client, RunState, Worker
 from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
 from tests.cli import flows
+from tests.cli.runner import Cli, runner
 from tests.waiting import wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
-Cli = Callable[..., subprocess.CompletedProcess[str]]
-
-
-def runner(dsn: str) -> Cli:
-    def run(*args: str, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "cyclone_dsl.cli", "--dsn", dsn, *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            input=input_text,
-            timeout=60,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            check=False,
-        )
-
-    return run
 
 
 @pytest.fixture

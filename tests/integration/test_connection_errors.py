@@ -16,7 +16,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from cyclone_dsl import Client, DatabaseUnavailable, InvalidArgument, Worker, step
+from cyclone_dsl import Client, DatabaseUnavailable, InvalidArgument, Worker, migrate, step
+from cyclone_dsl.db.diagnose import mask_passwords
 
 
 @step(name="ce_noop")
@@ -128,3 +129,36 @@ def test_a_lost_connection_is_typed_and_the_next_call_reconnects(
         assert caught.value.cause == "connection_lost"
         assert isinstance(caught.value.__cause__, psycopg.OperationalError)
         assert client.run_counts() == {}  # the next call has a new connection
+
+
+@pytest.mark.parametrize(
+    ("dsn", "message"),
+    [
+        (
+            "mysql://app:s3cret@localhost/app",
+            "the DSN cannot be parsed: its URL scheme is 'mysql': a PostgreSQL URL starts "
+            "with postgresql:// or postgres://",
+        ),
+        (
+            "postgresql://app:hunter 2@localhost/app",
+            'the DSN cannot be parsed: unexpected spaces found in "****", use '
+            "percent-encoded spaces (%20) instead",
+        ),
+    ],
+)
+def test_a_dsn_error_is_one_line_without_the_password(dsn: str, message: str) -> None:
+    for opening in (Client, migrate):
+        with pytest.raises(InvalidArgument) as caught:
+            opening(dsn)
+        assert str(caught.value) == message
+
+
+def test_mask_passwords_hides_urls_settings_and_a_known_password() -> None:
+    text = "a postgresql://u:pw1@h/db, b password=pw2 host=h, c 'pw 3' and p%40ss"
+    assert mask_passwords(text) == (
+        "a postgresql://u:****@h/db, b password=**** host=h, c 'pw 3' and p%40ss"
+    )
+    assert mask_passwords(text, "postgresql://u:pw 3@h/db").endswith("c '****' and p%40ss")
+    assert mask_passwords("x p@ss y", "postgresql://u:p%40ss@h/db") == "x **** y"
+    assert mask_passwords("x secret", password="secret") == "x ****"
+    assert mask_passwords("database 'b'", password="b") == "database '****'"
