@@ -24,6 +24,7 @@ import attrs
 
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine import control, waits
+from cyclone_dsl.engine.notify import Coalesced
 from cyclone_dsl.engine.transitions import Hooks
 from cyclone_dsl.errors import AlreadyTerminal, InvalidArgument, InvalidTransition, RunNotFound
 from cyclone_dsl.sql import Q
@@ -272,16 +273,19 @@ def page(
         )
     ]
     transition = _TRANSITIONS[action]
+    held = Coalesced(tx)  # one NOTIFY per channel for the page, not one per run
     acted: list[int] = []
     skipped: list[tuple[int, str]] = []
     for run_id in ids:
+        # No savepoint per run: a transition refuses before it writes anything (an engine
+        # rule), so a refused run leaves nothing behind and the page goes on.
         try:
-            with tx.savepoint():  # a refused run leaves nothing written, the page goes on
-                transition(tx, run_id, hooks)
+            transition(held, run_id, hooks)
         except _REFUSALS as exc:
             skipped.append((run_id, str(exc)))
         else:
             acted.append(run_id)
+    held.flush()
     return BulkPage(
         acted=tuple(acted),
         skipped=tuple(skipped),

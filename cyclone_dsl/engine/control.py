@@ -238,10 +238,14 @@ def _plan(tx: Tx, run: Row, anchors: set[str] | None) -> _Plan:
             )
     ordered = tuple(n for n in steps if n in reset)
     child_nodes = [n for n in ordered if steps[n]["kind"] == KIND_CHILD]
-    child_runs = {
-        r["parent_node_id"]: r
-        for r in tx.rows(Q.retry_child_runs, run_id=run_id, nodes=child_nodes)
-    }
+    child_runs = (
+        {
+            r["parent_node_id"]: r
+            for r in tx.rows(Q.retry_child_runs, run_id=run_id, nodes=child_nodes)
+        }
+        if child_nodes
+        else {}
+    )
     child_plans = tuple(
         (n, _plan(tx, child_runs[n], None))
         for n in child_nodes
