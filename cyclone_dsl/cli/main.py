@@ -179,7 +179,7 @@ def _import(name: str) -> object:
 
 
 def main() -> None:
-    from cyclone_dsl.cli import commands  # noqa: F401 - registers the commands on cli
+    from cyclone_dsl.cli import bulk, commands  # noqa: F401 - registers the commands on cli
 
     try:
         cli(standalone_mode=True)

@@ -1,4 +1,4 @@
-"""``retry_many`` over 10,000 failed runs (1,500 unless ``CYCLONE_FULL=1``) while four
+"""``retry_many`` over 10,000 failed runs (1,000 unless ``CYCLONE_FULL=1``) while four
 worker processes run.
 
 Each run's one step fails for good (one attempt) until a flag file exists. Once all
@@ -25,7 +25,7 @@ from tests.faults.conftest import FULL, read_log, wait_for
 Spawn = Callable[..., subprocess.Popen[str]]
 #: The issue's size at ``CYCLONE_FULL=1``; CI runs it bounded (each retried run costs about
 #: a dozen statements, the workers' failures and completions come on top).
-RUNS = 10_000 if FULL else 1_500
+RUNS = 10_000 if FULL else 1_000
 BATCH = 500
 
 
