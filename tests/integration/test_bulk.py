@@ -298,10 +298,13 @@ def test_retry_many_by_end_time(client: Client, start_worker: Callable[..., Work
     )
     FAILING.clear()
     late_at = client.get_run(late[0]).finished_at
+    assert client.retry_many(RunFilter(ended_until=late_at), dry_run=True).matched == 1
+    check_dry_run_then_act(client.retry_many, RunFilter(ended_since=late_at), late)
+    ended(client, late)
+    assert states(client, early + late) == [RunState.FAILED, RunState.COMPLETED]
     check_dry_run_then_act(client.retry_many, RunFilter(ended_until=late_at), early)
     ended(client, early)
-    assert states(client, early + late) == [RunState.COMPLETED, RunState.FAILED]
-    check_dry_run_then_act(client.retry_many, RunFilter(ended_since=late_at), late)
+    assert states(client, early) == [RunState.COMPLETED]
 
 
 def test_retry_many_leaves_cancelled_runs_unless_asked(
