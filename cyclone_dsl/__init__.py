@@ -2,6 +2,7 @@
 
 from cyclone_dsl._version import __version__
 from cyclone_dsl.client.aio import AsyncClient, AsyncRunHandle
+from cyclone_dsl.client.bulk import BulkResult
 from cyclone_dsl.client.handle import RunHandle
 from cyclone_dsl.client.model import Attempt, Run, Step
 from cyclone_dsl.client.sync import Client
@@ -14,6 +15,7 @@ from cyclone_dsl.dsl.schedule import schedule
 from cyclone_dsl.dsl.step import StepDef, action, step
 from cyclone_dsl.dsl.waits import wait_any, wait_n, wait_signal, wait_timer
 from cyclone_dsl.dsl.workflow import WorkflowDef, workflow
+from cyclone_dsl.engine.bulk import RunFilter
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.errors import (
     AlreadyTerminal,
@@ -59,6 +61,7 @@ __all__ = [
     "AsyncClient",
     "AsyncRunHandle",
     "Attempt",
+    "BulkResult",
     "Client",
     "ClientClosed",
     "Concurrency",
@@ -83,6 +86,7 @@ __all__ = [
     "Registry",
     "Run",
     "RunFailed",
+    "RunFilter",
     "RunHandle",
     "RunNotFound",
     "RunState",

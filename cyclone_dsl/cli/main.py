@@ -320,7 +320,7 @@ def main(args: Sequence[str] | None = None) -> NoReturn:
 
 def run(args: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code (errors are reported on stderr)."""
-    from cyclone_dsl.cli import commands  # noqa: F401 - registers the commands on cli
+    from cyclone_dsl.cli import bulk, commands  # noqa: F401 - registers the commands on cli
 
     _last.update(dsn=None, verbose=False)
     try:

@@ -17,7 +17,8 @@ from typing import Any
 
 import attrs
 
-from cyclone_dsl.client import base
+from cyclone_dsl.client import base, bulk
+from cyclone_dsl.client.bulk import BulkResult, Progress
 from cyclone_dsl.client.handle import run_end_plan
 from cyclone_dsl.client.model import Run
 from cyclone_dsl.client.schedules import Schedule
@@ -28,7 +29,7 @@ from cyclone_dsl.db.follow import follow_async
 from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.flow import Debounce
 from cyclone_dsl.dsl.registry import Registry
-from cyclone_dsl.engine import Delivery
+from cyclone_dsl.engine import DEFAULT_BATCH_SIZE, BulkAction, Delivery, RunFilter
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.states import RunState
 
@@ -401,6 +402,62 @@ class AsyncClient:
         """See :meth:`Client.resume`."""
         run_id = base.checked_run_id(run_id)
         await asyncio.to_thread(self._client.resume, run_id)
+
+    # -- operations in bulk ------------------------------------------------------------
+
+    async def cancel_many(
+        self,
+        where: RunFilter,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> BulkResult:
+        """See :meth:`Client.cancel_many`; ``progress`` is called on the event loop."""
+        return await self._bulk(BulkAction.CANCEL, where, dry_run, progress, batch_size)
+
+    async def retry_many(
+        self,
+        where: RunFilter,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> BulkResult:
+        """See :meth:`Client.retry_many`; ``progress`` is called on the event loop."""
+        return await self._bulk(BulkAction.RETRY, where, dry_run, progress, batch_size)
+
+    async def resume_many(
+        self,
+        where: RunFilter,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> BulkResult:
+        """See :meth:`Client.resume_many`; ``progress`` is called on the event loop."""
+        return await self._bulk(BulkAction.RESUME, where, dry_run, progress, batch_size)
+
+    async def _bulk(
+        self,
+        action: BulkAction,
+        where: RunFilter,
+        dry_run: bool,
+        progress: Progress | None,
+        batch_size: int,
+    ) -> BulkResult:
+        where = bulk.check(where, batch_size, progress)
+        if dry_run:
+            return await asyncio.to_thread(self._client._bulk_dry_run, action, where)
+        pages = self._client._bulk_pages(action, where, batch_size)
+        result: BulkResult | None = None
+        # One batch per thread hop; the progress callback runs here, on the loop.
+        while (found := await asyncio.to_thread(next, pages, None)) is not None:
+            result = found
+            if progress is not None:
+                progress(result)
+        assert result is not None  # the pages yield at least once
+        return result
 
     # -- schedules, retention, stats -------------------------------------------------
 

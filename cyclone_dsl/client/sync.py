@@ -8,11 +8,13 @@ a short pooled transaction, or in the caller's own transaction for the
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, LiteralString
 
-from cyclone_dsl.client import base
+from cyclone_dsl.client import base, bulk
+from cyclone_dsl.client.bulk import BulkResult, Progress
 from cyclone_dsl.client.handle import RunHandle, WaitRoute, outcome_from_row, wait_for_end
 from cyclone_dsl.client.model import Attempt, Run, Step
 from cyclone_dsl.client.schedules import Schedule, schedule_from_row, spec_for
@@ -25,7 +27,14 @@ from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.flow import Debounce, key_of
 from cyclone_dsl.dsl.registry import Registry, default_registry
-from cyclone_dsl.engine import Delivery, Engine, Submitted
+from cyclone_dsl.engine import (
+    DEFAULT_BATCH_SIZE,
+    BulkAction,
+    Delivery,
+    Engine,
+    RunFilter,
+    Submitted,
+)
 from cyclone_dsl.errors import InvalidArgument, InvalidTransition, RunNotFound
 from cyclone_dsl.graph.rows import CompiledRun
 from cyclone_dsl.migrate import check_database
@@ -627,6 +636,88 @@ class Client:
         """Resume a paused run; its deadline and timed waits move by the pause length."""
         run_id = base.checked_run_id(run_id)
         self._db.transaction(lambda tx: self._engine.resume(tx, run_id))
+
+    # -- operations in bulk ------------------------------------------------------------
+
+    def cancel_many(
+        self,
+        where: RunFilter,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> BulkResult:
+        """Cancel every running or paused run ``where`` selects, as :meth:`cancel` would
+        (child runs included), ``batch_size`` runs per transaction.
+
+        With ``dry_run=True``, only count them (``BulkResult.matched``). ``progress``
+        is called with the counts so far after each committed batch. Only runs that
+        existed when the call started are considered; a run that ended meanwhile is
+        skipped. Running it again acts on nothing (unless new runs match). See
+        docs/concepts/runs-and-steps.md, "Operations in bulk".
+        """
+        return self._bulk(BulkAction.CANCEL, where, dry_run, progress, batch_size)
+
+    def retry_many(
+        self,
+        where: RunFilter,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> BulkResult:
+        """Retry every failed run ``where`` selects, as a whole: each node that failed it
+        runs again with a fresh attempt budget, with its cancelled steps, as
+        :meth:`retry` of that node would (``states=["cancelled"]`` in the filter retries
+        cancelled runs too, from their cancelled steps).
+
+        A run the retry refuses (past its deadline, a child run its parent no longer
+        waits for: retry the parent) is skipped with the reason in
+        ``BulkResult.skipped_runs``. ``dry_run``, ``progress`` and ``batch_size`` as
+        in :meth:`cancel_many`; a run retried here that fails again is not retried
+        again by the same call.
+        """
+        return self._bulk(BulkAction.RETRY, where, dry_run, progress, batch_size)
+
+    def resume_many(
+        self,
+        where: RunFilter,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> BulkResult:
+        """Resume every paused run ``where`` selects, as :meth:`resume` would. ``dry_run``,
+        ``progress`` and ``batch_size`` as in :meth:`cancel_many`."""
+        return self._bulk(BulkAction.RESUME, where, dry_run, progress, batch_size)
+
+    def _bulk(
+        self,
+        action: BulkAction,
+        where: RunFilter,
+        dry_run: bool,
+        progress: Progress | None,
+        batch_size: int,
+    ) -> BulkResult:
+        where = bulk.check(where, batch_size, progress)
+        if dry_run:
+            return self._bulk_dry_run(action, where)
+        result = None
+        for result in self._bulk_pages(action, where, batch_size):
+            if progress is not None:
+                progress(result)
+        assert result is not None  # the pages yield at least once
+        return result
+
+    def _bulk_dry_run(self, action: BulkAction, where: RunFilter) -> BulkResult:
+        action.states_under(where)  # a state the action does not apply to: refused at once
+        return bulk.dry_run(self._db.transaction, self._engine, action, where)
+
+    def _bulk_pages(
+        self, action: BulkAction, where: RunFilter, batch_size: int
+    ) -> Iterator[BulkResult]:
+        action.states_under(where)  # a state the action does not apply to: refused at once
+        return bulk.run_pages(self._db.transaction, self._engine, action, where, batch_size)
 
     # -- schedules, retention, stats -------------------------------------------------
 

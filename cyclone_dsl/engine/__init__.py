@@ -10,6 +10,13 @@ nothing.
 """
 
 from cyclone_dsl.engine.backoff import backoff_seconds
+from cyclone_dsl.engine.bulk import (
+    DEFAULT_BATCH_SIZE,
+    MAX_BATCH_SIZE,
+    BulkAction,
+    BulkPage,
+    RunFilter,
+)
 from cyclone_dsl.engine.children import CHILD_WAKE
 from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.engine.complete import Failure, Success
@@ -30,11 +37,15 @@ from cyclone_dsl.engine.workers import LIVE_FOR
 __all__ = [
     "CANCEL_CHANNEL",
     "CHILD_WAKE",
+    "DEFAULT_BATCH_SIZE",
     "DEFAULT_RETENTION",
     "LIVE_FOR",
+    "MAX_BATCH_SIZE",
     "RUN_DONE_CHANNEL",
     "WORK_CHANNEL",
     "AfterCommit",
+    "BulkAction",
+    "BulkPage",
     "CatchUp",
     "Claimed",
     "Compiler",
@@ -42,6 +53,7 @@ __all__ = [
     "Engine",
     "Failure",
     "Page",
+    "RunFilter",
     "Submitted",
     "Success",
     "backoff_seconds",

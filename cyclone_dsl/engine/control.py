@@ -96,17 +96,49 @@ def retry(tx: Tx, run_id: int, node: str, hooks: Hooks) -> None:
     anchor = _anchor(tx, run_id, node)
     if RunState(run["state"]) == RunState.PAUSED:
         raise InvalidTransition(f"run {run_id} is paused: resume it first, then retry {node!r}")
-    if run["parent_run_id"] is not None:
-        parent = tx.one(Q.node_state, run_id=run["parent_run_id"], node=run["parent_node_id"])
-        if parent is None or parent["state"] != StepState.WAITING_CHILD:
-            state = parent["state"] if parent is not None else "gone"
-            raise InvalidTransition(
-                f"run {run_id} is a child run of run {run['parent_run_id']}, whose node "
-                f"{run['parent_node_id']!r} is {state} and does not wait for it: retry "
-                f"run {run['parent_run_id']}'s node {run['parent_node_id']!r} instead, "
-                "which retries this run"
-            )
-    plan = _plan(tx, run, {anchor})
+    _check_parent_waits(tx, run)
+    _apply_refusing_taken_keys(tx, _plan(tx, run, {anchor}), repr(node), hooks)
+
+
+def retry_run(tx: Tx, run_id: int, hooks: Hooks) -> None:
+    """Retry a failed or cancelled run as a whole: what :func:`retry` does for every node
+    that failed the run at once (a cancelled run: for its cancelled steps).
+
+    Refused with :class:`InvalidTransition` (nothing written) when the run is not
+    failed or cancelled, and for the reasons :func:`retry` gives.
+    """
+    _lock_tree_rows(tx, run_id)
+    run = tx.one(Q.retry_run, run_id=run_id)
+    if run is None:
+        raise RunNotFound(run_id)
+    if RunState(run["state"]) not in (RunState.FAILED, RunState.CANCELLED):
+        raise InvalidTransition(
+            f"run {run_id} is {run['state']}: only a failed or cancelled run is retried whole"
+        )
+    _check_parent_waits(tx, run)
+    plan = _plan(tx, run, None)
+    if not plan.reset:
+        raise InvalidTransition(f"run {run_id} has no discarded or cancelled node to retry")
+    _apply_refusing_taken_keys(tx, plan, "it", hooks)
+
+
+def _check_parent_waits(tx: Tx, run: Row) -> None:
+    """A child run is retried only while its parent node waits for it."""
+    if run["parent_run_id"] is None:
+        return
+    parent = tx.one(Q.node_state, run_id=run["parent_run_id"], node=run["parent_node_id"])
+    if parent is None or parent["state"] != StepState.WAITING_CHILD:
+        state = parent["state"] if parent is not None else "gone"
+        raise InvalidTransition(
+            f"run {run['id']} is a child run of run {run['parent_run_id']}, whose node "
+            f"{run['parent_node_id']!r} is {state} and does not wait for it: retry "
+            f"run {run['parent_run_id']}'s node {run['parent_node_id']!r} instead, "
+            "which retries this run"
+        )
+
+
+def _apply_refusing_taken_keys(tx: Tx, plan: _Plan, what: str, hooks: Hooks) -> None:
+    """Write ``plan``, or nothing when a unique key it needs is held by another active step."""
     try:
         with tx.savepoint():  # a savepoint: a refused reset leaves nothing written
             _apply(tx, plan, hooks)
@@ -115,7 +147,7 @@ def retry(tx: Tx, run_id: int, node: str, hooks: Hooks) -> None:
             raise
         held = ", ".join(f"kind {kind!r} with unique key {key!r}" for kind, key in plan.unique)
         raise InvalidTransition(
-            f"run {run_id}: cannot retry {node!r}: another active step holds its {held}; "
+            f"run {plan.run_id}: cannot retry {what}: another active step holds its {held}; "
             "retry once that step has finished"
         ) from None
 
@@ -217,10 +249,14 @@ def _plan(tx: Tx, run: Row, anchors: set[str] | None) -> _Plan:
             )
     ordered = tuple(n for n in steps if n in reset)
     child_nodes = [n for n in ordered if steps[n]["kind"] == KIND_CHILD]
-    child_runs = {
-        r["parent_node_id"]: r
-        for r in tx.rows(Q.retry_child_runs, run_id=run_id, nodes=child_nodes)
-    }
+    child_runs = (
+        {
+            r["parent_node_id"]: r
+            for r in tx.rows(Q.retry_child_runs, run_id=run_id, nodes=child_nodes)
+        }
+        if child_nodes
+        else {}
+    )
     child_plans = tuple(
         (n, _plan(tx, child_runs[n], None))
         for n in child_nodes

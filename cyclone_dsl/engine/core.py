@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import (
+    bulk,
     children,
     claim,
     complete,
@@ -35,6 +36,7 @@ from cyclone_dsl.engine import (
     waits,
     workers,
 )
+from cyclone_dsl.engine.bulk import BulkAction, BulkPage, RunFilter
 from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.engine.complete import Failure, Success
 from cyclone_dsl.engine.hooks import build_hooks
@@ -186,6 +188,38 @@ class Engine:
             replay.replay(tx, run_id, node, self._hooks)
         else:
             control.retry(tx, run_id, node, self._hooks)
+
+    def retry_run(self, tx: Tx, run_id: int) -> None:
+        """Retry a failed or cancelled run as a whole: every node that failed it (a
+        cancelled run: its cancelled steps), as :meth:`retry` of those nodes would."""
+        control.retry_run(tx, run_id, self._hooks)
+
+    # -- operations in bulk (see cyclone_dsl.engine.bulk) -----------------------------
+
+    def bulk_bound(self, tx: Tx) -> int:
+        """The newest run id now: a bulk operation started now acts on runs up to it."""
+        return bulk.bound(tx)
+
+    def count_bulk(self, tx: Tx, action: BulkAction, where: RunFilter, *, up_to: int) -> int:
+        """How many runs :meth:`bulk_page` would select now (a dry run: no lock, no write)."""
+        return bulk.count(tx, action, where, up_to=up_to)
+
+    def bulk_page(
+        self,
+        tx: Tx,
+        action: BulkAction,
+        where: RunFilter,
+        *,
+        after_id: int,
+        up_to: int,
+        limit: int,
+    ) -> BulkPage:
+        """Lock the next ``limit`` runs ``where`` selects after ``after_id`` (ids up to
+        ``up_to``), and cancel, retry (the run as a whole) or resume each through its
+        single-run transition; a run that transition refuses is skipped with the reason."""
+        return bulk.page(
+            tx, action, where, after_id=after_id, up_to=up_to, limit=limit, hooks=self._hooks
+        )
 
     def pause(self, tx: Tx, run_id: int) -> None:
         waits.pause(tx, run_id)

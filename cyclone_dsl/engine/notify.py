@@ -56,6 +56,36 @@ class AfterCommit:
             tx.rows(query, **params)
 
 
+class Coalesced(AfterCommit):
+    """A transaction whose notifications are held, then sent merged by :meth:`flush`, in
+    the same transaction: one statement per channel for a batch of transitions (a bulk
+    operation's page) instead of one or two per run. Listeners see the same thing: the
+    same queues woken, the same run ids, delivered at the commit."""
+
+    def flush(self) -> None:
+        held, self._held = self._held, []
+        queues: set[str] = set()
+        finished: set[int] = set()
+        cancelled: set[int] = set()
+        for query, params in held:
+            if query == Q.notify_queues:
+                queues.update(_texts(params["queues"]))
+            elif query == Q.notify_runs_finished:
+                finished.update(*(run_ids_of(p) for p in _texts(params["payloads"])))
+            elif query == Q.notify_steps_cancelled:
+                cancelled.update(*(run_ids_of(p) for p in _texts(params["payloads"])))
+            else:
+                self._tx.rows(query, **params)
+        wake_queues(self._tx, queues)
+        runs_finished(self._tx, finished)
+        steps_cancelled(self._tx, cancelled)
+
+
+def _texts(value: object) -> list[str]:
+    assert isinstance(value, list)
+    return [str(v) for v in value]
+
+
 def _notify(tx: Tx, query: LiteralString, **params: object) -> None:
     if isinstance(tx, AfterCommit):
         tx.hold(query, params)

@@ -13,6 +13,10 @@ from cyclone_dsl.sql._loader import load_queries
 
 
 class _Queries:
+    # bulk.sql
+    bulk_bound: LiteralString
+    bulk_count: LiteralString
+    bulk_lock_page: LiteralString
     # children.sql
     finish_child_nodes: LiteralString
     open_descendants: LiteralString

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from cyclone_dsl import (
     Concurrency,
+    Permanent,
     RateLimit,
     StepContext,
     child,
@@ -128,3 +129,18 @@ def ledger(n: int, *, ctx: StepContext) -> int:
     time.sleep(float(os.environ.get("CYCLONE_FAULT_SLEEP", "0")))
     record(ctx, "end")
     return n
+
+
+@step(name="fault_until_flag", max_attempts=1)
+def until_flag(x: object, *, ctx: StepContext) -> object:
+    """Fails (for good: one attempt) until the file ``$CYCLONE_FAULT_FLAG`` exists."""
+    if not os.path.exists(os.environ["CYCLONE_FAULT_FLAG"]):
+        record(ctx, "fail")
+        raise Permanent("the flag is not set yet")
+    record(ctx, "ok")
+    return x
+
+
+@workflow(name="fault_flagged")
+def flagged(x):  # type: ignore[no-untyped-def]
+    return until_flag(x)
