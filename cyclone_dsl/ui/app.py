@@ -35,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.errors import CycloneError, InvalidArgument, RunNotFound
 from cyclone_dsl.states import ErrorKind, RunState
-from cyclone_dsl.ui import fleet, humane, timeline
+from cyclone_dsl.ui import bulk, fleet, humane, timeline
 from cyclone_dsl.ui.chart import queue_chart
 from cyclone_dsl.ui.graph import draw
 
@@ -138,6 +138,7 @@ def create_app(
             next_query=urlencode({**query, "before_id": next_before}) if next_before else None,
             states=[s.value for s in RunState],
             error_kinds=ERROR_KINDS,
+            bulk_fields=bulk.hidden_fields(request.query_params),
         )
 
     def run_context(request: Request) -> dict[str, Any]:
@@ -320,6 +321,7 @@ def create_app(
             Route("/metrics", prometheus),
             Route("/api/runs/{run_id}/attempts", api_attempts),
             *fleet.routes(client, page, live_for),
+            *bulk.routes(client, page, guarded, back),
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
         ],
         exception_handlers={
