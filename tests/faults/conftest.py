@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,21 @@ def read_log(path: Path) -> list[tuple[int, int, str, str]]:
         pid, run_id, node, event = line.split()
         rows.append((int(pid), int(run_id), node, event))
     return rows
+
+
+def working(fault_log: Path, workers: list[Any], timeout: float = 30.0) -> list[Any]:
+    """The workers (processes) that have started a handler, once there is one: a kill then
+    finds its victim holding work (on a loaded machine a fresh worker process takes
+    seconds to claim, and a late one may find nothing left)."""
+    found: list[Any] = []
+
+    def some() -> bool:
+        started = {row[0] for row in read_log(fault_log) if row[3] == "start"}
+        found[:] = [w for w in workers if w.pid in started]
+        return bool(found)
+
+    wait_for(some, timeout=timeout)
+    return found
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:

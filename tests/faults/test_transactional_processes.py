@@ -17,7 +17,7 @@ import pytest
 from cyclone_dsl import Client
 from cyclone_dsl.states import RunState
 from tests.faults import handlers
-from tests.faults.conftest import read_log, wait_for
+from tests.faults.conftest import read_log, wait_for, working
 
 Spawn = Callable[..., subprocess.Popen[str]]
 
@@ -49,7 +49,8 @@ def test_one_row_per_step_through_sigkills(
     workers = [spawn_worker(CYCLONE_FAULT_SLEEP="0.05") for _ in range(4)]
     for _ in range(6):  # a worker dies inside open transactions; a new one takes its place
         time.sleep(rng.uniform(0.3, 0.8))
-        victim = workers.pop(rng.randrange(len(workers)))
+        victim = rng.choice(working(fault_log, workers))
+        workers.remove(victim)
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
         workers.append(spawn_worker(CYCLONE_FAULT_SLEEP="0.05"))
