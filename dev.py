@@ -56,6 +56,14 @@ def regenerate_query_names() -> None:
     target.write_text(text[:start] + "\n".join(body) + "\n" + text[end:])
 
 
+def parallel(args: list[str]) -> list[str]:
+    """pytest-xdist options for the whole suite: one process per core, up to 4 (each runs
+    its own embedded PostgreSQL); none when the caller chose (-n, -p no:xdist)."""
+    cores = min(os.cpu_count() or 1, 4)
+    chose = any(a == "-n" or a.startswith("-n") or "xdist" in a for a in args)
+    return [] if chose or cores < 2 else ["-n", str(cores)]
+
+
 def run(argv: list[str]) -> int:
     return subprocess.run(argv, cwd=ROOT, check=False).returncode
 
@@ -76,7 +84,7 @@ def main() -> int:
     if command == "demo":
         return run([str(BIN / "cyclone"), "demo", *rest])
     if command == "test":
-        code = run([str(PYTHON), "-m", "pytest", *rest])
+        code = run([str(PYTHON), "-m", "pytest", *parallel(rest), *rest])
         if code == 5:
             print("pytest collected no tests: that is a failure", file=sys.stderr)
             return 1
