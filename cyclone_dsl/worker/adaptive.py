@@ -36,7 +36,7 @@ MAX_CONCURRENCY = 256
 MAX_TRANSACTIONAL = 32
 #: The controller looks at the last interval once it is this long and at least
 #: MIN_RETURNS handlers returned in it (or once it is LONGEST_INTERVAL_S long).
-INTERVAL_S = 0.25
+INTERVAL_S = 0.1
 MIN_RETURNS = 20
 LONGEST_INTERVAL_S = 2.0
 #: Waiting for slots this share of the interval grows the limit by a quarter...
@@ -46,7 +46,7 @@ DOUBLE_WAIT = 0.3
 #: Claims averaging less than this share of ``batch_size`` are small.
 SMALL_CLAIM = 0.5
 #: Intervals with slots left unused before the limit decays.
-IDLE_INTERVALS = 4
+IDLE_INTERVALS = 10
 #: Handlers using this share of the process's CPU are CPU-bound.
 CPU_BOUND_SHARE = 0.5
 
