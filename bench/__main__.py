@@ -104,6 +104,30 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
         target = ">= 1.5x" if name == "pgqueuer" else ""
         add(f"standalone vs {name}", noop, "steps/s", name, value, target)
 
+    # Worker defaults: Worker(dsn, [handler]) with no tuning option against the tuned
+    # worker, alternating, the median of each; the untuned worker's own settings printed.
+    for label, handler in (("no-op", flows.noop), ("10 ms sleep", flows.sleepy)):
+        tuned, untuned = [], []
+        for _ in range(3):
+            tuned.append(cy.defaults_throughput(admin, size["jobs"], handler, tuned=True)[0])
+            rate, settings = cy.defaults_throughput(admin, size["jobs"], handler, tuned=False)
+            untuned.append(rate)
+            print(
+                f"    untuned worker, {label}: {rate:,.0f} steps/s with concurrency "
+                f"{settings.concurrency} (adaptive {settings.adaptive}, cap "
+                f"{settings.max_concurrency}), claims of up to {settings.claim_size}, "
+                f"{settings.threads} threads",
+                flush=True,
+            )
+        add(
+            f"untuned worker, {label} steps",
+            cy.median(untuned),
+            "steps/s",
+            "tuned (100/100)",
+            cy.median(tuned),
+            ">= 0.8x",
+        )
+
     keyed = cy.keyed_throughput(admin, size["jobs"])
     add("steps under a concurrency key", keyed, "steps/s", "standalone", noop)
     rated = cy.rated_throughput(admin, size["jobs"])

@@ -16,6 +16,7 @@ from cyclone_dsl import Client, Worker
 from cyclone_dsl.db.connect import make_pool
 from cyclone_dsl.engine import Engine
 from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
+from cyclone_dsl.worker.adaptive import WorkerSettings
 from cyclone_dsl.worker.scanner import Scanner
 
 HANDLERS = [flows.noop, flows.mark, flows.inc, flows.add, flows.total, flows.items]
@@ -39,8 +40,14 @@ def _worker(dsn: str, handlers: list[object] | None = None, **options: object) -
     return Worker(dsn, handlers or HANDLERS, scanners=False, **options)  # type: ignore[arg-type]
 
 
-def _drain(worker: Worker, expected: int, limit_s: float = 600) -> float:
-    """Start the worker, wait until it completed ``expected`` steps; return the seconds."""
+def _drain(
+    worker: Worker,
+    expected: int,
+    limit_s: float = 600,
+    settings: list[WorkerSettings] | None = None,
+) -> float:
+    """Start the worker, wait until it completed ``expected`` steps; return the seconds
+    (and append to ``settings`` the worker's effective settings at the end)."""
     started = time.perf_counter()
     worker.start()
     while worker.completed_count < expected:
@@ -48,6 +55,8 @@ def _drain(worker: Worker, expected: int, limit_s: float = 600) -> float:
             raise TimeoutError(f"{worker.completed_count}/{expected} steps in {limit_s}s")
         time.sleep(0.005)
     elapsed = time.perf_counter() - started
+    if settings is not None:
+        settings.append(worker.settings())
     worker.stop()
     return elapsed
 
@@ -58,6 +67,21 @@ def noop_throughput(admin: str, jobs: int) -> float:
         for start in range(0, jobs, 2000):
             client.enqueue_many(flows.noop, [None] * min(2000, jobs - start))
         return jobs / _drain(_worker(dsn), jobs)
+
+
+def defaults_throughput(
+    admin: str, jobs: int, handler: object, *, tuned: bool
+) -> tuple[float, WorkerSettings]:
+    """Standalone steps of ``handler`` per second, by the bench's tuned worker (100
+    handlers at once, claims of 100) or by ``Worker(dsn, [handler])`` with no tuning
+    option; and the worker's effective settings when the last step completed."""
+    with fresh(admin) as dsn, Client(dsn) as client:
+        for start in range(0, jobs, 2000):
+            client.enqueue_many(handler, [None] * min(2000, jobs - start))  # type: ignore[call-overload]
+        worker = _worker(dsn, [handler]) if tuned else Worker(dsn, [handler])
+        seen: list[WorkerSettings] = []
+        rate = jobs / _drain(worker, jobs, settings=seen)
+        return rate, seen[0]
 
 
 def keyed_throughput(admin: str, jobs: int, keys: int = 10) -> float:

@@ -18,6 +18,11 @@ def noop(x: object = None) -> None:
     return None
 
 
+@step(name="bench_sleep")
+def sleepy(x: object = None) -> None:
+    time.sleep(0.01)
+
+
 @step(name="bench_mark")
 def mark(x: object = None) -> None:
     started.append(time.perf_counter())

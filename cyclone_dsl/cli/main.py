@@ -220,7 +220,18 @@ def migrate(
 @cli.command()
 @click.argument("modules", nargs=-1, required=True)
 @click.option("--queues", default="default", help="Comma-separated queues to serve.")
-@click.option("--concurrency", default=10, show_default=True, help="Handlers at once.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Handlers at once, fixed (default: adaptive, from 10 up to --max-concurrency).",
+)
+@click.option(
+    "--max-concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The most handlers at once when adaptive (default 256; 32 with transactional handlers).",
+)
 @click.option("--grace", default=30.0, show_default=True, help="Seconds to finish on SIGTERM.")
 @click.option(
     "--transactional-dsn",
@@ -260,7 +271,8 @@ def worker(
     ctx: click.Context,
     modules: tuple[str, ...],
     queues: str,
-    concurrency: int,
+    concurrency: int | None,
+    max_concurrency: int | None,
     grace: float,
     transactional_dsn: str | None,
     poll_interval: float,
@@ -284,6 +296,7 @@ def worker(
             loaded,
             queues=[q.strip() for q in queues.split(",") if q.strip()],
             concurrency=concurrency,
+            max_concurrency=max_concurrency,
             grace=grace,
             transactional_dsn=transactional_dsn,
             poll_interval=poll_interval,

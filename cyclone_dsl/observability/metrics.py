@@ -80,7 +80,11 @@ class WorkerMetrics(WorkerObserver):
     """A worker's metrics, fed through the observer seam."""
 
     def __init__(
-        self, registry: CollectorRegistry, *, slots_in_use: Callable[[], int], slots: int
+        self,
+        registry: CollectorRegistry,
+        *,
+        slots_in_use: Callable[[], int],
+        slots: Callable[[], int],
     ) -> None:
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, STEP_LABELS, registry=registry)
@@ -123,7 +127,11 @@ class WorkerMetrics(WorkerObserver):
         )
         in_use = Gauge("cyclone_worker_slots_in_use", "Handler slots taken now.", registry=registry)
         in_use.set_function(lambda: float(slots_in_use()))
-        Gauge("cyclone_worker_slots", "Handler slots (concurrency).", registry=registry).set(slots)
+        Gauge(
+            "cyclone_worker_slots",
+            "Handler slots: the concurrency limit now (it moves when adaptive).",
+            registry=registry,
+        ).set_function(lambda: float(slots()))
         self.listener = Gauge(
             "cyclone_worker_listener_connected",
             "1 while the LISTEN connection is up.",

@@ -1,4 +1,4 @@
-"""A fixed pool of daemon threads for sync handlers.
+"""A pool of daemon threads for sync handlers, started as they are needed.
 
 Unlike :class:`concurrent.futures.ThreadPoolExecutor`, whose threads the
 interpreter joins at exit, a handler still running after the grace period
@@ -18,38 +18,63 @@ _Job = tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...]
 
 
 class DaemonThreadPool:
+    """Up to ``size`` threads; one is started when a job comes and none is idle (the
+    worker's slots bound the jobs in flight, so threads follow the slots used)."""
+
     def __init__(self, size: int, name: str) -> None:
+        self._size = size
+        self._name = name
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._threads = [
-            threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
-            for i in range(size)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def threads(self) -> int:
+        """Threads started so far."""
+        return len(self._threads)
 
     def submit(
         self, fn: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._jobs.put((future, fn, args, kwargs))
+        if not self._idle.acquire(blocking=False):
+            with self._lock:
+                if len(self._threads) < self._size:
+                    thread = threading.Thread(
+                        target=self._loop, name=f"{self._name}-{len(self._threads)}", daemon=True
+                    )
+                    thread.start()
+                    self._threads.append(thread)
         return future
 
     def shutdown(self) -> None:
         """Stop idle threads; busy ones finish their handler (or die with the process)."""
-        for _ in self._threads:
-            self._jobs.put(None)
+        with self._lock:
+            for _ in self._threads:
+                self._jobs.put(None)
 
     def _loop(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
                 return
-            future, fn, args, kwargs = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - the handler boundary: every failure is an outcome
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+            self._run(*job)
+            self._idle.release()
+
+    @staticmethod
+    def _run(
+        future: concurrent.futures.Future[Any],
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - the handler boundary: every failure is an outcome
+            future.set_exception(exc)
+        else:
+            future.set_result(result)

@@ -76,7 +76,8 @@ from cyclone_dsl.errors import InvalidArgument, WorkerCrashed
 from cyclone_dsl.migrate import check_database
 from cyclone_dsl.observability import logs
 from cyclone_dsl.states import ErrorKind, RunState
-from cyclone_dsl.worker import execute
+from cyclone_dsl.worker import adaptive, execute
+from cyclone_dsl.worker.adaptive import Sample, SlotController, Slots, WorkerSettings
 from cyclone_dsl.worker.context import StepContext
 from cyclone_dsl.worker.observe import EndedRun, Observers, WorkerObserver
 from cyclone_dsl.worker.scanner import Scanner
@@ -144,7 +145,14 @@ class Worker:
     Transactional handlers (``@step(transactional=True)``) write on connections to
     ``transactional_dsn`` (by default ``dsn``): a database where both the application's
     tables and Cyclone's are reachable, since their step completes in the same
-    transaction. The worker opens up to ``concurrency`` such connections.
+    transaction. The worker opens up to ``max_concurrency`` such connections.
+
+    ``concurrency`` fixes how many handlers run at once. Without it the number adapts to
+    the work, from 10 up to ``max_concurrency`` (default 256, or 32 when the worker serves
+    transactional handlers): it grows while the worker's own limit holds back a backlog
+    and growing raises the rate handlers return at, and shrinks when handlers take most
+    of the CPU or the work runs out. Each claim takes at most ``batch_size`` steps and
+    never more than the free slots. :meth:`settings` tells where it stands.
 
     ``pooled=True`` (default: ``$CYCLONE_POOLED``) says ``dsn`` (and
     ``transactional_dsn``) go through a transaction-mode pooler such as PgBouncer: no
@@ -164,7 +172,8 @@ class Worker:
         objects: Iterable[object] = (),
         *,
         queues: Sequence[str] = ("default",),
-        concurrency: int = 10,
+        concurrency: int | None = None,
+        max_concurrency: int | None = None,
         lease: float = 30.0,
         poll_interval: float = 1.0,
         grace: float = 30.0,
@@ -185,8 +194,18 @@ class Worker:
         metrics_host: str = "0.0.0.0",  # noqa: S104 - Prometheus scrapes from another host
         observers: Sequence[WorkerObserver] = (),
     ) -> None:
-        if concurrency < 1:
-            raise InvalidArgument("concurrency must be at least 1")
+        for option, value in (("concurrency", concurrency), ("max_concurrency", max_concurrency)):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise InvalidArgument(f"{option} must be an integer >= 1, not {value!r}")
+        if concurrency is not None and max_concurrency is not None:
+            raise InvalidArgument(
+                "max_concurrency caps the adaptive default; with a fixed concurrency, leave "
+                "it unset"
+            )
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise InvalidArgument(f"batch_size must be an integer >= 1, not {batch_size!r}")
         if lease <= 0 or poll_interval <= 0 or grace < 0:
             raise InvalidArgument("lease and poll_interval must be > 0, grace >= 0")
         if not queues:
@@ -214,7 +233,32 @@ class Worker:
         self._rated = any(h.rate_limit for h in self.handlers.values())
         self._capped: frozenset[str] = frozenset()  # queues capped across all workers
         self._cursors: dict[str, str] = {}  # per queue, the fair key its last claim ended on
+        #: The fixed number of handlers at once; ``None``: it adapts (see :meth:`settings`).
         self.concurrency = concurrency
+        if concurrency is not None:
+            cap = concurrency
+        elif max_concurrency is not None:
+            cap = max_concurrency
+        elif any(h.transactional for h in self.handlers.values()):
+            cap = adaptive.MAX_TRANSACTIONAL
+        else:
+            cap = adaptive.MAX_CONCURRENCY
+        #: The most handlers it runs at once (and transactional connections it opens).
+        self.max_concurrency = cap
+        self._controller = (
+            None if concurrency is not None else SlotController(adaptive.START, cap, batch_size)
+        )
+        self._slots = Slots(concurrency or min(adaptive.START, cap))
+        self._returned = 0  # handlers returned (the controller's rate)
+        self._claims = 0  # claims since the last sample
+        self._asked = 0  # slots offered to them
+        self._claimed = 0  # steps those claims returned
+        self._peak = 0  # most slots in use at once since the last sample
+        self._slot_wait = 0.0  # seconds the fetch loop waited for slots since the last sample
+        self._handler_cpu: list[float] = []  # sync handlers' thread CPU since the last sample
+        self._sampled_at = 0.0
+        self._sampled_returned = 0
+        self._sampled_cpu = 0.0
         self.lease = timedelta(seconds=lease)
         self.poll_interval = poll_interval
         self.grace = grace
@@ -264,7 +308,6 @@ class Worker:
         self._stopped = threading.Event()
         self._closing = threading.Event()  # set once no lease is held: heartbeats end
         self._wake = threading.Event()
-        self._slots = threading.Semaphore(concurrency)
         self._inflight: dict[int, _Inflight] = {}  # claimed, outcome not decided yet
         self._running: dict[int, _Inflight] = {}  # handler started and not returned yet
         self._inflight_lock = threading.Lock()
@@ -300,13 +343,29 @@ class Worker:
             self.metrics_registry
         )
         return metrics.WorkerMetrics(
-            self.metrics_registry, slots_in_use=lambda: self.slots_in_use, slots=self.concurrency
+            self.metrics_registry,
+            slots_in_use=lambda: self.slots_in_use,
+            slots=lambda: self._slots.limit,
         )
 
     @property
     def slots_in_use(self) -> int:
         """Handler slots taken now (claimed steps whose handler has not returned)."""
         return len(self._running)
+
+    def settings(self) -> WorkerSettings:
+        """The worker's effective settings now: the slot limit (which adapts unless
+        ``concurrency`` was given), the claim size, the threads started."""
+        limit = self._slots.limit
+        return WorkerSettings(
+            adaptive=self._controller is not None,
+            concurrency=limit,
+            max_concurrency=self.max_concurrency,
+            claim_size=min(self.batch_size, limit),
+            batch_size=self.batch_size,
+            slots_in_use=self.slots_in_use,
+            threads=self._executor.threads if self._executor is not None else 0,
+        )
 
     @property
     def error(self) -> BaseException | None:
@@ -367,7 +426,7 @@ class Worker:
             self._crash = exc
         self._stopping.set()
         self._wake.set()
-        self._slots.release()  # a fetch loop waiting for a slot notices the stop
+        self._slots.wake()  # a fetch loop waiting for a slot notices the stop
 
     def __enter__(self) -> Worker:
         return self.start()
@@ -418,7 +477,7 @@ class Worker:
             raise
         if registered:
             log.info("registered schedules %s", registered)
-        self._executor = DaemonThreadPool(self.concurrency, "cyclone-handler")
+        self._executor = DaemonThreadPool(self.max_concurrency, "cyclone-handler")
         self._takes_ctx = {kind: step.takes_ctx for kind, step in self.handlers.items()}
         if any(step.is_async for step in self.handlers.values()):
             self._loop = asyncio.new_event_loop()
@@ -428,7 +487,7 @@ class Worker:
                 self._engine,
                 self._transactional_dsn,
                 name=f"cyclone-handler-{os.getpid()}",
-                size=self.concurrency,
+                size=self.max_concurrency,
                 max_bytes=self.max_output_bytes,
                 idle_s=self.lease.total_seconds(),
                 pooled=self.pooled,
@@ -453,11 +512,13 @@ class Worker:
             )
             self._spawn(self._scanner.run, "scan")
         log.info(
-            "worker %s started: queues %s, %d kinds, concurrency %d",
+            "worker %s started: queues %s, %d kinds, concurrency %s",
             self.id,
             self.queues,
             len(self.handlers),
-            self.concurrency,
+            self.concurrency
+            if self._controller is None
+            else f"adaptive ({self._slots.limit} to {self.max_concurrency})",
         )
 
     def _serve_metrics(self) -> None:
@@ -501,7 +562,7 @@ class Worker:
                 host=socket.gethostname(),
                 pid=os.getpid(),
                 queues=self.queues,
-                concurrency=self.concurrency,
+                concurrency=self.max_concurrency,
                 identities=self.serving.identities,
                 versions=self.serving.versions,
                 refuse_conflicts=refuse_conflicts,
@@ -588,23 +649,30 @@ class Worker:
     def _fetch_loop(self) -> None:
         kinds = sorted(self.handlers)
         backoff = 0.0
+        self._sampled_at = time.monotonic()
+        self._sampled_cpu = time.process_time()
         while not self._stopping.is_set():
+            self._adapt()
             free = 0
-            while free < self.batch_size and self._slots.acquire(blocking=False):
+            while free < self.batch_size and self._slots.acquire():
                 free += 1
             if free == 0:
-                self._slots.acquire()  # wait for a slot, then count it
+                waiting = time.monotonic()
+                if not self._slots.acquire(timeout=adaptive.INTERVAL_S):
+                    self._slot_wait += time.monotonic() - waiting
+                    continue  # still busy: adapt, and look at the stop
                 free = 1
                 if self._stopping.is_set():
                     self._slots.release()
                     break
                 # Busy: let a few more slots free up so claims go in batches, not one by one.
                 settle = time.monotonic() + CLAIM_SETTLE_S
-                while free < min(self.batch_size, self.concurrency // 2):
-                    if self._slots.acquire(timeout=max(0.0, settle - time.monotonic())):
+                while free < min(self.batch_size, self._slots.limit // 2):
+                    if self._slots.acquire(timeout=settle - time.monotonic()):
                         free += 1
                     else:
                         break
+                self._slot_wait += time.monotonic() - waiting
             self._wake.clear()
             try:
                 claimed = in_autocommit(self._pool, self._claimer(kinds, free))
@@ -613,8 +681,11 @@ class Worker:
                 claimed = []
                 backoff = min(5.0, max(0.2, backoff * 2))
                 log.warning("claim failed (%s); retrying in %.1fs", exc, backoff)
-            for _ in range(free - len(claimed)):
-                self._slots.release()
+            self._claims += 1
+            self._asked += free
+            self._claimed += len(claimed)
+            if len(claimed) < free:
+                self._slots.release(free - len(claimed))
             if claimed:
                 claimed_at = time.monotonic()
                 if self._observer is not None:
@@ -628,6 +699,40 @@ class Worker:
                 self._wake.wait(
                     min(self.poll_interval, RATED_POLL_S) if self._rated else self.poll_interval
                 )
+
+    def _adapt(self) -> None:
+        """Move the slot limit, once per interval, from what the last one showed."""
+        controller = self._controller
+        if controller is None:
+            return
+        now = time.monotonic()
+        seconds = now - self._sampled_at
+        returned = self._returned - self._sampled_returned
+        if seconds < adaptive.INTERVAL_S or (
+            returned < adaptive.MIN_RETURNS and seconds < adaptive.LONGEST_INTERVAL_S
+        ):
+            return
+        cpu = time.process_time()
+        spent, self._handler_cpu = self._handler_cpu, []
+        sample = Sample(
+            seconds=seconds,
+            returned=returned,
+            claims=self._claims,
+            asked=self._asked,
+            claimed=self._claimed,
+            slot_wait=self._slot_wait,
+            peak=max(self._peak, self.slots_in_use),
+            handler_cpu=sum(spent),
+            process_cpu=cpu - self._sampled_cpu,
+        )
+        self._sampled_at, self._sampled_returned, self._sampled_cpu = now, self._returned, cpu
+        self._claims = self._asked = self._claimed = self._peak = 0
+        self._slot_wait = 0.0
+        before = self._slots.limit
+        limit = controller.update(sample)
+        if limit != before:
+            self._slots.set_limit(limit)
+            log.debug("worker %s: concurrency %d -> %d (%s)", self.id, before, limit, sample)
 
     def _refresh_serving(self) -> None:
         """Serve the workflows this process defined since the worker started, too."""
@@ -695,6 +800,7 @@ class Worker:
         with self._inflight_lock:
             self._inflight[step.id] = entry
             self._running[step.id] = entry
+            self._peak = max(self._peak, len(self._running))
         try:
             args = execute.call_arguments(self.serving, handler.fn, step)
         except (TypeError, ValueError, KeyError) as exc:  # cannot build the call
@@ -725,7 +831,13 @@ class Worker:
         try:
             if self._observer is not None:
                 self._started(entry, self._observer)
-            return fn(*args, **kwargs)
+            if self._controller is None:
+                return fn(*args, **kwargs)
+            cpu = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._handler_cpu.append(time.thread_time() - cpu)
         finally:
             logs.leave(token)
 
@@ -920,6 +1032,7 @@ class Worker:
                 return
             entry.returned = True
             self._running.pop(entry.step.id, None)
+            self._returned += 1
         if entry.stuck_reported:
             log.info(
                 "step %s (kind %r): the handler returned after its timeout; its slot is free",

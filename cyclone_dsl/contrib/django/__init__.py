@@ -9,7 +9,7 @@ configure it in the settings::
         "DATABASE": "default",         # the alias whose connection submit_tx uses
         "MODULES": ["shop.workflows"], # what `manage.py cyclone_worker` serves by default
         "QUEUES": ["default"],
-        "CONCURRENCY": 10,
+        "CONCURRENCY": None,           # handlers at once; None: adaptive
         "GRACE": 30.0,                 # seconds a stopping worker gives running handlers
         "POOL_SIZE": 4,                # connections of the process-wide Client
     }
@@ -68,7 +68,7 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE": DEFAULT_DB_ALIAS,
     "MODULES": [],
     "QUEUES": ["default"],
-    "CONCURRENCY": 10,
+    "CONCURRENCY": None,
     "GRACE": 30.0,
     "POOL_SIZE": 4,
 }

@@ -39,7 +39,9 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no type hints
             "--queues", help="Comma-separated queues to serve (default: CYCLONE['QUEUES'])."
         )
         parser.add_argument(
-            "--concurrency", type=int, help="Handlers at once (default: CYCLONE['CONCURRENCY'])."
+            "--concurrency",
+            type=int,
+            help="Handlers at once (default: CYCLONE['CONCURRENCY'], else adaptive).",
         )
         parser.add_argument(
             "--grace", type=float, help="Seconds to finish on SIGTERM (default: CYCLONE['GRACE'])."
@@ -66,7 +68,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no type hints
                 dsn(),
                 loaded,
                 queues=queues,
-                concurrency=pick(options["concurrency"], int(conf["CONCURRENCY"])),
+                concurrency=pick(options["concurrency"], conf["CONCURRENCY"]),
                 grace=pick(options["grace"], float(conf["GRACE"])),
             )
             self.stdout.write(f"cyclone worker {worker.id}: queues {', '.join(queues)}")
