@@ -3,7 +3,7 @@
 from cyclone_dsl._version import __version__
 from cyclone_dsl.client.aio import AsyncClient, AsyncRunHandle
 from cyclone_dsl.client.handle import RunHandle
-from cyclone_dsl.client.model import Attempt, Run, Step
+from cyclone_dsl.client.model import Attempt, Run, Step, StepEvent
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.db.embedded import EmbeddedServer, embedded_database
 from cyclone_dsl.dsl.builder import NodeRef, Ref
@@ -20,6 +20,7 @@ from cyclone_dsl.errors import (
     ClientClosed,
     CycloneError,
     DatabaseUnavailable,
+    EventLimitExceeded,
     HandlerConflict,
     InvalidArgument,
     InvalidGraph,
@@ -68,6 +69,7 @@ __all__ = [
     "Debounce",
     "Delivery",
     "EmbeddedServer",
+    "EventLimitExceeded",
     "HandlerConflict",
     "InvalidArgument",
     "InvalidGraph",
@@ -90,6 +92,7 @@ __all__ = [
     "Step",
     "StepContext",
     "StepDef",
+    "StepEvent",
     "StepState",
     "SubmitContended",
     "UnknownDefinition",

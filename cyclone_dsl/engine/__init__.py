@@ -14,8 +14,10 @@ from cyclone_dsl.engine.children import CHILD_WAKE
 from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.engine.complete import Failure, Success
 from cyclone_dsl.engine.core import DEFAULT_RETENTION, Engine, Page
+from cyclone_dsl.engine.events import DEFAULT_MAX_EVENTS_PER_STEP, EVENT_KINDS, Recorded
 from cyclone_dsl.engine.notify import (
     CANCEL_CHANNEL,
+    EVENTS_CHANNEL,
     RUN_DONE_CHANNEL,
     WORK_CHANNEL,
     AfterCommit,
@@ -29,7 +31,10 @@ from cyclone_dsl.engine.submit import Submitted
 __all__ = [
     "CANCEL_CHANNEL",
     "CHILD_WAKE",
+    "DEFAULT_MAX_EVENTS_PER_STEP",
     "DEFAULT_RETENTION",
+    "EVENTS_CHANNEL",
+    "EVENT_KINDS",
     "RUN_DONE_CHANNEL",
     "WORK_CHANNEL",
     "AfterCommit",
@@ -40,6 +45,7 @@ __all__ = [
     "Engine",
     "Failure",
     "Page",
+    "Recorded",
     "Submitted",
     "Success",
     "backoff_seconds",

@@ -48,6 +48,7 @@ from cyclone_dsl.db.connect import connect, make_pool
 from cyclone_dsl.db.errors import ConnectionFailure, DatabaseError
 from cyclone_dsl.db.handler_tx import interrupt
 from cyclone_dsl.db.listen import listen, ping
+from cyclone_dsl.db.pool import PooledDatabase
 from cyclone_dsl.db.tx import ConnectionTx, Tx, in_autocommit, in_transaction
 from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.registry import Registry, default_registry
@@ -55,6 +56,7 @@ from cyclone_dsl.dsl.step import StepDef
 from cyclone_dsl.engine import (
     CANCEL_CHANNEL,
     CHILD_WAKE,
+    DEFAULT_MAX_EVENTS_PER_STEP,
     DEFAULT_RETENTION,
     WORK_CHANNEL,
     Claimed,
@@ -91,6 +93,8 @@ REGISTRY_BEAT_S = 5.0
 UNSERVED_CHECK_S = 60.0
 #: A sync handler still running this long past its timeout is reported (once).
 STUCK_REPORT_S = 10.0
+#: Connections of the pool that stores handlers' events (opened at the first event).
+EVENT_CONNECTIONS = 4
 
 
 @attrs.define
@@ -125,6 +129,10 @@ class Worker:
     ``transactional_dsn`` (by default ``dsn``): a database where both the application's
     tables and Cyclone's are reachable, since their step completes in the same
     transaction. The worker opens up to ``concurrency`` such connections.
+
+    ``max_events_per_step`` caps the events (``ctx.emit``, ``ctx.progress``) one step may
+    store, across its attempts; handlers that emit share a pool of up to
+    :data:`EVENT_CONNECTIONS` connections, opened at the first event.
     """
 
     def __init__(
@@ -148,6 +156,7 @@ class Worker:
         registry: Registry | None = None,
         queue_limits: Mapping[str, int] | None = None,
         transactional_dsn: str | None = None,
+        max_events_per_step: int = DEFAULT_MAX_EVENTS_PER_STEP,
     ) -> None:
         if concurrency < 1:
             raise InvalidArgument("concurrency must be at least 1")
@@ -155,6 +164,17 @@ class Worker:
             raise InvalidArgument("lease and poll_interval must be > 0, grace >= 0")
         if not queues:
             raise InvalidArgument("a worker needs at least one queue")
+        if (
+            isinstance(max_events_per_step, bool)
+            or not isinstance(max_events_per_step, int)
+            or max_events_per_step < 1
+        ):
+            raise InvalidArgument(
+                f"max_events_per_step must be an integer >= 1, not {max_events_per_step!r}"
+            )
+        self.max_events_per_step = max_events_per_step
+        self._events_db: PooledDatabase | None = None
+        self._events_lock = threading.Lock()
         self.queue_limits = dict(queue_limits or {})
         for limited, cap in self.queue_limits.items():
             if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
@@ -463,6 +483,9 @@ class Worker:
             self._executor.shutdown()
         if self._pool is not None:
             self._pool.close()
+        with self._events_lock:
+            if self._events_db is not None:
+                self._events_db.close()
         self._stopped.set()
         log.info("worker %s stopped", self.id)
 
@@ -582,7 +605,12 @@ class Worker:
     def _dispatch(self, step: Claimed) -> None:
         handler = self.handlers[step.kind]
         deadline = time.monotonic() + step.timeout_s if step.timeout_s else None
-        entry = _Inflight(step, execute.make_context(step, lambda: self._beat(step)), deadline)
+        ctx = execute.make_context(
+            step,
+            lambda: self._beat(step),
+            lambda kind, text: self._record_event(step, kind, text),
+        )
+        entry = _Inflight(step, ctx, deadline)
         with self._inflight_lock:
             self._inflight[step.id] = entry
             self._running[step.id] = entry
@@ -637,6 +665,30 @@ class Worker:
             assert self._executor is not None
             future = self._executor.submit(runner.run, call)
         future.add_done_callback(lambda f: self._on_transaction_done(entry, f))
+
+    def _record_event(self, step: Claimed, kind: str, text: str) -> None:
+        """Store one event of a running handler, on the events pool (in autocommit: the
+        event commits, then its notification goes)."""
+        with self._events_lock:
+            if self._events_db is None:
+                self._events_db = PooledDatabase(
+                    self._dsn,
+                    name=f"cyclone-emit-{os.getpid()}",
+                    max_size=min(self.concurrency, EVENT_CONNECTIONS),
+                )
+            db = self._events_db
+        db.transaction(
+            lambda tx: self._engine.record_event(
+                tx,
+                step_id=step.id,
+                generation=step.generation,
+                attempt=step.attempt + 1,
+                kind=kind,
+                payload_text=text,
+                cap=self.max_events_per_step,
+            ),
+            one_statement=True,
+        )
 
     def _decide(self, entry: _Inflight) -> bool:
         """Take the decision of a transactional step for its own transaction (False: a
