@@ -279,7 +279,8 @@ class Engine:
         """Store one event of a running step's execution and wake its run's followers
         (see :mod:`cyclone_dsl.engine.events`); None when the step no longer exists.
 
-        On an autocommit ``tx`` the notification is sent after the event committed.
+        One statement: on an autocommit ``tx`` it commits on its own, without waiting for
+        the WAL flush (the step's completion flushes it).
         """
         return events.record(
             tx,

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 import attrs
 
 from cyclone_dsl.db.tx import Tx
-from cyclone_dsl.engine import notify
 from cyclone_dsl.errors import EventLimitExceeded, InvalidArgument
 from cyclone_dsl.sql import Q
 
@@ -51,7 +50,8 @@ def record(
     payload_text: str,
     cap: int,
 ) -> Recorded | None:
-    """Store one event of the execution (``step_id``, ``generation``) and wake followers.
+    """Store one event of the execution (``step_id``, ``generation``) and wake followers
+    (the same statement sends the NOTIFY).
 
     None when the step no longer exists (its run was purged): there is nowhere to keep it.
     """
@@ -72,7 +72,6 @@ def record(
         return None
     if row["seq"] is None:
         raise EventLimitExceeded(row["run_id"], row["node"], cap)
-    notify.events_recorded(tx, row["run_id"])
     return Recorded(row["seq"], row["fenced"])
 
 

@@ -13,6 +13,7 @@ from cyclone_dsl.sql import Q
 WORK_CHANNEL = "cyclone_work"
 RUN_DONE_CHANNEL = "cyclone_run_done"
 CANCEL_CHANNEL = "cyclone_cancel"
+#: Step events (payload: the run id); sent by the statement that stores the event.
 EVENTS_CHANNEL = "cyclone_events"
 
 
@@ -94,11 +95,6 @@ def steps_cancelled(tx: Tx, run_ids: Iterable[int]) -> None:
     chunks = _chunks(run_ids)
     if chunks:
         _notify(tx, Q.notify_steps_cancelled, payloads=chunks)
-
-
-def events_recorded(tx: Tx, run_id: int) -> None:
-    """Wake the followers of run ``run_id``'s events (the payload is the run id)."""
-    _notify(tx, Q.notify_events, run_id=run_id)
 
 
 def run_ids_of(payload: str) -> set[int]:

@@ -58,7 +58,6 @@ class _Queries:
     fork_source_run: LiteralString
     # events.sql
     record_event: LiteralString
-    notify_events: LiteralString
     fence_events: LiteralString
     run_events_after: LiteralString
     # fanout.sql

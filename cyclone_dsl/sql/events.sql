@@ -5,7 +5,14 @@
 -- goes up only below the cap; the run's seq row, locked until the commit, numbers the
 -- run's events in commit order. No row when the step does not exist; found but no seq
 -- when the step reached the cap (nothing stored).
-WITH step AS (
+-- The COMMIT does not wait for its WAL flush (set_config(..., true)), as a claim's: the
+-- step's completion commits synchronously and flushes its events with it, so a server
+-- crash can only lose events of an execution whose outcome it loses too. The NOTIFY
+-- (payload: the run id) goes with the commit, which then holds the notification lock only
+-- briefly: it waits for no flush.
+WITH relaxed AS (
+    SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
+), step AS (
     SELECT s.id, s.run_id, s.node,
            s.state = 'running' AND s.lease_generation = %(generation)s AS live
     FROM cyclone_steps AS s
@@ -30,13 +37,10 @@ WITH step AS (
     FROM step JOIN numbered ON numbered.run_id = step.run_id
     RETURNING seq, fenced
 )
-SELECT step.run_id, step.node, recorded.seq, recorded.fenced
-FROM step LEFT JOIN recorded ON true
-
--- name: notify_events
--- Wake the followers of a run's events (the payload is the run id); sent after the
--- event's commit.
-SELECT pg_notify('cyclone_events', %(run_id)s::text)
+SELECT step.run_id, step.node, recorded.seq, recorded.fenced,
+       CASE WHEN recorded.seq IS NOT NULL
+            THEN pg_notify('cyclone_events', step.run_id::text) END AS woken
+FROM step CROSS JOIN relaxed LEFT JOIN recorded ON true
 
 -- name: fence_events
 -- The executions (step id, lease generation) lost their lease to a reclaim or a release:
