@@ -24,6 +24,7 @@ from cyclone_dsl import (
     StepContext,
     StepEvent,
     Worker,
+    for_each,
     step,
     workflow,
 )
@@ -66,6 +67,22 @@ def second(x: int, ctx: StepContext) -> int:
 @workflow(name="ev_two_steps")
 def two_steps(x: int) -> Any:
     return second(first(x))
+
+
+ITEMS = 8
+PER_ITEM = 40
+
+
+@step(name="ev_item")
+def item(i: int, ctx: StepContext) -> int:
+    for k in range(PER_ITEM):
+        ctx.emit([i, k])
+    return i
+
+
+@workflow(name="ev_fan")
+def fan(items: list[int]) -> Any:
+    return for_each(item, over=items)
 
 
 capped_outcomes: list[object] = []
@@ -147,6 +164,24 @@ def test_events_reach_a_sync_and_an_async_follower_in_order(
             (handle.id, "ev_many", 1, False)
         }
     assert seen_sync == seen_async == client.events_of(handle.id, limit=1000)
+
+
+def test_steps_emitting_at_once_get_one_gapless_sequence(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """Items of a fan-out emit concurrently: a live follower still sees seq 1..N, each
+    once, and each item's events in the order it emitted them."""
+    handle = client.submit(fan, list(range(ITEMS)))
+    seen: list[StepEvent] = []
+    follower = collect_sync(handle.events(timeout=60), seen)
+    start_worker(item, concurrency=ITEMS)
+    follower.join(60)
+    assert handle.wait(timeout=10).state is RunState.COMPLETED
+    assert [e.seq for e in seen] == list(range(1, ITEMS * PER_ITEM + 1))
+    for i in range(ITEMS):
+        mine = [e for e in seen if e.node == f"ev_item[{i}]"]
+        assert [e.data for e in mine] == [[i, k] for k in range(PER_ITEM)]
+    assert len({e.step_id for e in seen}) == ITEMS
 
 
 def test_an_offset_resumes_and_a_finished_run_ends_at_once(
