@@ -94,7 +94,7 @@ UNSERVED_CHECK_S = 60.0
 #: A sync handler still running this long past its timeout is reported (once).
 STUCK_REPORT_S = 10.0
 #: Connections of the pool that stores handlers' events (opened at the first event).
-EVENT_CONNECTIONS = 4
+EVENT_CONNECTIONS = 8
 
 
 @attrs.define
