@@ -322,6 +322,26 @@ def test_a_context_made_by_hand_checks_values_and_stores_nothing() -> None:
         ctx.progress(3, 2)
 
 
+@step(name="ev_tx", transactional=True, max_attempts=2)
+def transactional(x: int, ctx: StepContext) -> int:
+    ctx.emit(f"attempt {ctx.attempt}")
+    if ctx.attempt == 1:
+        raise RuntimeError("its transaction rolls back")
+    return x
+
+
+def test_a_transactional_steps_rollback_keeps_its_events(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(transactional)
+    handle = client.enqueue(transactional, 5)
+    assert handle.result(timeout=30) == 5
+    assert [(e.data, e.attempt, e.fenced) for e in client.events_of(handle.id)] == [
+        ("attempt 1", 1, False),  # a failed attempt is not fenced: its outcome was recorded
+        ("attempt 2", 2, False),
+    ]
+
+
 # -- fencing --------------------------------------------------------------------------
 
 fence_calls: list[int] = []
