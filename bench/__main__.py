@@ -133,6 +133,15 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
     rated = cy.rated_throughput(admin, size["jobs"])
     add("steps under a rate limit", rated, "steps/s", "standalone", noop)
 
+    emitting = cy.emit_throughput(admin, size["jobs"])
+    add(
+        f"steps storing {flows.EVENTS_PER_STEP} events each",
+        emitting,
+        "steps/s",
+        "standalone",
+        noop,
+    )
+
     own_writes = cy.write_throughput(admin, size["jobs"], transactional=False)
     add("steps writing a row on their own", own_writes, "steps/s", "standalone", noop)
     tx_writes = cy.write_throughput(admin, size["jobs"], transactional=True)

@@ -84,6 +84,14 @@ def defaults_throughput(
         return rate, seen[0]
 
 
+def emit_throughput(admin: str, jobs: int) -> float:
+    """Standalone steps that each store ``flows.EVENTS_PER_STEP`` progress events."""
+    with fresh(admin) as dsn, Client(dsn) as client:
+        for start in range(0, jobs, 2000):
+            client.enqueue_many(flows.emitter, [None] * min(2000, jobs - start))
+        return jobs / _drain(_worker(dsn, [flows.emitter]), jobs)
+
+
 def keyed_throughput(admin: str, jobs: int, keys: int = 10) -> float:
     """Standalone no-op steps under a concurrency key (``keys`` keys, 100 each at once):
     every claim takes the gated path and a slot per step."""

@@ -28,6 +28,16 @@ def mark(x: object = None) -> None:
     started.append(time.perf_counter())
 
 
+#: Events each ``bench_emit`` step stores.
+EVENTS_PER_STEP = 10
+
+
+@step(name="bench_emit")
+def emitter(x: object, ctx: StepContext) -> None:
+    for done in range(1, EVENTS_PER_STEP + 1):
+        ctx.progress(done, EVENTS_PER_STEP)
+
+
 @step(name="bench_inc")
 def inc(x: int) -> int:
     return x + 1

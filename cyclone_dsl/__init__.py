@@ -4,7 +4,7 @@ from cyclone_dsl._version import __version__
 from cyclone_dsl.client.aio import AsyncClient, AsyncRunHandle
 from cyclone_dsl.client.bulk import BulkResult
 from cyclone_dsl.client.handle import RunHandle
-from cyclone_dsl.client.model import Attempt, Run, Step
+from cyclone_dsl.client.model import Attempt, Run, Step, StepEvent
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.db.embedded import EmbeddedServer, embedded_database
 from cyclone_dsl.dsl.builder import NodeRef, Ref
@@ -22,6 +22,7 @@ from cyclone_dsl.errors import (
     ClientClosed,
     CycloneError,
     DatabaseUnavailable,
+    EventLimitExceeded,
     HandlerConflict,
     InvalidArgument,
     InvalidGraph,
@@ -71,6 +72,7 @@ __all__ = [
     "Debounce",
     "Delivery",
     "EmbeddedServer",
+    "EventLimitExceeded",
     "HandlerConflict",
     "InvalidArgument",
     "InvalidGraph",
@@ -94,6 +96,7 @@ __all__ = [
     "Step",
     "StepContext",
     "StepDef",
+    "StepEvent",
     "StepState",
     "SubmitContended",
     "UnknownDefinition",

@@ -17,6 +17,7 @@ Every error a caller can act on has its own class; all derive from
     ├── AlreadyTerminal         the run has already completed, failed or been cancelled
     ├── InvalidTransition       the operation does not apply to the run's current state
     ├── MailboxFull             a signal over the wait's mailbox capacity
+    ├── EventLimitExceeded      a step emitted more events than the per-step cap
     ├── SignalNotDeliverable    a signal whose wait has already completed, or an unknown name
     ├── NoOutput                the workflow defines no result node
     ├── RunFailed               a run ended failed or cancelled while a result was awaited
@@ -144,6 +145,23 @@ class MailboxFull(CycloneError):
         self.capacity = capacity
         super().__init__(
             f"run {run_id}: the mailbox of signal {name!r} is full (capacity {capacity})"
+        )
+
+
+class EventLimitExceeded(CycloneError):
+    """A step tried to store more events (``ctx.emit``, ``ctx.progress``) than its cap.
+
+    The cap counts every event of the step, across its attempts; the event that hit it
+    was not stored. A handler may catch this and go on without reporting more.
+    """
+
+    def __init__(self, run_id: int, node: str, cap: int) -> None:
+        self.run_id = run_id
+        self.node = node
+        self.cap = cap
+        super().__init__(
+            f"run {run_id}: step {node!r} reached its cap of {cap} events; "
+            "this event was not stored"
         )
 
 

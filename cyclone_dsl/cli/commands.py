@@ -26,8 +26,8 @@ from cyclone_dsl.cli.main import (
     emit,
     fail,
 )
-from cyclone_dsl.cli.render import render_run
-from cyclone_dsl.cli.values import Duration, human_duration
+from cyclone_dsl.cli.render import event_line, render_run
+from cyclone_dsl.cli.values import Duration, human_duration, to_json_line
 from cyclone_dsl.client import base
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.dsl.registry import Registry, default_registry
@@ -35,7 +35,7 @@ from cyclone_dsl.dsl.workflow import WorkflowDef
 from cyclone_dsl.engine import DEFAULT_RETENTION
 from cyclone_dsl.errors import RunFailed
 from cyclone_dsl.payload import JSONValue
-from cyclone_dsl.states import RunState
+from cyclone_dsl.states import RunState, StepState
 
 
 @contextmanager
@@ -188,10 +188,24 @@ def runs(
 
 @cli.command(name="run")
 @click.argument("run_id", type=int)
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Print the run's events (ctx.emit, ctx.progress) as they come, one line each, until "
+    "the run ends; then its final state (exit 1 unless it completed).",
+)
+@click.option(
+    "--after", default=0, show_default=True, help="With --follow: start after this event seq."
+)
 @as_json
 @click.pass_context
-def show_run(ctx: click.Context, run_id: int, as_json: bool) -> None:
-    """Show a run: every node with its state, attempt, timing and error, as a tree."""
+def show_run(ctx: click.Context, run_id: int, follow: bool, after: int, as_json: bool) -> None:
+    """Show a run: every node with its state, attempt, timing and error, as a tree; with
+    --follow, print its events live until it ends."""
+    if follow:
+        follow_run(ctx, run_id, after, as_json)
+        return
     with client_for(ctx) as client:
         run = client.get_run(run_id)
         children = {c["parent_node_id"]: c["id"] for c in client.children_of(run_id)}
@@ -199,6 +213,21 @@ def show_run(ctx: click.Context, run_id: int, as_json: bool) -> None:
         data = {**run_json(run), "child_runs": children, "waiting_for": reasons}
         text = render_run(run, client.dependencies(run_id), children=children, reasons=reasons)
         emit(data, as_json, text)
+
+
+def follow_run(ctx: click.Context, run_id: int, after: int, as_json: bool) -> None:
+    """Print the run's events live (JSON Lines with --json), then how it ended."""
+    with client_for(ctx) as client:
+        for event in client.events(run_id, after=after):
+            click.echo(to_json_line(attrs.asdict(event)) if as_json else event_line(event))
+        run = client.get_run(run_id)
+    failed = next((s for s in run.steps if s.state is StepState.DISCARDED), None)
+    where = f" at node {failed.node!r}: {failed.error}" if failed and failed.error else ""
+    final = {"run_id": run_id, "state": run.state.value}
+    text = f"run {run_id} {run.workflow} {run.state.value}{where}"
+    click.echo(to_json_line(final) if as_json else text)
+    if run.state is not RunState.COMPLETED:
+        sys.exit(EXIT_FAILED)
 
 
 @cli.command()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
-from cyclone_dsl.client.model import Run, Step
+from cyclone_dsl.client.model import Run, Step, StepEvent
 from cyclone_dsl.states import StepState
 
 _MARK = {
@@ -112,3 +114,25 @@ def render_run(
 
     walk(None, "")
     return "\n".join(lines)
+
+
+def event_line(event: StepEvent) -> str:
+    """``12:00:01.250 #7 resize[3] progress 30/100 (30%) thumbnails``: one line per event.
+
+    The attempt is shown from the second on; an event of a fenced execution says so.
+    """
+    when = event.at.astimezone().strftime("%H:%M:%S.%f")[:-3]
+    attempt = f" attempt {event.attempt}" if event.attempt > 1 else ""
+    data = event.data
+    if event.kind == "progress" and isinstance(data, dict):
+        done, total, message = data.get("done"), data.get("total"), data.get("message")
+        share = ""
+        if isinstance(done, int) and isinstance(total, int) and total:
+            share = f" ({100 * done // total}%)"
+        body = f"progress {done}/{total}{share}" + (f" {message}" if message else "")
+    else:
+        body = json.dumps(data, ensure_ascii=False)
+    text = f"{when} #{event.seq} {event.node}{attempt} {body}"
+    if event.fenced:
+        return click.style(f"{text}  (fenced: its execution lost the lease)", fg="yellow")
+    return text

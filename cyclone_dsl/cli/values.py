@@ -65,6 +65,11 @@ def to_json(data: object) -> str:
     return json.dumps(data, default=_plain, indent=2)
 
 
+def to_json_line(data: object) -> str:
+    """:func:`to_json` on one line (JSON Lines, for streams)."""
+    return json.dumps(data, default=_plain, ensure_ascii=False)
+
+
 def human_duration(value: timedelta) -> str:
     """``7d``, ``12h``, ``15m``, ``30s``: the largest unit that divides it."""
     seconds = value.total_seconds()

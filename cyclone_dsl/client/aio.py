@@ -11,6 +11,7 @@ the same wait plan as the sync client's, on an async LISTEN connection.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
@@ -19,13 +20,13 @@ import attrs
 
 from cyclone_dsl.client import base, bulk
 from cyclone_dsl.client.bulk import BulkResult, Progress
-from cyclone_dsl.client.handle import run_end_plan
-from cyclone_dsl.client.model import Run
+from cyclone_dsl.client.handle import EVENTS_PAGE, checked_after, events_plan, run_end_plan
+from cyclone_dsl.client.model import Run, StepEvent
 from cyclone_dsl.client.schedules import Schedule
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.db.callers import AsyncConnection, in_callers_async_transaction
 from cyclone_dsl.db.clock import current_shift
-from cyclone_dsl.db.follow import follow_async
+from cyclone_dsl.db.follow import follow_async, stream_async
 from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.flow import Debounce
 from cyclone_dsl.dsl.registry import Registry
@@ -52,6 +53,11 @@ class AsyncRunHandle:
     async def result(self, timeout: float | None = None) -> JSONValue:
         """Wait, then return the result (see :meth:`RunHandle.result`)."""
         return await self.client.result(self.id, timeout)
+
+    def events(self, after: int = 0, *, timeout: float | None = None) -> AsyncIterator[StepEvent]:
+        """``async for event in handle.events():`` the run's events, live (see
+        :meth:`RunHandle.events`)."""
+        return self.client.events(self.id, after=after, timeout=timeout)
 
 
 class AsyncClient:
@@ -358,6 +364,29 @@ class AsyncClient:
             listen=route.listen,
             pooled=route.pooled,
         )
+
+    def events(
+        self, run_id: int, after: int = 0, *, timeout: float | None = None
+    ) -> AsyncIterator[StepEvent]:
+        """See :meth:`Client.events`: ``async for event in client.events(run_id):``, on an
+        async LISTEN connection (never blocks the event loop)."""
+        run_id = base.checked_run_id(run_id)
+        after = checked_after(after)
+        self._client._db.check_open()
+        route = self._client.wait_route
+        return stream_async(
+            route.dsn,
+            events_plan(run_id, after, timeout),
+            name="cyclone-follow",
+            listen=route.listen,
+            pooled=route.pooled,
+        )
+
+    async def events_of(
+        self, run_id: int, after: int = 0, limit: int = EVENTS_PAGE
+    ) -> list[StepEvent]:
+        """See :meth:`Client.events_of`."""
+        return await asyncio.to_thread(self._client.events_of, run_id, after, limit)
 
     # -- steering ----------------------------------------------------------------------
 

@@ -1,24 +1,29 @@
-"""RunHandle, and the plan that waits for a run to end (run by a sync or async driver)."""
+"""RunHandle, and the plans that wait for a run to end and follow its events (run by a sync
+or async driver)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from cyclone_dsl.client.model import StepEvent
 from cyclone_dsl.db.connect import listen_target
 from cyclone_dsl.db.follow import (
     ConnectionLost,
     Listen,
     Notifications,
+    Output,
     Pause,
     Plan,
     Read,
+    ReadAll,
     follow,
 )
-from cyclone_dsl.engine import RUN_DONE_CHANNEL, names_run
-from cyclone_dsl.errors import NoOutput, RunFailed, RunNotFound
+from cyclone_dsl.engine import EVENTS_CHANNEL, RUN_DONE_CHANNEL, names_run
+from cyclone_dsl.errors import InvalidArgument, NoOutput, RunFailed, RunNotFound
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
@@ -56,6 +61,10 @@ class WaitRoute:
         return RECHECK_SECONDS if self.listen else POLL_SECONDS
 
 
+#: Events read per statement while a follower catches up.
+EVENTS_PAGE = 500
+
+
 @attrs.frozen
 class RunHandle:
     """A reference to a submitted run. ``created`` is False when an existing run was returned."""
@@ -78,6 +87,12 @@ class RunHandle:
         :class:`NoOutput` when the workflow defines no result.
         """
         return self.client.result(self.id, timeout)
+
+    def events(self, after: int = 0, *, timeout: float | None = None) -> Iterator[StepEvent]:
+        """The run's events (``ctx.emit``, ``ctx.progress``) after seq ``after``, in order,
+        live: waits for new ones, and ends once the run has ended and every event it
+        recorded was yielded (see :meth:`Client.events`)."""
+        return self.client.events(self.id, after=after, timeout=timeout)
 
 
 def wait_for_end(route: WaitRoute, run_id: int, timeout: float | None) -> str:
@@ -111,6 +126,62 @@ def run_end_plan(
                 if state is not None:
                     return state
                 recheck_at = time.monotonic() + recheck_in(deadline, recheck)
+                while True:
+                    left = max(0.0, recheck_at - time.monotonic())
+                    payloads: list[str] = yield Notifications(left)
+                    if left == 0 or any(names_run(p, run_id) for p in payloads):
+                        break
+        except ConnectionLost:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"run {run_id}: no answer from PostgreSQL in {timeout}s"
+                ) from None
+            yield Pause(RECONNECT_SECONDS)
+
+
+def checked_after(after: object) -> int:
+    """An events offset: a seq, an integer >= 0 (0: from the start)."""
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise InvalidArgument(f"after must be an event seq, an integer >= 0, not {after!r}")
+    return after
+
+
+def events_plan(run_id: int, after: int, timeout: float | None) -> Plan[None]:
+    """Output the run's events after seq ``after`` in order, live, and end once the run is
+    terminal and every event it recorded was output.
+
+    LISTEN only wakes the plan up: it always reads by seq from the table (and re-reads
+    every :data:`RECHECK_SECONDS` without a notification), so a lost notification or a
+    connection cut delays events, never skips one. Each read returns the run's state and
+    the next events in one snapshot: a terminal state there means no event is left.
+    Raises :class:`RunNotFound`, or ``TimeoutError`` after ``timeout`` seconds.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    cursor = after
+    while True:
+        try:
+            yield Listen((EVENTS_CHANNEL, RUN_DONE_CHANNEL))
+            while True:
+                params: dict[str, object] = {
+                    "run_id": run_id,
+                    "after": cursor,
+                    "limit": EVENTS_PAGE,
+                }
+                rows: list[dict[str, Any]] = yield ReadAll(Q.run_events_after, params)
+                if not rows:
+                    raise RunNotFound(run_id)
+                found = tuple(StepEvent.from_row(run_id, r) for r in rows if r["seq"] is not None)
+                if found:
+                    cursor = found[-1].seq
+                    yield Output(found)
+                if len(found) >= EVENTS_PAGE:
+                    continue
+                state = RunState(rows[0]["run_state"])
+                if state.is_terminal:
+                    return
+                if deadline is not None and deadline - time.monotonic() <= 0:
+                    raise TimeoutError(f"run {run_id} is still {state} after {timeout}s")
+                recheck_at = time.monotonic() + recheck_in(deadline)
                 while True:
                     left = max(0.0, recheck_at - time.monotonic())
                     payloads: list[str] = yield Notifications(left)

@@ -156,3 +156,41 @@ class Run:
             forked_from=fork["source_run_id"] if fork else None,
             fork_node=fork["from_node"] if fork else None,
         )
+
+
+@attrs.frozen
+class StepEvent:
+    """One event a running step reported (``ctx.emit`` or ``ctx.progress``).
+
+    ``seq`` numbers a run's events from 1, in the order they were stored.
+    ``kind`` is ``"event"`` (``data`` is the value given to ``ctx.emit``) or
+    ``"progress"`` (``data`` is ``{"done": int, "total": int, "message": str | None}``).
+    ``attempt`` is the execution that wrote it (like ``ctx.attempt``); ``at`` its time
+    by the database clock. ``fenced`` is True when that execution did not hold the
+    step's lease when it wrote the event, or lost it later to a reclaim or a release
+    (the step ran again): the event is kept, but its work may have been repeated.
+    """
+
+    seq: int
+    run_id: int
+    node: str
+    step_id: int
+    attempt: int
+    kind: str
+    data: JSONValue
+    at: datetime
+    fenced: bool
+
+    @classmethod
+    def from_row(cls, run_id: int, row: dict[str, Any]) -> StepEvent:
+        return cls(
+            seq=row["seq"],
+            run_id=run_id,
+            node=row["node"],
+            step_id=row["step_id"],
+            attempt=row["attempt"],
+            kind=row["kind"],
+            data=row["payload"],
+            at=row["created_at"],
+            fenced=row["fenced"],
+        )

@@ -15,13 +15,22 @@ from typing import Any, LiteralString
 
 from cyclone_dsl.client import base, bulk
 from cyclone_dsl.client.bulk import BulkResult, Progress
-from cyclone_dsl.client.handle import RunHandle, WaitRoute, outcome_from_row, wait_for_end
-from cyclone_dsl.client.model import Attempt, Run, Step
+from cyclone_dsl.client.handle import (
+    EVENTS_PAGE,
+    RunHandle,
+    WaitRoute,
+    checked_after,
+    events_plan,
+    outcome_from_row,
+    wait_for_end,
+)
+from cyclone_dsl.client.model import Attempt, Run, Step, StepEvent
 from cyclone_dsl.client.schedules import Schedule, schedule_from_row, spec_for
 from cyclone_dsl.db.callers import Connection, in_callers_transaction
 from cyclone_dsl.db.clock import current_shift
 from cyclone_dsl.db.connect import resolve_listen_dsn, resolve_pooled
 from cyclone_dsl.db.embedded import ENV_URL
+from cyclone_dsl.db.follow import stream
 from cyclone_dsl.db.pool import PooledDatabase
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.dsl import runs
@@ -518,6 +527,44 @@ class Client:
         self._db.check_open()
         wait_for_end(self.wait_route, run_id, timeout)
         return self.outcome(run_id)
+
+    def events(
+        self, run_id: int, after: int = 0, *, timeout: float | None = None
+    ) -> Iterator[StepEvent]:
+        """Iterate the run's events (``ctx.emit``, ``ctx.progress``) after seq ``after``
+        (0: from the first), in order, as they are recorded.
+
+        Ends once the run has ended (completed, failed or cancelled) and every event it
+        recorded was yielded; raises :class:`RunNotFound`, or ``TimeoutError`` when the
+        run has not ended after ``timeout`` seconds. Wakes up on LISTEN and always reads
+        by seq from the table (re-reading every second without a notification), so a
+        lost connection is replaced and no event is skipped. To resume after a break,
+        pass the last ``seq`` seen as ``after``. The iterator holds one connection (not
+        from the pool) until it ends or is closed.
+        """
+        run_id = base.checked_run_id(run_id)
+        after = checked_after(after)
+        self._db.check_open()
+        route = self.wait_route
+        return stream(
+            route.dsn,
+            events_plan(run_id, after, timeout),
+            name="cyclone-follow",
+            listen=route.listen,
+            pooled=route.pooled,
+        )
+
+    def events_of(self, run_id: int, after: int = 0, limit: int = EVENTS_PAGE) -> list[StepEvent]:
+        """The run's events after seq ``after`` recorded so far (at most ``limit``, in
+        order): one read, no waiting (see :meth:`events` to follow them)."""
+        run_id = base.checked_run_id(run_id)
+        after = checked_after(after)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidArgument(f"limit must be an integer >= 1, not {limit!r}")
+        rows = self._read(Q.run_events_after, run_id=run_id, after=after, limit=limit)
+        if not rows:
+            raise RunNotFound(run_id)
+        return [StepEvent.from_row(run_id, r) for r in rows if r["seq"] is not None]
 
     def _read(self, query: LiteralString, **params: object) -> list[dict[str, Any]]:
         return self._db.transaction(lambda tx: tx.rows(query, **params), one_statement=True)

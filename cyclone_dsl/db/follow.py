@@ -1,12 +1,13 @@
 """Following the database with LISTEN: one plan, run by a sync or an async driver.
 
-Waiting for a run to end (and, later, following its events) is a loop of
-reads and waits for notifications, with reconnects when the connection dies.
-That loop is written once, as a *plan*: a generator that yields what it wants
-done (:class:`Listen`, :class:`Read`, :class:`Notifications`, :class:`Pause`)
-and gets the result sent back. :func:`follow` runs a plan on a blocking
-connection, :func:`follow_async` on an asyncio one; neither knows what the
-plan is for.
+Waiting for a run to end, and following its events, are loops of reads and
+waits for notifications, with reconnects when the connection dies. Such a
+loop is written once, as a *plan*: a generator that yields what it wants done
+(:class:`Listen`, :class:`Read`, :class:`ReadAll`, :class:`Notifications`,
+:class:`Pause`, :class:`Output`) and gets the result sent back. :func:`follow`
+runs a plan on a blocking connection and returns its result, :func:`stream`
+yields what it outputs; :func:`follow_async` and :func:`stream_async` do the
+same on an asyncio connection. None of them knows what the plan is for.
 
 When the connection fails (lost, refused, or silent for longer than
 :data:`~cyclone_dsl.db.listen.PING_TIMEOUT_S`), the driver closes it and
@@ -24,8 +25,9 @@ re-check interval.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator
 from typing import Any, LiteralString, TypeVar
 
 import attrs
@@ -36,7 +38,7 @@ from cyclone_dsl.db.clock import current_shift
 from cyclone_dsl.db.connect import connect, connect_async
 from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen_async
 from cyclone_dsl.db.listen import listen as listen_on
-from cyclone_dsl.db.tx import Row, with_shift
+from cyclone_dsl.db.tx import with_shift
 
 T = TypeVar("T")
 
@@ -57,6 +59,14 @@ class Read:
 
 
 @attrs.frozen
+class ReadAll:
+    """Run one named query (reply: all its rows, as a list)."""
+
+    query: LiteralString
+    params: dict[str, object] = attrs.field(factory=dict)
+
+
+@attrs.frozen
 class Notifications:
     """Wait up to ``timeout`` seconds for notifications (reply: their payloads, perhaps
     none); returns as soon as one arrives."""
@@ -71,7 +81,15 @@ class Pause:
     seconds: float
 
 
-Request = Listen | Read | Notifications | Pause
+@attrs.frozen
+class Output:
+    """Hand ``values`` to whoever iterates a streamed plan (:func:`stream`), in order
+    (reply: None, once they were taken)."""
+
+    values: tuple[Any, ...]
+
+
+Request = Listen | Read | ReadAll | Notifications | Pause | Output
 Plan = Generator[Request, Any, T]
 
 
@@ -79,9 +97,65 @@ class ConnectionLost(Exception):
     """Thrown into a plan when its connection failed; the next :class:`Listen` reconnects."""
 
 
+@attrs.frozen
+class _Done:
+    """What a driver yields last: the plan's return value."""
+
+    value: Any
+
+
 def follow(dsn: str, plan: Plan[T], *, name: str, listen: bool = True, pooled: bool = False) -> T:
-    """Run ``plan`` on blocking connections to ``dsn``; return what the plan returns
-    (``listen=False``: without LISTEN; ``pooled``: ``dsn`` goes through a pooler)."""
+    """Run ``plan`` on blocking connections to ``dsn``; return what the plan returns."""
+    with contextlib.closing(_drive(dsn, plan, name=name, listen=listen, pooled=pooled)) as driven:
+        for item in driven:
+            if isinstance(item, _Done):
+                result: T = item.value
+                return result
+    raise AssertionError("a driver always ends with the plan's return value")
+
+
+def stream(
+    dsn: str, plan: Plan[None], *, name: str, listen: bool = True, pooled: bool = False
+) -> Iterator[Any]:
+    """Run ``plan`` on blocking connections to ``dsn``, yielding every value it
+    :class:`Output` s; the connection closes when the plan ends or the iterator is
+    closed."""
+    with contextlib.closing(_drive(dsn, plan, name=name, listen=listen, pooled=pooled)) as driven:
+        for item in driven:
+            if not isinstance(item, _Done):
+                yield item
+
+
+async def follow_async(
+    dsn: str, plan: Plan[T], *, name: str, listen: bool = True, pooled: bool = False
+) -> T:
+    """:func:`follow` on asyncio connections: never blocks the event loop."""
+    async with contextlib.aclosing(
+        _drive_async(dsn, plan, name=name, listen=listen, pooled=pooled)
+    ) as driven:
+        async for item in driven:
+            if isinstance(item, _Done):
+                result: T = item.value
+                return result
+    raise AssertionError("a driver always ends with the plan's return value")
+
+
+async def stream_async(
+    dsn: str, plan: Plan[None], *, name: str, listen: bool = True, pooled: bool = False
+) -> AsyncIterator[Any]:
+    """:func:`stream` on asyncio connections: never blocks the event loop."""
+    async with contextlib.aclosing(
+        _drive_async(dsn, plan, name=name, listen=listen, pooled=pooled)
+    ) as driven:
+        async for item in driven:
+            if not isinstance(item, _Done):
+                yield item
+
+
+def _drive(
+    dsn: str, plan: Plan[Any], *, name: str, listen: bool = True, pooled: bool = False
+) -> Generator[Any, None, None]:
+    """Run ``plan``: yield what it outputs, then :class:`_Done` with its return value."""
     conn: psycopg.Connection[Any] | None = None
     reply: object = None
     failure: ConnectionLost | None = None
@@ -90,9 +164,12 @@ def follow(dsn: str, plan: Plan[T], *, name: str, listen: bool = True, pooled: b
             try:
                 request = plan.throw(failure) if failure is not None else plan.send(reply)
             except StopIteration as done:
-                result: T = done.value
-                return result
+                yield _Done(done.value)
+                return
             failure, reply = None, None
+            if isinstance(request, Output):
+                yield from request.values
+                continue
             try:
                 if isinstance(request, Pause):
                     time.sleep(request.seconds)
@@ -103,13 +180,13 @@ def follow(dsn: str, plan: Plan[T], *, name: str, listen: bool = True, pooled: b
                             listen_on(conn, channel)
                 elif conn is None:
                     failure = ConnectionLost("no connection: the plan must Listen first")
-                elif isinstance(request, Read):
+                elif isinstance(request, Read | ReadAll):
                     with (
                         answer_within(conn, PING_TIMEOUT_S),
                         conn.cursor(row_factory=dict_row) as cur,
                     ):
                         cur.execute(request.query, with_shift(request.params, current_shift()))
-                        reply = cur.fetchone()
+                        reply = cur.fetchone() if isinstance(request, Read) else cur.fetchall()
                 elif not listen:
                     time.sleep(request.timeout)
                     reply = []
@@ -128,10 +205,10 @@ def follow(dsn: str, plan: Plan[T], *, name: str, listen: bool = True, pooled: b
             conn.close()
 
 
-async def follow_async(
-    dsn: str, plan: Plan[T], *, name: str, listen: bool = True, pooled: bool = False
-) -> T:
-    """:func:`follow` on asyncio connections: never blocks the event loop."""
+async def _drive_async(
+    dsn: str, plan: Plan[Any], *, name: str, listen: bool = True, pooled: bool = False
+) -> AsyncGenerator[Any, None]:
+    """:func:`_drive` on asyncio connections."""
     conn: psycopg.AsyncConnection[Any] | None = None
     reply: object = None
     failure: ConnectionLost | None = None
@@ -140,9 +217,13 @@ async def follow_async(
             try:
                 request = plan.throw(failure) if failure is not None else plan.send(reply)
             except StopIteration as done:
-                result: T = done.value
-                return result
+                yield _Done(done.value)
+                return
             failure, reply = None, None
+            if isinstance(request, Output):
+                for value in request.values:
+                    yield value
+                continue
             try:
                 if isinstance(request, Pause):
                     await asyncio.sleep(request.seconds)
@@ -153,7 +234,7 @@ async def follow_async(
                             await listen_async(conn, channel)
                 elif conn is None:
                     failure = ConnectionLost("no connection: the plan must Listen first")
-                elif isinstance(request, Read):
+                elif isinstance(request, Read | ReadAll):
                     reply = await _read_async(conn, request)
                 elif not listen:
                     await asyncio.sleep(request.timeout)
@@ -174,11 +255,13 @@ async def follow_async(
             await conn.close()
 
 
-async def _read_async(conn: psycopg.AsyncConnection[Any], request: Read) -> Row | None:
+async def _read_async(conn: psycopg.AsyncConnection[Any], request: Read | ReadAll) -> object:
     with answer_within(conn, PING_TIMEOUT_S):
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(request.query, with_shift(request.params, current_shift()))
-            return await cur.fetchone()
+            if isinstance(request, Read):
+                return await cur.fetchone()
+            return await cur.fetchall()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -21,8 +21,10 @@ from cyclone_dsl.engine.children import CHILD_WAKE
 from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.engine.complete import Failure, Success
 from cyclone_dsl.engine.core import DEFAULT_RETENTION, Engine, Page
+from cyclone_dsl.engine.events import DEFAULT_MAX_EVENTS_PER_STEP, EVENT_KINDS, Recorded
 from cyclone_dsl.engine.notify import (
     CANCEL_CHANNEL,
+    EVENTS_CHANNEL,
     RUN_DONE_CHANNEL,
     WORK_CHANNEL,
     AfterCommit,
@@ -38,7 +40,10 @@ __all__ = [
     "CANCEL_CHANNEL",
     "CHILD_WAKE",
     "DEFAULT_BATCH_SIZE",
+    "DEFAULT_MAX_EVENTS_PER_STEP",
     "DEFAULT_RETENTION",
+    "EVENTS_CHANNEL",
+    "EVENT_KINDS",
     "LIVE_FOR",
     "MAX_BATCH_SIZE",
     "RUN_DONE_CHANNEL",
@@ -53,6 +58,7 @@ __all__ = [
     "Engine",
     "Failure",
     "Page",
+    "Recorded",
     "RunFilter",
     "Submitted",
     "Success",

@@ -10,7 +10,7 @@ import attrs
 
 from cyclone_dsl.db.errors import ConnectionFailure
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import notify
+from cyclone_dsl.engine import events, notify
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
@@ -161,8 +161,10 @@ def release(tx: Tx, leases: Sequence[tuple[int, int]]) -> set[int]:
     if not leases:
         return set()
     rows = tx.rows(Q.release_steps, ids=[i for i, _ in leases], generations=[g for _, g in leases])
+    released = {r["id"] for r in rows}
+    events.fence(tx, [(i, g) for i, g in leases if i in released])
     notify.wake_queues(tx, (r["queue"] for r in rows))
-    return {r["id"] for r in rows}
+    return released
 
 
 def lease_states(tx: Tx, ids: Sequence[int]) -> dict[int, str]:

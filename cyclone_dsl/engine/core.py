@@ -26,6 +26,7 @@ from cyclone_dsl.engine import (
     complete,
     control,
     debounce,
+    events,
     fork,
     gates,
     replay,
@@ -39,6 +40,7 @@ from cyclone_dsl.engine import (
 from cyclone_dsl.engine.bulk import BulkAction, BulkPage, RunFilter
 from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.engine.complete import Failure, Success
+from cyclone_dsl.engine.events import DEFAULT_MAX_EVENTS_PER_STEP, Recorded
 from cyclone_dsl.engine.hooks import build_hooks
 from cyclone_dsl.engine.schedules import CatchUp, Compiler
 from cyclone_dsl.engine.signals import Delivery
@@ -303,6 +305,35 @@ class Engine:
         """Record failed executions; return the ids applied, each with its step's new state
         (``discarded``: failed for good; ``available`` or ``paused``: it retries)."""
         return complete.fail(tx, failures, self._hooks)
+
+    # -- step events ---------------------------------------------------------------------
+
+    def record_event(
+        self,
+        tx: Tx,
+        *,
+        step_id: int,
+        generation: int,
+        attempt: int,
+        kind: str,
+        payload_text: str,
+        cap: int = DEFAULT_MAX_EVENTS_PER_STEP,
+    ) -> Recorded | None:
+        """Store one event of a running step's execution and wake its run's followers
+        (see :mod:`cyclone_dsl.engine.events`); None when the step no longer exists.
+
+        One statement: on an autocommit ``tx`` it commits on its own, without waiting for
+        the WAL flush (the step's completion flushes it).
+        """
+        return events.record(
+            tx,
+            step_id=step_id,
+            generation=generation,
+            attempt=attempt,
+            kind=kind,
+            payload_text=payload_text,
+            cap=cap,
+        )
 
     # -- scanner passes: each call handles one page, in the caller's transaction --------
 

@@ -13,6 +13,8 @@ from cyclone_dsl.sql import Q
 WORK_CHANNEL = "cyclone_work"
 RUN_DONE_CHANNEL = "cyclone_run_done"
 CANCEL_CHANNEL = "cyclone_cancel"
+#: Step events (payload: the run id); sent by the statement that stores the event.
+EVENTS_CHANNEL = "cyclone_events"
 
 
 class AfterCommit:

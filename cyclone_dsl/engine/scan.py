@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import complete, notify
+from cyclone_dsl.engine import complete, events, notify
 from cyclone_dsl.engine.backoff import backoff_seconds
 from cyclone_dsl.engine.transitions import Hooks, after_discards
 from cyclone_dsl.sql import Q
@@ -45,6 +45,8 @@ def reclaim(
         limits=[max_reclaims[k] for k in kinds],
         default_max_reclaims=default_max_reclaims,
     )
+    generations = {r["id"]: r["lease_generation"] for r in page}
+    events.fence(tx, [(r["id"], generations[r["id"]]) for r in rows])
     notify.wake_queues(tx, (r["queue"] for r in rows if r["state"] == StepState.AVAILABLE))
     discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
     if discarded:

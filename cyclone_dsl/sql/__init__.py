@@ -61,6 +61,10 @@ class _Queries:
     fork_copy: LiteralString
     fork_of: LiteralString
     fork_source_run: LiteralString
+    # events.sql
+    record_event: LiteralString
+    fence_events: LiteralString
+    run_events_after: LiteralString
     # fanout.sql
     expand_fan_outs: LiteralString
     fan_out_sources: LiteralString

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -9,7 +10,18 @@ from typing import Any
 
 import attrs
 
+from cyclone_dsl import payload
 from cyclone_dsl.errors import InvalidArgument
+
+#: The largest event (its JSON text, in bytes) ``ctx.emit`` and ``ctx.progress`` store.
+MAX_EVENT_BYTES = 64 * 1024
+
+#: Stores one event: (kind, JSON text).
+EventWriter = Callable[[str, str], None]
+
+
+def _stores_nothing(kind: str, text: str) -> None:
+    """The event writer of a context made by hand (a unit test): nothing is stored."""
 
 
 @attrs.define
@@ -28,6 +40,10 @@ class StepContext:
     ``deadline`` is the run's deadline (``None`` without one), from the
     database clock.
 
+    :meth:`emit` and :meth:`progress` report what the handler is doing while it runs:
+    each event is stored at once (durably, in its own transaction) and followers of the
+    run (``RunHandle.events()``, ``cyclone run ID --follow``) see it live.
+
     ``rate_limit_units``: a handler whose kind has a :class:`RateLimit` and that
     learns its real cost while it runs (tokens of an API call) sets the units it
     used; what exceeds the units its claim took (``RateLimit.units``) is charged
@@ -45,6 +61,7 @@ class StepContext:
     def_version: str
     deadline: datetime | None = None
     rate_limit_units: int | None = None
+    _emit: EventWriter = attrs.field(default=_stores_nothing, alias="emit_fn")
     _connection: Any = attrs.field(default=None, alias="connection")
     _cancelled: threading.Event = attrs.field(factory=threading.Event, alias="cancelled_event")
     _heartbeat: Callable[[], bool] = attrs.field(default=lambda: True, alias="heartbeat_fn")
@@ -86,3 +103,52 @@ class StepContext:
     def heartbeat(self) -> bool:
         """Extend the lease now; False when it is lost (stop working: the result is ignored)."""
         return self._heartbeat()
+
+    # -- live events -------------------------------------------------------------------
+
+    def emit(self, event: object) -> None:
+        """Store ``event`` (any JSON value) as an event of this step, and wake followers.
+
+        Stored at once in its own transaction (a transactional step's rollback keeps
+        it), numbered after the run's earlier events. Raises
+        :class:`~cyclone_dsl.errors.InvalidPayload` for a value that is not strict JSON,
+        :class:`~cyclone_dsl.errors.PayloadTooLarge` over :data:`MAX_EVENT_BYTES`, and
+        :class:`~cyclone_dsl.errors.EventLimitExceeded` past the step's cap (the worker's
+        ``max_events_per_step``); nothing is stored then. It blocks for one short write:
+        an async handler uses :meth:`emit_async`.
+        """
+        self._emit("event", _encoded(event, self.node))
+
+    def progress(self, done: int, total: int, message: str | None = None) -> None:
+        """Store a progress event: ``done`` of ``total`` units, with an optional message.
+
+        ``done`` and ``total`` are integers with ``0 <= done <= total``, ``message`` a
+        string or None (:class:`~cyclone_dsl.errors.InvalidArgument` otherwise); stored
+        as ``{"done": done, "total": total, "message": message}`` like :meth:`emit`.
+        """
+        self._emit("progress", _progress_text(done, total, message, self.node))
+
+    async def emit_async(self, event: object) -> None:
+        """:meth:`emit` without blocking the event loop (the write runs on a thread)."""
+        text = _encoded(event, self.node)
+        await asyncio.to_thread(self._emit, "event", text)
+
+    async def progress_async(self, done: int, total: int, message: str | None = None) -> None:
+        """:meth:`progress` without blocking the event loop."""
+        text = _progress_text(done, total, message, self.node)
+        await asyncio.to_thread(self._emit, "progress", text)
+
+
+def _encoded(event: object, node: str) -> str:
+    return payload.encode(event, what=f"an event of step {node!r}", max_bytes=MAX_EVENT_BYTES)
+
+
+def _progress_text(done: int, total: int, message: str | None, node: str) -> str:
+    for name, value in (("done", done), ("total", total)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidArgument(f"progress {name} must be an integer >= 0, not {value!r}")
+    if done > total:
+        raise InvalidArgument(f"progress done ({done}) is more than total ({total})")
+    if message is not None and not isinstance(message, str):
+        raise InvalidArgument(f"progress message must be a string or None, not {message!r}")
+    return _encoded({"done": done, "total": total, "message": message}, node)

@@ -10,7 +10,7 @@ from cyclone_dsl import payload
 from cyclone_dsl.engine import Claimed, Failure, Success, backoff_seconds
 from cyclone_dsl.errors import InvalidPayload, PayloadTooLarge, Permanent
 from cyclone_dsl.states import ErrorKind
-from cyclone_dsl.worker.context import StepContext
+from cyclone_dsl.worker.context import EventWriter, StepContext
 from cyclone_dsl.worker.serving import STANDALONE, Serving, arguments, standalone_arguments
 
 
@@ -95,7 +95,10 @@ def extra_units(ctx: StepContext, reserved: int) -> int:
     return max(0, used - reserved)
 
 
-def make_context(step: Claimed, heartbeat: Callable[[], bool]) -> StepContext:
+def make_context(
+    step: Claimed, heartbeat: Callable[[], bool], emit: EventWriter | None = None
+) -> StepContext:
+    extra: dict[str, Any] = {} if emit is None else {"emit_fn": emit}
     return StepContext(
         run_id=step.run_id,
         node=step.node,
@@ -108,4 +111,5 @@ def make_context(step: Claimed, heartbeat: Callable[[], bool]) -> StepContext:
         def_version=step.def_version,
         deadline=step.deadline_at,
         heartbeat_fn=heartbeat,
+        **extra,
     )

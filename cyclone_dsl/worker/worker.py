@@ -57,6 +57,7 @@ from cyclone_dsl.db.connect import (
 from cyclone_dsl.db.errors import ConnectionFailure, DatabaseError
 from cyclone_dsl.db.handler_tx import interrupt
 from cyclone_dsl.db.listen import listen, ping
+from cyclone_dsl.db.pool import PooledDatabase
 from cyclone_dsl.db.tx import ConnectionTx, Tx, in_autocommit, in_transaction
 from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.registry import Registry, default_registry
@@ -64,6 +65,7 @@ from cyclone_dsl.dsl.step import StepDef
 from cyclone_dsl.engine import (
     CANCEL_CHANNEL,
     CHILD_WAKE,
+    DEFAULT_MAX_EVENTS_PER_STEP,
     DEFAULT_RETENTION,
     WORK_CHANNEL,
     Claimed,
@@ -103,6 +105,8 @@ REGISTRY_BEAT_S = 5.0
 UNSERVED_CHECK_S = 60.0
 #: A sync handler still running this long past its timeout is reported (once).
 STUCK_REPORT_S = 10.0
+#: Connections of the pool that stores handlers' events (opened at the first event).
+EVENT_CONNECTIONS = 8
 
 #: Collects the runs the current transaction ended, while an observer wants them.
 _ENDED_RUNS: contextvars.ContextVar[list[EndedRun] | None] = contextvars.ContextVar(
@@ -164,6 +168,10 @@ class Worker:
     while the worker runs (port 0: any free port, see :attr:`metrics_port` once started);
     it needs the ``metrics`` extra. ``observers`` hear what the worker does with its steps
     (see :class:`~cyclone_dsl.worker.observe.WorkerObserver`).
+
+    ``max_events_per_step`` caps the events (``ctx.emit``, ``ctx.progress``) one step may
+    store, across its attempts; handlers that emit share a pool of up to
+    :data:`EVENT_CONNECTIONS` connections, opened at the first event.
     """
 
     def __init__(
@@ -193,6 +201,7 @@ class Worker:
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",  # noqa: S104 - Prometheus scrapes from another host
         observers: Sequence[WorkerObserver] = (),
+        max_events_per_step: int = DEFAULT_MAX_EVENTS_PER_STEP,
     ) -> None:
         for option, value in (("concurrency", concurrency), ("max_concurrency", max_concurrency)):
             if value is not None and (
@@ -210,6 +219,17 @@ class Worker:
             raise InvalidArgument("lease and poll_interval must be > 0, grace >= 0")
         if not queues:
             raise InvalidArgument("a worker needs at least one queue")
+        if (
+            isinstance(max_events_per_step, bool)
+            or not isinstance(max_events_per_step, int)
+            or max_events_per_step < 1
+        ):
+            raise InvalidArgument(
+                f"max_events_per_step must be an integer >= 1, not {max_events_per_step!r}"
+            )
+        self.max_events_per_step = max_events_per_step
+        self._events_db: PooledDatabase | None = None
+        self._events_lock = threading.Lock()
         self.queue_limits = dict(queue_limits or {})
         for limited, cap in self.queue_limits.items():
             if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
@@ -627,6 +647,9 @@ class Worker:
         if self._pool is not None:
             self._pool.close()
         self._stop_metrics()
+        with self._events_lock:
+            if self._events_db is not None:
+                self._events_db.close()
         self._stopped.set()
         log.info("worker %s stopped", self.id)
 
@@ -794,9 +817,12 @@ class Worker:
     def _dispatch(self, step: Claimed, claimed_at: float) -> None:
         handler = self.handlers[step.kind]
         deadline = time.monotonic() + step.timeout_s if step.timeout_s else None
-        entry = _Inflight(
-            step, execute.make_context(step, lambda: self._beat(step)), deadline, claimed_at
+        ctx = execute.make_context(
+            step,
+            lambda: self._beat(step),
+            lambda kind, text: self._record_event(step, kind, text),
         )
+        entry = _Inflight(step, ctx, deadline, claimed_at)
         with self._inflight_lock:
             self._inflight[step.id] = entry
             self._running[step.id] = entry
@@ -917,6 +943,31 @@ class Worker:
     ) -> object:
         self._enter_transactional(entry)
         return runner.run(call)
+
+    def _record_event(self, step: Claimed, kind: str, text: str) -> None:
+        """Store one event of a running handler, on the events pool (in autocommit: the
+        event commits, then its notification goes)."""
+        with self._events_lock:
+            if self._events_db is None:
+                self._events_db = PooledDatabase(
+                    self._dsn,
+                    name=f"cyclone-emit-{os.getpid()}",
+                    max_size=min(self.max_concurrency, EVENT_CONNECTIONS),
+                    pooled=self.pooled,
+                )
+            db = self._events_db
+        db.transaction(
+            lambda tx: self._engine.record_event(
+                tx,
+                step_id=step.id,
+                generation=step.generation,
+                attempt=step.attempt + 1,
+                kind=kind,
+                payload_text=text,
+                cap=self.max_events_per_step,
+            ),
+            one_statement=True,
+        )
 
     def _decide(self, entry: _Inflight) -> bool:
         """Take the decision of a transactional step for its own transaction (False: a

@@ -1,5 +1,8 @@
 """A TCP proxy for network-fault tests: cut, delay or blackhole connections.
 
+It forwards to a TCP address, or to a server's Unix socket (``upstream_socket``: the
+shared test server listens on one only).
+
 The proxy sits between a client (a worker) and PostgreSQL and runs an asyncio
 loop in a background thread, so a synchronous test drives it with plain
 method calls::
@@ -123,9 +126,17 @@ class _Connection:
 class TcpProxy:
     """Forward ``127.0.0.1:<port>`` to ``upstream_host:upstream_port``, with faults on demand."""
 
-    def __init__(self, upstream_host: str, upstream_port: int, *, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        upstream_host: str,
+        upstream_port: int,
+        *,
+        host: str = "127.0.0.1",
+        upstream_socket: str | None = None,
+    ) -> None:
         self.upstream_host = upstream_host
         self.upstream_port = upstream_port
+        self.upstream_socket = upstream_socket  # a Unix socket path: used instead of host:port
         self.host = host
         self.port = 0  # set by start()
         self._delay = 0.0
@@ -292,7 +303,10 @@ class TcpProxy:
             self._handlers.add(handler)
             handler.add_done_callback(self._handlers.discard)
         try:
-            upstream = await asyncio.open_connection(self.upstream_host, self.upstream_port)
+            if self.upstream_socket is not None:
+                upstream = await asyncio.open_unix_connection(self.upstream_socket)
+            else:
+                upstream = await asyncio.open_connection(self.upstream_host, self.upstream_port)
         except OSError:
             client_writer.transport.abort()
             return

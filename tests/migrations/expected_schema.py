@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATEST = 19
-EXT_LATEST = 6
+EXT_LATEST = 7
 TS = "timestamp with time zone"
 
 
@@ -658,6 +658,49 @@ EXT_TABLES: dict[str, Table] = {
         ],
         indexes=[Index("idx_ext_forks_source", "source_run_id")],
         since=6,
+    ),
+    "cyclone_ext_events": Table(
+        columns=[
+            Column("run_id", "bigint", False),
+            Column("seq", "bigint", False),
+            Column("step_id", "bigint", False),
+            Column("node", "text", False),
+            Column("attempt", "integer", False),
+            Column("lease_generation", "bigint", False),
+            Column("kind", "text", False),
+            Column("payload", "jsonb", False),
+            Column("fenced", "boolean", False, "false"),
+            Column("created_at", TS, False, "now()"),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_events_pkey", "p", "PRIMARY KEY (run_id, seq)"),
+            Constraint("cyclone_ext_events_kind_check", "c", "kind IN ('event', 'progress')"),
+            _cascade("cyclone_ext_events_run_id_fkey", "run_id", "cyclone_runs"),
+        ],
+        indexes=[Index("idx_ext_events_step", "step_id, lease_generation")],
+        since=7,
+    ),
+    "cyclone_ext_event_seqs": Table(
+        columns=[
+            Column("run_id", "bigint", False),
+            Column("last_seq", "bigint", False),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_event_seqs_pkey", "p", "PRIMARY KEY (run_id)"),
+            _cascade("cyclone_ext_event_seqs_run_id_fkey", "run_id", "cyclone_runs"),
+        ],
+        since=7,
+    ),
+    "cyclone_ext_event_counts": Table(
+        columns=[
+            Column("step_id", "bigint", False),
+            Column("emitted", "integer", False),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_event_counts_pkey", "p", "PRIMARY KEY (step_id)"),
+            _cascade("cyclone_ext_event_counts_step_id_fkey", "step_id", "cyclone_steps"),
+        ],
+        since=7,
     ),
 }
 

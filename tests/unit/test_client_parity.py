@@ -1,4 +1,5 @@
-"""AsyncClient has every public method of Client, with the same signature, as a coroutine."""
+"""AsyncClient has every public method of Client, with the same signature, as a coroutine
+(or, for a method that yields a stream, returning an async iterator)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from cyclone_dsl import AsyncClient, AsyncRunHandle, Client, RunHandle
 ASYNC_SPELLING = {"Connection": "AsyncConnection", "RunHandle": "AsyncRunHandle"}
 #: Methods that do no I/O, so they stay plain functions on the async client.
 NOT_COROUTINES = {"handle"}
+#: Methods that return a stream: ``Iterator[X]`` on the sync client, a plain function
+#: returning ``AsyncIterator[X]`` on the async one (``async for``), which checks its
+#: arguments when called.
+STREAMS = {"events"}
 
 
 def public_methods(cls: type) -> dict[str, inspect.Signature]:
@@ -25,6 +30,8 @@ def public_methods(cls: type) -> dict[str, inspect.Signature]:
 def asyncified(annotation: object) -> object:
     if not isinstance(annotation, str):
         return annotation
+    if annotation.startswith("Iterator["):
+        annotation = f"Async{annotation}"
     for sync, spelled in ASYNC_SPELLING.items():
         annotation = annotation.replace(f"{sync}]", f"{spelled}]")
         if annotation == sync:
@@ -54,6 +61,10 @@ def test_same_parameters_defaults_and_annotations(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(SYNC))
 def test_every_method_that_does_io_is_a_coroutine(name: str) -> None:
     method = getattr(AsyncClient, name)
+    if name in STREAMS:
+        assert not inspect.iscoroutinefunction(method)
+        assert str(ASYNC[name].return_annotation).startswith("AsyncIterator[")
+        return
     assert inspect.iscoroutinefunction(method) == (name not in NOT_COROUTINES)
 
 
@@ -63,4 +74,7 @@ def test_the_handles_match() -> None:
     assert sorted(async_handle) == sorted(sync_handle)
     for name, signature in sync_handle.items():
         assert async_handle[name].parameters.keys() == signature.parameters.keys()
+        if name in STREAMS:
+            assert str(async_handle[name].return_annotation).startswith("AsyncIterator[")
+            continue
         assert inspect.iscoroutinefunction(getattr(AsyncRunHandle, name))

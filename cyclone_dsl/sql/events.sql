@@ -1,0 +1,69 @@
+-- name: record_event
+-- Store one event of a running step (extension track). The step row is read FOR SHARE, so
+-- a reclaim or release of its lease either committed before (the event is stored fenced)
+-- or waits for this insert to commit (and then marks it fenced itself). The step's count
+-- goes up only below the cap; the run's seq row, locked until the commit, numbers the
+-- run's events in commit order. No row when the step does not exist; found but no seq
+-- when the step reached the cap (nothing stored).
+-- The COMMIT does not wait for its WAL flush (set_config(..., true)), as a claim's: the
+-- step's completion commits synchronously and flushes its events with it, so a server
+-- crash can only lose events of an execution whose outcome it loses too. The NOTIFY
+-- (payload: the run id) goes with the commit, which then holds the notification lock only
+-- briefly: it waits for no flush.
+WITH relaxed AS (
+    SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
+), step AS (
+    SELECT s.id, s.run_id, s.node,
+           s.state = 'running' AND s.lease_generation = %(generation)s AS live
+    FROM cyclone_steps AS s
+    WHERE s.id = %(step_id)s
+    FOR SHARE
+), counted AS (
+    INSERT INTO cyclone_ext_event_counts AS c (step_id, emitted)
+    SELECT id, 1 FROM step
+    ON CONFLICT (step_id) DO UPDATE SET emitted = c.emitted + 1
+    WHERE c.emitted < %(cap)s
+    RETURNING c.step_id
+), numbered AS (
+    INSERT INTO cyclone_ext_event_seqs AS q (run_id, last_seq)
+    SELECT step.run_id, 1 FROM step JOIN counted ON counted.step_id = step.id
+    ON CONFLICT (run_id) DO UPDATE SET last_seq = q.last_seq + 1
+    RETURNING q.run_id, q.last_seq
+), recorded AS (
+    INSERT INTO cyclone_ext_events (run_id, seq, step_id, node, attempt, lease_generation,
+                                    kind, payload, fenced, created_at)
+    SELECT step.run_id, numbered.last_seq, step.id, step.node, %(attempt)s, %(generation)s,
+           %(kind)s, %(payload)s::jsonb, NOT step.live, now() + %(shift)s::interval
+    FROM step JOIN numbered ON numbered.run_id = step.run_id
+    RETURNING seq, fenced
+)
+SELECT step.run_id, step.node, recorded.seq, recorded.fenced,
+       CASE WHEN recorded.seq IS NOT NULL
+            THEN pg_notify('cyclone_events', step.run_id::text) END AS woken
+FROM step CROSS JOIN relaxed LEFT JOIN recorded ON true
+
+-- name: fence_events
+-- The executions (step id, lease generation) lost their lease to a reclaim or a release:
+-- their events are marked fenced. A statement of its own, after the step update, so that
+-- its snapshot sees every event those executions committed.
+UPDATE cyclone_ext_events AS e
+SET fenced = true
+FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS f(id, generation)
+WHERE e.step_id = f.id AND e.lease_generation = f.generation AND NOT e.fenced
+
+-- name: run_events_after
+-- A run's state and its events after seq ``after`` (at most ``limit``, in seq order), in
+-- one snapshot: when the run is terminal here, every event it recorded is too. No row when
+-- the run does not exist; one row with no seq when it has no such events.
+SELECT r.state AS run_state, e.seq, e.step_id, e.node, e.attempt, e.kind, e.payload,
+       e.fenced, e.created_at
+FROM cyclone_runs AS r
+LEFT JOIN LATERAL (
+    SELECT x.seq, x.step_id, x.node, x.attempt, x.kind, x.payload, x.fenced, x.created_at
+    FROM cyclone_ext_events AS x
+    WHERE x.run_id = r.id AND x.seq > %(after)s
+    ORDER BY x.seq
+    LIMIT %(limit)s
+) AS e ON true
+WHERE r.id = %(run_id)s
+ORDER BY e.seq
