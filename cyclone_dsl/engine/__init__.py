@@ -25,6 +25,7 @@ from cyclone_dsl.engine.notify import (
 from cyclone_dsl.engine.schedules import CatchUp, Compiler
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import Submitted
+from cyclone_dsl.engine.tracecontext import Carrier, TraceHook
 from cyclone_dsl.engine.workers import LIVE_FOR
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "RUN_DONE_CHANNEL",
     "WORK_CHANNEL",
     "AfterCommit",
+    "Carrier",
     "CatchUp",
     "Claimed",
     "Compiler",
@@ -44,6 +46,7 @@ __all__ = [
     "Page",
     "Submitted",
     "Success",
+    "TraceHook",
     "backoff_seconds",
     "names_run",
     "run_ids_of",

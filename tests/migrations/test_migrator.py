@@ -238,6 +238,7 @@ EXT_TABLES = (
     "cyclone_ext_debounce",
     "cyclone_ext_guards",
     "cyclone_ext_forks",
+    "cyclone_ext_trace_context",
 )
 
 
@@ -292,6 +293,7 @@ def test_extension_version_moves_only_the_extension_track(
         "cyclone_ext_debounce": False,
         "cyclone_ext_guards": False,
         "cyclone_ext_forks": False,
+        "cyclone_ext_trace_context": False,
     }
     caplog.set_level(logging.INFO, logger="cyclone.migrate")
     assert migrate_versions(dsn) == (19, LATEST_EXTENSION_VERSION)
@@ -303,6 +305,8 @@ def test_extension_version_moves_only_the_extension_track(
         "extension migration 004_flow_control up",
         "extension migration 005_conditions up",
         "extension migration 006_forks up",
+        "extension migration 008_trace_context up",
+        "extension migration 008_trace_context down",
         "extension migration 006_forks down",
         "extension migration 005_conditions down",
         "extension migration 004_flow_control down",
