@@ -944,7 +944,7 @@ class Worker:
             entry.settled = True
             self._inflight.pop(entry.step.id, None)
         if outcome is not None:
-            if isinstance(outcome, Failure) and self._observer is not None:
+            if self._observer is not None and isinstance(outcome, Failure):
                 self._observer.on_failure(entry.step, outcome.error_kind, outcome.error)
             if entry.step.gated:  # its end frees a slot: claimers of its queue look again
                 outcome = attrs.evolve(outcome, wake_queue=entry.step.queue)

@@ -150,10 +150,9 @@ def test_a_run_with_a_join_a_fan_out_and_a_child_is_one_trace_shaped_like_its_gr
         start_worker(tr_dag, tr_inner, tracing=provider)
         run = handle.wait(timeout=30)
     assert run.state is RunState.COMPLETED
-    # Every step span has ended once the run has: wait for the last one to be exported.
-    wait_until(
-        lambda: any(attr(s, "cyclone.kind") == "tr_end" for s in spans()), what="the last span"
-    )
+    # A step's span ends just after its outcome commits: wait for all 15 to be exported (the
+    # submit, 6 steps, 3 items, the child node, the child's step, 3 of the handlers').
+    wait_until(lambda: len(spans()) == 15, what="every span")
     found = spans()
     assert len({s.context.trace_id for s in found}) == 1  # one trace
 
