@@ -64,7 +64,8 @@ class AsyncClient:
     """``async with AsyncClient(dsn) as client: handle = await client.submit(wf, input)``.
 
     Every method of :class:`Client`, with the same parameters, as a coroutine
-    (except :meth:`handle`, which does no I/O).
+    (except :meth:`handle`, which does no I/O). With ``tracing=``, a submit's span is a
+    child of the span current in the calling task.
     """
 
     def __init__(
@@ -75,9 +76,15 @@ class AsyncClient:
         pool_size: int = 4,
         pooled: bool | None = None,
         listen_dsn: str | None = None,
+        tracing: object = False,
     ) -> None:
         self._client = Client(
-            dsn, registry=registry, pool_size=pool_size, pooled=pooled, listen_dsn=listen_dsn
+            dsn,
+            registry=registry,
+            pool_size=pool_size,
+            pooled=pooled,
+            listen_dsn=listen_dsn,
+            tracing=tracing,
         )
         self.dsn = self._client.dsn
         self.registry = self._client.registry
@@ -128,11 +135,21 @@ class AsyncClient:
         compiled = runs.compile_workflow(self.registry, workflow, input)
         deadline = base.check_deadline(deadline)
         engine = self._client._engine
-        run_id = await in_callers_async_transaction(
-            conn,
-            lambda tx: engine.submit(tx, compiled, deadline=deadline),
-            shift=current_shift(),
-        )
+        tracing = self._client._tracing
+        if tracing is None:
+            run_id = await in_callers_async_transaction(
+                conn,
+                lambda tx: engine.submit(tx, compiled, deadline=deadline),
+                shift=current_shift(),
+            )
+            return self._handle(run_id)
+        with tracing.span("submit", compiled.workflow) as span:
+            run_id = await in_callers_async_transaction(
+                conn,
+                lambda tx: engine.submit(tx, compiled, deadline=deadline),
+                shift=current_shift(),
+            )
+            tracing.note_runs(span, [run_id])
         return self._handle(run_id)
 
     async def submit_many(
@@ -246,11 +263,21 @@ class AsyncClient:
             concurrency_key=concurrency_key,
         )
         enqueue = self._client._enqueue
-        submitted = await in_callers_async_transaction(
-            conn,
-            lambda tx: enqueue(tx, compiled, unique_key, sequence_key, scheduled_at),
-            shift=current_shift(),
-        )
+        tracing = self._client._tracing
+        if tracing is None:
+            submitted = await in_callers_async_transaction(
+                conn,
+                lambda tx: enqueue(tx, compiled, unique_key, sequence_key, scheduled_at),
+                shift=current_shift(),
+            )
+            return self._handle(submitted.run_id, submitted.created)
+        with tracing.span("enqueue", compiled.workflow) as span:
+            submitted = await in_callers_async_transaction(
+                conn,
+                lambda tx: enqueue(tx, compiled, unique_key, sequence_key, scheduled_at),
+                shift=current_shift(),
+            )
+            tracing.note_runs(span, [submitted.run_id])
         return self._handle(submitted.run_id, submitted.created)
 
     async def enqueue_many(

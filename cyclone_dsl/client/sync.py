@@ -8,10 +8,10 @@ a short pooled transaction, or in the caller's own transaction for the
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, LiteralString
+from typing import Any, LiteralString, TypeVar
 
 from cyclone_dsl.client import base, bulk
 from cyclone_dsl.client.bulk import BulkResult, Progress
@@ -51,6 +51,8 @@ from cyclone_dsl.payload import JSONValue, encode
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
 
+T = TypeVar("T")
+
 
 class Client:
     """The producer's entry point: ``Client(dsn)``, or ``Client()`` with ``$CYCLONE_DATABASE_URL``.
@@ -65,6 +67,10 @@ class Client:
     prepared statements, no LISTEN on it. :meth:`wait` then LISTENs on
     ``listen_dsn`` (default: ``$CYCLONE_LISTEN_URL``), a direct connection to the
     same database and schema, or without one reads the run's state every 0.25 s.
+
+    ``tracing=True`` (or a :class:`~opentelemetry.trace.TracerProvider`) makes each submit
+    an OpenTelemetry span whose trace context is stored with the run, so that the steps
+    of the run are spans of the same trace (the ``otel`` extra; see the monitoring guide).
     """
 
     def __init__(
@@ -75,6 +81,7 @@ class Client:
         pool_size: int = 4,
         pooled: bool | None = None,
         listen_dsn: str | None = None,
+        tracing: object = False,
     ) -> None:
         resolved = dsn or os.environ.get(ENV_URL)
         if not resolved:
@@ -83,9 +90,11 @@ class Client:
             )
         self.dsn = resolved
         self.registry = registry if registry is not None else default_registry()
+        self._tracing = tracing_of(tracing)
         self._engine = Engine(
             compile_child=runs.child_compiler(self.registry),
             compile_schedule=runs.compiler_for(self.registry),
+            tracing=self._tracing,
         )
         self.pooled = resolve_pooled(pooled)
         self.wait_route = WaitRoute.of(
@@ -95,6 +104,15 @@ class Client:
         self._db = PooledDatabase(
             resolved, name="cyclone-client", max_size=pool_size, pooled=self.pooled
         )
+
+    def _traced(self, operation: str, workflow: str, write: Callable[[], T]) -> T:
+        """Run a submit's write, in a span when this client traces."""
+        if self._tracing is None:
+            return write()
+        with self._tracing.span(operation, workflow) as span:
+            result = write()
+            self._tracing.note_runs(span, run_ids_of(result))
+            return result
 
     def close(self) -> None:
         """Close the connection pool; later calls raise :class:`ClientClosed`."""
@@ -133,15 +151,23 @@ class Client:
             if not isinstance(debounce, Debounce):
                 raise InvalidArgument(f"debounce must be a Debounce, not {debounce!r}")
             key = key_of(f"workflow {compiled.workflow!r} debounce", debounce.key, input)
-            submitted = self._db.transaction(
-                lambda tx: self._engine.submit_debounced(
-                    tx, compiled, key=key, delay=debounce.delay, deadline=deadline
-                )
+            submitted = self._traced(
+                "submit",
+                compiled.workflow,
+                lambda: self._db.transaction(
+                    lambda tx: self._engine.submit_debounced(
+                        tx, compiled, key=key, delay=debounce.delay, deadline=deadline
+                    )
+                ),
             )
             return RunHandle(submitted.run_id, self, submitted.created)
-        run_id = self._db.transaction(
-            lambda tx: self._engine.submit(tx, compiled, deadline=deadline),
-            one_statement=Engine.is_one_statement(compiled),
+        run_id = self._traced(
+            "submit",
+            compiled.workflow,
+            lambda: self._db.transaction(
+                lambda tx: self._engine.submit(tx, compiled, deadline=deadline),
+                one_statement=self._engine.is_one_statement(compiled),
+            ),
         )
         return RunHandle(run_id, self)
 
@@ -163,10 +189,14 @@ class Client:
         """
         compiled = runs.compile_workflow(self.registry, workflow, input)
         deadline = base.check_deadline(deadline)
-        run_id = in_callers_transaction(
-            conn,
-            lambda tx: self._engine.submit(tx, compiled, deadline=deadline),
-            shift=current_shift(),
+        run_id = self._traced(
+            "submit",
+            compiled.workflow,
+            lambda: in_callers_transaction(
+                conn,
+                lambda tx: self._engine.submit(tx, compiled, deadline=deadline),
+                shift=current_shift(),
+            ),
         )
         return RunHandle(run_id, self)
 
@@ -182,8 +212,14 @@ class Client:
         texts = [encode(value, what="the run input") for value in inputs]
         flows = runs.workflow_flows(self.registry, workflow, inputs)
         deadline = base.check_deadline(deadline)
-        ids = self._db.transaction(
-            lambda tx: self._engine.submit_many(tx, template, texts, deadline=deadline, flows=flows)
+        ids = self._traced(
+            "submit_many",
+            template.workflow,
+            lambda: self._db.transaction(
+                lambda tx: self._engine.submit_many(
+                    tx, template, texts, deadline=deadline, flows=flows
+                )
+            ),
         )
         return [RunHandle(run_id, self) for run_id in ids]
 
@@ -201,8 +237,12 @@ class Client:
         Race-free: concurrent callers with one key get one run.
         """
         compiled, deadline = self._once(workflow, input, key, deadline)
-        submitted = self._db.transaction(
-            lambda tx: self._engine.submit_once(tx, compiled, key=key, deadline=deadline)
+        submitted = self._traced(
+            "submit",
+            compiled.workflow,
+            lambda: self._db.transaction(
+                lambda tx: self._engine.submit_once(tx, compiled, key=key, deadline=deadline)
+            ),
         )
         return RunHandle(submitted.run_id, self, submitted.created)
 
@@ -272,10 +312,14 @@ class Client:
             retention=retention,
             concurrency_key=concurrency_key,
         )
-        submitted = self._db.transaction(
-            lambda tx: self._enqueue(tx, compiled, unique_key, sequence_key, scheduled_at),
-            # A unique key may need a re-read and a retry; limits write their gates too.
-            one_statement=unique_key is None and Engine.is_one_statement(compiled),
+        submitted = self._traced(
+            "enqueue",
+            compiled.workflow,
+            lambda: self._db.transaction(
+                lambda tx: self._enqueue(tx, compiled, unique_key, sequence_key, scheduled_at),
+                # A unique key may need a re-read and a retry; limits write their gates too.
+                one_statement=unique_key is None and self._engine.is_one_statement(compiled),
+            ),
         )
         return RunHandle(submitted.run_id, self, submitted.created)
 
@@ -310,10 +354,14 @@ class Client:
             retention=retention,
             concurrency_key=concurrency_key,
         )
-        submitted = in_callers_transaction(
-            conn,
-            lambda tx: self._enqueue(tx, compiled, unique_key, sequence_key, scheduled_at),
-            shift=current_shift(),
+        submitted = self._traced(
+            "enqueue",
+            compiled.workflow,
+            lambda: in_callers_transaction(
+                conn,
+                lambda tx: self._enqueue(tx, compiled, unique_key, sequence_key, scheduled_at),
+                shift=current_shift(),
+            ),
         )
         return RunHandle(submitted.run_id, self, submitted.created)
 
@@ -392,10 +440,14 @@ class Client:
         texts = [encode(value, what="the input") for value in inputs]
         flows = runs.standalone_flows(self.registry, step, inputs)
         base.check_scheduled_at(scheduled_at)
-        ids = self._db.transaction(
-            lambda tx: self._engine.submit_many(
-                tx, template, texts, scheduled_at=scheduled_at, flows=flows
-            )
+        ids = self._traced(
+            "enqueue_many",
+            template.workflow,
+            lambda: self._db.transaction(
+                lambda tx: self._engine.submit_many(
+                    tx, template, texts, scheduled_at=scheduled_at, flows=flows
+                )
+            ),
         )
         return [RunHandle(run_id, self) for run_id in ids]
 
@@ -954,3 +1006,26 @@ class Client:
         if not 1 <= buckets <= 1000:
             raise InvalidArgument("buckets must be between 1 and 1000")
         return self._read(Q.step_throughput, window=window, buckets=buckets)
+
+
+def run_ids_of(result: object) -> list[int]:
+    """The run ids a submit returned (an id, a :class:`Submitted` or a list of ids)."""
+    if isinstance(result, Submitted):
+        return [result.run_id]
+    if isinstance(result, int):
+        return [result]
+    assert isinstance(result, list)
+    return list(result)
+
+
+def tracing_of(option: object) -> Any:
+    """The tracing of ``tracing=``: None when off; importing OpenTelemetry only when on."""
+    if option is None or option is False:
+        return None
+    try:
+        from cyclone_dsl.observability import tracing  # only when asked: opentelemetry
+    except ImportError as exc:
+        raise InvalidArgument(
+            f"tracing needs opentelemetry-api: pip install 'cyclone-dsl[otel]' ({exc})"
+        ) from exc
+    return tracing.tracing_of(option)

@@ -34,6 +34,7 @@ from cyclone_dsl.engine.notify import (
 from cyclone_dsl.engine.schedules import CatchUp, Compiler
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import Submitted
+from cyclone_dsl.engine.tracecontext import Carrier, TraceHook
 from cyclone_dsl.engine.workers import LIVE_FOR
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "AfterCommit",
     "BulkAction",
     "BulkPage",
+    "Carrier",
     "CatchUp",
     "Claimed",
     "Compiler",
@@ -62,6 +64,7 @@ __all__ = [
     "RunFilter",
     "Submitted",
     "Success",
+    "TraceHook",
     "backoff_seconds",
     "names_run",
     "run_ids_of",

@@ -34,6 +34,7 @@ from cyclone_dsl.engine import (
     schedules,
     signals,
     submit,
+    tracecontext,
     waits,
     workers,
 )
@@ -45,6 +46,7 @@ from cyclone_dsl.engine.hooks import build_hooks
 from cyclone_dsl.engine.schedules import CatchUp, Compiler
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import Submitted
+from cyclone_dsl.engine.tracecontext import TraceHook
 from cyclone_dsl.engine.transitions import ChildCompiler
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.graph.rows import CompiledRun, RunFlow, RunTemplate, ScheduleRow
@@ -68,11 +70,16 @@ class Engine:
         compile_child: ChildCompiler | None = None,
         compile_schedule: Compiler | None = None,
         on_runs_ended: Callable[[list[Row], RunState], None] | None = None,
+        tracing: TraceHook | None = None,
     ) -> None:
         """``on_runs_ended`` hears, inside the transaction, of every run a transition of
         this engine ends (rows with id, workflow, created_at and finished_at): it must not
-        write, and its caller learns whether the transaction committed."""
+        write, and its caller learns whether the transaction committed.
+
+        With ``tracing``, runs this engine inserts carry a trace context (extension 8), and
+        reclaimed leases are told to it; without it nothing of that is read or written."""
         self._hooks = build_hooks(compile_child)
+        self._hooks.tracing = tracing
         self._compile_schedule = compile_schedule
         if on_runs_ended is not None:
             told = on_runs_ended
@@ -85,10 +92,19 @@ class Engine:
 
     # -- runs ------------------------------------------------------------------------
 
-    @staticmethod
-    def is_one_statement(compiled: CompiledRun) -> bool:
-        """Whether :meth:`submit` of ``compiled`` is one statement (autocommit is enough)."""
-        return submit.is_one_statement(compiled)
+    def is_one_statement(self, compiled: CompiledRun) -> bool:
+        """Whether :meth:`submit` of ``compiled`` is one statement (autocommit is enough):
+        not when this engine traces (the trace context is a second write)."""
+        return self._hooks.tracing is None and submit.is_one_statement(compiled)
+
+    @property
+    def traces(self) -> bool:
+        """Whether this engine was given a trace hook."""
+        return self._hooks.tracing is not None
+
+    def trace_contexts(self, tx: Tx, run_ids: Sequence[int]) -> dict[int, dict[str, str]]:
+        """The trace context (W3C carrier) of each of these runs that has one."""
+        return tracecontext.read(tx, run_ids)
 
     def submit(
         self,

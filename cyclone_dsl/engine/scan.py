@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import complete, events, notify
+from cyclone_dsl.engine import complete, events, notify, tracecontext
 from cyclone_dsl.engine.backoff import backoff_seconds
 from cyclone_dsl.engine.transitions import Hooks, after_discards
 from cyclone_dsl.sql import Q
@@ -51,6 +51,8 @@ def reclaim(
     discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
     if discarded:
         after_discards(tx, discarded, hooks)
+    if hooks.tracing is not None:
+        tracecontext.on_reclaim(tx, hooks.tracing, rows)
     return rows
 
 

@@ -10,7 +10,7 @@ import attrs
 
 from cyclone_dsl.db.errors import UniqueViolation
 from cyclone_dsl.db.tx import Tx
-from cyclone_dsl.engine import gates
+from cyclone_dsl.engine import gates, tracecontext
 from cyclone_dsl.engine.transitions import Hooks, activate
 from cyclone_dsl.errors import SubmitContended
 from cyclone_dsl.graph.rows import CompiledRun, RunFlow, RunTemplate, StepRow
@@ -186,6 +186,8 @@ def insert_run(
     row = tx.one(Q.insert_run_graph, **params)
     assert row is not None
     run_id: int = row["run_id"]
+    if hooks.tracing is not None:
+        tracecontext.on_insert(tx, hooks.tracing, run_id, compiled.workflow, parent)
     _record_fan_out_limits(tx, [run_id], compiled)
     if compiled.flow is not None:
         gates.record(tx, [run_id], [compiled.flow])
@@ -234,6 +236,8 @@ def insert_runs(
         scheduled_at=scheduled_at,
         wake=sorted({s.queue for s in template.steps if s.state == StepState.AVAILABLE}),
     )
+    if hooks.tracing is not None:
+        tracecontext.record(tx, ids, hooks.tracing.current())
     _record_fan_out_limits(tx, ids, template)
     if flows is not None and any(flow is not None for flow in flows):
         gates.record(tx, ids, flows)

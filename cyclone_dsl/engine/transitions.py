@@ -14,6 +14,7 @@ import attrs
 
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import notify
+from cyclone_dsl.engine.tracecontext import TraceHook
 from cyclone_dsl.graph.rows import CompiledRun
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
@@ -48,6 +49,8 @@ class Hooks:
     on_nodes_cancelled: list[Callable[[Tx, int, list[Row], Hooks], None]] = attrs.field(
         factory=list
     )
+    #: A process that traces: runs carry trace context (None: nothing read or written).
+    tracing: TraceHook | None = None
 
 
 def lock_run(tx: Tx, run_id: int) -> Row | None:

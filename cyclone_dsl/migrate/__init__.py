@@ -26,7 +26,7 @@ from cyclone_dsl.migrate.runner import (
 LATEST_SCHEMA_VERSION = 19
 """The core version a full :func:`migrate` of this build records."""
 
-LATEST_EXTENSION_VERSION = 7
+LATEST_EXTENSION_VERSION = 8
 """The extension-track version a full :func:`migrate` of this build records."""
 
 SCHEMA_VERSION_TABLE = "cyclone_schema_version"

@@ -165,6 +165,9 @@ class _Queries:
     insert_run_graphs: LiteralString
     insert_fan_out_limits: LiteralString
     record_guards: LiteralString
+    # trace.sql
+    insert_trace_contexts: LiteralString
+    trace_contexts_of: LiteralString
     # waits.sql
     due_timers: LiteralString
     expired_signal_waits: LiteralString

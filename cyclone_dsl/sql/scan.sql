@@ -43,7 +43,7 @@ reclaimed AS (
       AND s.id = e.id AND s.lease_generation = e.generation AND s.state = 'running'
       AND s.lease_expiry < now() + %(shift)s::interval
     -- cur is read in the statement's snapshot: the lease owner before this update
-    RETURNING s.id, s.run_id, s.node, s.state, s.queue, s.item_of, s.error, s.attempt,
+    RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.item_of, s.error, s.attempt,
               s.started_at, cur.lease_owner AS worker
 ), history AS (
     INSERT INTO cyclone_ext_attempts (step_id, run_id, attempt, worker, started_at, ended_at,
@@ -53,7 +53,8 @@ reclaimed AS (
            'reclaimed'
     FROM reclaimed
 )
-SELECT id, run_id, node, state, queue, item_of, error FROM reclaimed
+SELECT id, run_id, node, kind, state, queue, item_of, error, attempt, started_at, worker
+FROM reclaimed
 
 -- name: timed_out_steps
 -- Running steps past their own timeout plus a grace (the worker enforces it first).

@@ -53,6 +53,10 @@ class WorkerObserver:
     def on_started(self, step: Claimed, claim_to_start_s: float) -> None:
         """The step's handler starts (on the handler's own thread or task)."""
 
+    def on_failure(self, step: Claimed, error_kind: str, error: str) -> None:
+        """The attempt failed (``error_kind``: error, timeout, invalid_output, ...); its
+        failure is about to be recorded (then :meth:`on_failed` or :meth:`on_fenced`)."""
+
     def on_finished(self, step: Claimed, outcome: str, duration_s: float) -> None:
         """The step's handler ended, ``duration_s`` after it started."""
 
@@ -93,6 +97,10 @@ class Observers(WorkerObserver):
     def on_started(self, step: Claimed, claim_to_start_s: float) -> None:
         for o in self.observers:
             o.on_started(step, claim_to_start_s)
+
+    def on_failure(self, step: Claimed, error_kind: str, error: str) -> None:
+        for o in self.observers:
+            o.on_failure(step, error_kind, error)
 
     def on_finished(self, step: Claimed, outcome: str, duration_s: float) -> None:
         for o in self.observers:

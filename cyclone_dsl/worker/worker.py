@@ -166,8 +166,10 @@ class Worker:
 
     ``metrics_port`` serves Prometheus metrics on ``http://metrics_host:port/metrics``
     while the worker runs (port 0: any free port, see :attr:`metrics_port` once started);
-    it needs the ``metrics`` extra. ``observers`` hear what the worker does with its steps
-    (see :class:`~cyclone_dsl.worker.observe.WorkerObserver`).
+    it needs the ``metrics`` extra. ``tracing=True`` (or a
+    :class:`~opentelemetry.trace.TracerProvider`) makes each step attempt an OpenTelemetry
+    span in its run's trace; it needs the ``otel`` extra. ``observers`` hear what the
+    worker does with its steps (see :class:`~cyclone_dsl.worker.observe.WorkerObserver`).
 
     ``max_events_per_step`` caps the events (``ctx.emit``, ``ctx.progress``) one step may
     store, across its attempts; handlers that emit share a pool of up to
@@ -202,6 +204,7 @@ class Worker:
         metrics_host: str = "0.0.0.0",  # noqa: S104 - Prometheus scrapes from another host
         observers: Sequence[WorkerObserver] = (),
         max_events_per_step: int = DEFAULT_MAX_EVENTS_PER_STEP,
+        tracing: object = False,
     ) -> None:
         for option, value in (("concurrency", concurrency), ("max_concurrency", max_concurrency)):
             if value is not None and (
@@ -294,6 +297,10 @@ class Worker:
         self._metrics_server: Any = None
         if metrics_port is not None:
             watching.append(self._metrics_observer(metrics_port))
+        self._tracing: Any = None
+        if tracing is not None and tracing is not False:
+            self._tracing = self._tracing_observer(tracing)
+            watching.append(self._tracing)
         self._observer: WorkerObserver | None = (
             None if not watching else watching[0] if len(watching) == 1 else Observers(watching)
         )
@@ -301,6 +308,7 @@ class Worker:
             compile_child=runs.child_compiler(self.registry, also=self._also),
             compile_schedule=runs.compiler_for(self.registry),
             on_runs_ended=self._runs_ended if self._observer is not None else None,
+            tracing=self._tracing,
         )
         self._dsn = dsn
         self.pooled = resolve_pooled(pooled)
@@ -367,6 +375,30 @@ class Worker:
             slots_in_use=lambda: self.slots_in_use,
             slots=lambda: self._slots.limit,
         )
+
+    def _tracing_observer(self, option: object) -> WorkerObserver:
+        try:
+            from cyclone_dsl.observability import step_spans  # only when asked: opentelemetry
+        except ImportError as exc:
+            raise InvalidArgument(
+                f"tracing needs opentelemetry-api: pip install 'cyclone-dsl[otel]' ({exc})"
+            ) from exc
+        observer = step_spans.tracing_observer(option, self.id)
+        assert observer is not None
+        return observer
+
+    def _trace_contexts(self, claimed: list[Claimed]) -> dict[int, dict[str, str]]:
+        """The trace context of the claimed steps' runs (one read; none if it fails: the
+        steps are claimed and run all the same)."""
+        try:
+            contexts: dict[int, dict[str, str]] = in_autocommit(
+                self._pool,
+                lambda tx: self._engine.trace_contexts(tx, [s.run_id for s in claimed]),
+            )
+        except DatabaseError as exc:
+            log.warning("reading the trace context of claimed steps failed: %s", exc)
+            return {}
+        return contexts
 
     @property
     def slots_in_use(self) -> int:
@@ -712,6 +744,8 @@ class Worker:
             if claimed:
                 claimed_at = time.monotonic()
                 if self._observer is not None:
+                    if self._tracing is not None:
+                        self._tracing.start_attempts(claimed, self._trace_contexts(claimed))
                     self._observer.on_claimed(claimed)
                 for step in claimed:
                     self._dispatch(step, claimed_at)
@@ -996,6 +1030,8 @@ class Worker:
                 with self._count_lock:
                     self.completed_count += 1
             elif isinstance(result, Failure):
+                if self._observer is not None:
+                    self._observer.on_failure(entry.step, result.error_kind, result.error)
                 self._outcomes.put(
                     attrs.evolve(result, wake_queue=entry.step.queue)
                     if entry.step.gated
@@ -1071,6 +1107,8 @@ class Worker:
             entry.settled = True
             self._inflight.pop(entry.step.id, None)
         if outcome is not None:
+            if self._observer is not None and isinstance(outcome, Failure):
+                self._observer.on_failure(entry.step, outcome.error_kind, outcome.error)
             if entry.step.gated:  # its end frees a slot: claimers of its queue look again
                 outcome = attrs.evolve(outcome, wake_queue=entry.step.queue)
             self._outcomes.put(outcome)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATEST = 19
-EXT_LATEST = 7
+EXT_LATEST = 8
 TS = "timestamp with time zone"
 
 
@@ -701,6 +701,18 @@ EXT_TABLES: dict[str, Table] = {
             _cascade("cyclone_ext_event_counts_step_id_fkey", "step_id", "cyclone_steps"),
         ],
         since=7,
+    ),
+    "cyclone_ext_trace_context": Table(
+        columns=[
+            Column("run_id", "bigint", False),
+            Column("traceparent", "text", False),
+            Column("tracestate", "text"),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_trace_context_pkey", "p", "PRIMARY KEY (run_id)"),
+            _cascade("cyclone_ext_trace_context_run_id_fkey", "run_id", "cyclone_runs"),
+        ],
+        since=8,
     ),
 }
 

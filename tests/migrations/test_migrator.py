@@ -241,6 +241,7 @@ EXT_TABLES = (
     "cyclone_ext_events",
     "cyclone_ext_event_seqs",
     "cyclone_ext_event_counts",
+    "cyclone_ext_trace_context",
 )
 
 
@@ -298,6 +299,7 @@ def test_extension_version_moves_only_the_extension_track(
         "cyclone_ext_events": False,
         "cyclone_ext_event_seqs": False,
         "cyclone_ext_event_counts": False,
+        "cyclone_ext_trace_context": False,
     }
     caplog.set_level(logging.INFO, logger="cyclone.migrate")
     assert migrate_versions(dsn) == (19, LATEST_EXTENSION_VERSION)
@@ -310,6 +312,8 @@ def test_extension_version_moves_only_the_extension_track(
         "extension migration 005_conditions up",
         "extension migration 006_forks up",
         "extension migration 007_events up",
+        "extension migration 008_trace_context up",
+        "extension migration 008_trace_context down",
         "extension migration 007_events down",
         "extension migration 006_forks down",
         "extension migration 005_conditions down",
