@@ -32,6 +32,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from cyclone_dsl.client.model import StepEvent
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.errors import CycloneError, InvalidArgument, RunNotFound
 from cyclone_dsl.states import ErrorKind, RunState
@@ -163,6 +164,7 @@ def create_app(
             "signals": client.signals_of(run_id),
             "children": children,
             "reasons": client.why_waiting(run_id),
+            **events_context(client.events_of(run_id, limit=EVENTS_READ)),
         }
 
     def run_page(request: Request) -> HTMLResponse:
@@ -330,6 +332,26 @@ def create_app(
             ValueError: bad_request,
         },
     )
+
+
+#: Events the run page reads (from the first), and how many of the latest it lists.
+EVENTS_READ = 500
+EVENTS_SHOWN = 50
+
+
+def events_context(events: list[StepEvent]) -> dict[str, Any]:
+    """The run page's events: the latest ones listed, newest first; each node's latest
+    progress (``ctx.progress``) for its bar; whether there were more than were read."""
+    progress: dict[str, StepEvent] = {}
+    for event in events:
+        if event.kind == "progress":
+            progress[event.node] = event
+    return {
+        "events": list(reversed(events[-EVENTS_SHOWN:])),
+        "events_total": len(events),
+        "events_more": len(events) >= EVENTS_READ,
+        "progress": progress,
+    }
 
 
 def _run_filters(request: Request) -> dict[str, Any]:
