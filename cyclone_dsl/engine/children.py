@@ -45,13 +45,9 @@ def _start(tx: Tx, activated: list[Row], hooks: Hooks, *, defer_unknown: bool) -
                 # (so has the definitions it calls) starts the child.
                 deferred = True
                 continue
-            failed = tx.rows(
-                Q.discard_node,
-                id=node["id"],
-                error=f"cannot start child workflow {node['child_workflow']!r}: {exc}",
-                error_kind=ErrorKind.CHILD_FAILED.value,
+            _fail_node(
+                tx, node, f"cannot start child workflow {node['child_workflow']!r}: {exc}", hooks
             )
-            after_discards(tx, failed, hooks)
             continue
         insert_run(tx, compiled, parent=(node["run_id"], node["node"]), hooks=hooks)
         failpoint("child.after_insert")
@@ -72,13 +68,15 @@ def _reuse(tx: Tx, item: Row, child_run: Row, hooks: Hooks) -> None:
         with tx.savepoint():
             hooks.retry_child(tx, child_run["id"], hooks)
     except InvalidTransition as exc:
-        failed = tx.rows(
-            Q.discard_node,
-            id=item["id"],
-            error=f"cannot retry child run {child_run['id']}: {exc}",
-            error_kind=ErrorKind.CHILD_FAILED.value,
-        )
-        after_discards(tx, failed, hooks)
+        _fail_node(tx, item, f"cannot retry child run {child_run['id']}: {exc}", hooks)
+
+
+def _fail_node(tx: Tx, node: Row, error: str, hooks: Hooks) -> None:
+    """A child node (or item) whose child run cannot start or restart fails for good."""
+    failed = tx.rows(
+        Q.discard_node, id=node["id"], error=error, error_kind=ErrorKind.CHILD_FAILED.value
+    )
+    after_discards(tx, failed, hooks)
 
 
 #: The wake-up payload (on the work channel) of a child run left for a worker to start.
