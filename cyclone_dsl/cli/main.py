@@ -158,7 +158,14 @@ def migrate(
 @cli.command()
 @click.argument("modules", nargs=-1, required=True)
 @click.option("--queues", default="default", help="Comma-separated queues to serve.")
-@click.option("--concurrency", default=10, show_default=True, help="Handlers at once.")
+@click.option("--concurrency", default=10, show_default=True, help="Handlers at once, per process.")
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Worker processes under one supervisor (default: the number of cores; 1: the "
+    "worker runs in this process).",
+)
 @click.option("--grace", default=30.0, show_default=True, help="Seconds to finish on SIGTERM.")
 @click.option(
     "--transactional-dsn",
@@ -199,6 +206,7 @@ def worker(
     modules: tuple[str, ...],
     queues: str,
     concurrency: int,
+    processes: int | None,
     grace: float,
     transactional_dsn: str | None,
     poll_interval: float,
@@ -210,6 +218,7 @@ def worker(
 ) -> None:
     """Run a worker for the handlers of MODULES (dotted names) until SIGTERM/SIGINT."""
     from cyclone_dsl.observability import configure_logging
+    from cyclone_dsl.worker.processes import default_processes
     from cyclone_dsl.worker.worker import Worker
 
     configure_logging(json=log_format == "json", level=logging.getLogger().level)
@@ -227,6 +236,7 @@ def worker(
             listen_dsn=listen_url or ctx.obj["listen_url"] or "",
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            processes=processes if processes is not None else default_processes(),
         ).run()
 
 

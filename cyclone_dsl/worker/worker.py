@@ -79,6 +79,7 @@ from cyclone_dsl.states import ErrorKind, RunState
 from cyclone_dsl.worker import execute
 from cyclone_dsl.worker.context import StepContext
 from cyclone_dsl.worker.observe import EndedRun, Observers, WorkerObserver
+from cyclone_dsl.worker.processes import Supervisor, worker_spec
 from cyclone_dsl.worker.scanner import Scanner
 from cyclone_dsl.worker.serving import serving_of
 from cyclone_dsl.worker.threads import DaemonThreadPool
@@ -184,7 +185,10 @@ class Worker:
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",  # noqa: S104 - Prometheus scrapes from another host
         observers: Sequence[WorkerObserver] = (),
+        processes: int = 1,
     ) -> None:
+        if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+            raise InvalidArgument(f"processes must be an integer >= 1, not {processes!r}")
         if concurrency < 1:
             raise InvalidArgument("concurrency must be at least 1")
         if lease <= 0 or poll_interval <= 0 or grace < 0:
@@ -285,6 +289,42 @@ class Worker:
         self._crash_reported = False
         self._registered = False
         self._unserved_reported: dict[tuple[str, str, str, str], float] = {}
+        #: Worker processes (see :mod:`cyclone_dsl.worker.processes`); 1: this process.
+        self.processes = processes
+        self._supervisor: Supervisor | None = None
+        self._spec: dict[str, Any] | None = None
+        if processes > 1:
+            if registry is not None or observers:
+                raise InvalidArgument(
+                    "processes > 1: registry= and observers= are objects of this process, "
+                    "which the worker processes cannot share; use processes=1"
+                )
+            self._spec = worker_spec(
+                dsn,
+                objects,
+                also=self._also.workflows.values() if self._also is not None else (),
+                name=name,
+                options={
+                    "queues": self.queues,
+                    "concurrency": concurrency,
+                    "lease": lease,
+                    "poll_interval": poll_interval,
+                    "grace": grace,
+                    "scan_interval": scan_interval,
+                    "max_reclaims": max_reclaims,
+                    "batch_size": batch_size,
+                    "max_output_bytes": max_output_bytes,
+                    "scanners": scanners,
+                    "retention": None if retention is None else retention.total_seconds(),
+                    "catch_up": catch_up,
+                    "queue_limits": self.queue_limits,
+                    "transactional_dsn": transactional_dsn,
+                    "pooled": self.pooled,
+                    "listen_dsn": listen_dsn,
+                    "metrics_port": metrics_port,
+                    "metrics_host": metrics_host,
+                },
+            )
 
     def _metrics_observer(self, port: int) -> WorkerObserver:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
@@ -317,6 +357,9 @@ class Worker:
 
     def run(self) -> None:
         """Run until SIGTERM or SIGINT (a second signal stops at once), then stop gracefully."""
+        if self._spec is not None:
+            self._supervise(self._new_supervisor().run())
+            return
         previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -335,17 +378,43 @@ class Worker:
         self._raise_if_crashed()
 
     def start(self) -> Worker:
-        """Run in background threads of this process; stop with :meth:`stop`."""
+        """Run in background threads of this process (with ``processes`` > 1: the worker
+        processes, supervised from a thread of this one); stop with :meth:`stop`."""
+        if self._spec is not None:
+            self._supervisor = self._new_supervisor().start()
+            return self
         self._start_services()
         self._spawn(self._fetch_loop_then_shutdown, "fetch")
         return self
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop claiming, let running handlers finish within the grace period, then return."""
+        if self._supervisor is not None:
+            self._supervise(self._supervisor.stop(timeout))
+            return
         self._stopping.set()
         self._wake.set()
         self._stopped.wait(timeout if timeout is not None else self.grace + 30)
         self._raise_if_crashed()
+
+    def request_stop(self) -> None:
+        """Begin a graceful stop (as a first SIGTERM does) and return at once."""
+        self._stopping.set()
+        self._wake.set()
+
+    def _new_supervisor(self) -> Supervisor:
+        # The supervisor's one database check: a wrong DSN or schema fails here, once,
+        # rather than in every worker process again and again.
+        check_database(self._dsn, name=f"cyclone-supervisor-{os.getpid()}", pooled=self.pooled)
+        assert self._spec is not None
+        return Supervisor(self._spec, self.processes, grace=self.grace)
+
+    def _supervise(self, exit_code: int) -> None:
+        if exit_code != 0:
+            raise WorkerCrashed(
+                f"worker {self._spec and self._spec['name']}: a worker process did not stop "
+                "cleanly (see the log)"
+            )
 
     def _raise_if_crashed(self) -> None:
         """Raise :class:`WorkerCrashed` once, to the first caller of ``run`` or ``stop``."""
@@ -385,8 +454,7 @@ class Worker:
             log.warning("second signal: exiting now; held leases will expire and be reclaimed")
             os._exit(1)
         log.info("signal %s: stopping (grace %.0fs)", signum, self.grace)
-        self._stopping.set()
-        self._wake.set()
+        self.request_stop()
 
     def _spawn(self, target: Callable[[], object], name: str) -> None:
         def guarded() -> None:
