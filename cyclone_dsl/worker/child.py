@@ -16,7 +16,8 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from cyclone_dsl.errors import WorkerCrashed
+from cyclone_dsl.db.errors import DatabaseError
+from cyclone_dsl.errors import CycloneError, WorkerCrashed
 from cyclone_dsl.worker.processes import ENV_SPEC
 from cyclone_dsl.worker.worker import Worker
 
@@ -79,6 +80,9 @@ def main() -> int:
         worker.run()
     except WorkerCrashed:
         return 1  # already logged, with its cause
+    except (CycloneError, DatabaseError) as exc:
+        log.error("worker process %d could not start: %s", index, str(exc).strip())
+        return 1
     return 0
 
 

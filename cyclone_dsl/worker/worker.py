@@ -157,6 +157,12 @@ class Worker:
     while the worker runs (port 0: any free port, see :attr:`metrics_port` once started);
     it needs the ``metrics`` extra. ``observers`` hear what the worker does with its steps
     (see :class:`~cyclone_dsl.worker.observe.WorkerObserver`).
+
+    ``processes=N`` (N > 1) runs N worker processes under a supervisor in this process
+    (see :mod:`cyclone_dsl.worker.processes`): each imports the handler modules by name
+    and registers as ``<name>/<i>``; a dead one is restarted. The default is 1 (this
+    process) because handlers defined in a script or a test module cannot be imported
+    by name in another process; ``cyclone worker`` defaults to the number of cores.
     """
 
     def __init__(
@@ -325,6 +331,7 @@ class Worker:
                     "metrics_host": metrics_host,
                 },
             )
+            self.id = self._spec["name"]  # the processes are <id>/1 to <id>/N
 
     def _metrics_observer(self, port: int) -> WorkerObserver:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
@@ -405,15 +412,19 @@ class Worker:
     def _new_supervisor(self) -> Supervisor:
         # The supervisor's one database check: a wrong DSN or schema fails here, once,
         # rather than in every worker process again and again.
-        check_database(self._dsn, name=f"cyclone-supervisor-{os.getpid()}", pooled=self.pooled)
+        name = f"cyclone-supervisor-{os.getpid()}"
+        check_database(self._dsn, name=name, pooled=self.pooled)
+        with connect(self._dsn, name=name, pooled=self.pooled) as conn:
+            self._engine.check_handler_conflicts(
+                ConnectionTx(conn), worker_id=self.id, identities=self.serving.identities
+            )
         assert self._spec is not None
         return Supervisor(self._spec, self.processes, grace=self.grace)
 
     def _supervise(self, exit_code: int) -> None:
         if exit_code != 0:
             raise WorkerCrashed(
-                f"worker {self._spec and self._spec['name']}: a worker process did not stop "
-                "cleanly (see the log)"
+                f"worker {self.id}: a worker process did not stop cleanly (see the log)"
             )
 
     def _raise_if_crashed(self) -> None:

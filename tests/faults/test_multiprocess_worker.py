@@ -87,6 +87,8 @@ def test_sigkilled_children_are_restarted_and_no_step_runs_twice_at_once(
             ),
             timeout=30,
         )
+    # The restarted processes are registered: a new batch is spread over all three.
+    handles += client.enqueue_many(handlers.span, list(range(60)))
     for handle in handles:
         assert handle.wait(timeout=60).state is RunState.COMPLETED
     supervisor.send_signal(signal.SIGTERM)
@@ -96,7 +98,7 @@ def test_sigkilled_children_are_restarted_and_no_step_runs_twice_at_once(
     assert "restarting it now" in output
 
     rows = step_rows(cyclone_dsn)
-    assert len(rows) == 150
+    assert len(rows) == 210
     assert all(state == "completed" and has_output for _, state, has_output, _ in rows)
     # The killed children held steps: those came back through their leases' expiry.
     assert sum(reclaims for *_, reclaims in rows) >= 1
