@@ -53,7 +53,7 @@ SIZES = {
 }
 
 
-def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
+def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     def add(
@@ -88,6 +88,9 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
             print(f"  ({name} not installed: pip install 'cyclone-dsl[bench]')", flush=True)
         return module
 
+    if only == "processes":
+        scaling(admin, size, add)
+        return rows
     raw = peers.load("raw")
     assert raw is not None
     raw_1 = raw.noop_throughput(admin, size["jobs"], 1)
@@ -216,7 +219,18 @@ def measure(admin: str, size: dict[str, int]) -> list[dict[str, Any]]:
         noop,
         ">= 1x (keeps up)",
     )
+    scaling(admin, size, add)
     return rows
+
+
+def scaling(admin: str, size: dict[str, int], add: Callable[..., None]) -> None:
+    """No-op standalone steps with 1, 2 and 4 worker processes, against 1 process."""
+    one = None
+    for count in cy.PROCESS_COUNTS:
+        value = cy.process_throughput(admin, size["jobs"], count)
+        one = one or value
+        label = "process" if count == 1 else "processes"
+        add(f"standalone no-op, {count} worker {label}", value, "steps/s", "1 process", one)
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -240,6 +254,12 @@ def markdown(report: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes (under 2 minutes)")
+    parser.add_argument(
+        "--only",
+        choices=["all", "processes"],
+        default="all",
+        help="processes: only the scaling scenario (1, 2 and 4 worker processes)",
+    )
     parser.add_argument("--json", type=Path, default=Path("bench/results/latest.json"))
     parser.add_argument(
         "--markdown", type=Path, help="print the table of this JSON report as Markdown; no run"
@@ -258,10 +278,11 @@ def main() -> int:
             f"cyclone {__version__}, PostgreSQL {server[0] if server else '?'}, "
             f"synchronous_commit={sync[0] if sync else '?'}, python {platform.python_version()}"
         )
-        rows = measure(admin, size)
+        rows = measure(admin, size, args.only)
     report = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "mode": "quick" if args.quick else "full",
+        "mode": ("quick" if args.quick else "full")
+        + ("" if args.only == "all" else f", {args.only}"),
         "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
         "versions": {
             "cyclone": __version__,

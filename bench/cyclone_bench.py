@@ -14,9 +14,10 @@ import psycopg
 from bench import flows
 from cyclone_dsl import Client, Worker
 from cyclone_dsl.db.connect import make_pool
-from cyclone_dsl.engine import Engine
+from cyclone_dsl.engine import WORK_CHANNEL, Engine
 from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
 from cyclone_dsl.worker.adaptive import WorkerSettings
+from cyclone_dsl.worker.processes import Supervisor, worker_spec
 from cyclone_dsl.worker.scanner import Scanner
 
 HANDLERS = [flows.noop, flows.mark, flows.inc, flows.add, flows.total, flows.items]
@@ -245,3 +246,65 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+#: Worker processes in the scaling scenario.
+PROCESS_COUNTS = (1, 2, 4)
+
+RELEASE_HELD = """
+WITH moved AS (
+    UPDATE cyclone_steps SET queue = 'default' WHERE queue = 'bench_held' RETURNING 1
+)
+SELECT count(*), pg_notify(%(channel)s, 'default') FROM moved
+"""
+
+
+def process_throughput(admin: str, jobs: int, processes: int) -> float:
+    """Standalone no-op steps per second with ``processes`` worker processes under one
+    supervisor (1 included: a single child process, so every count pays the same costs).
+
+    The steps wait on a queue no worker serves until every process is registered; then
+    one statement moves them to the served queue, and the clock runs until the database
+    counts them all completed.
+    """
+    with fresh(admin) as dsn, Client(dsn) as client:
+        for start in range(0, jobs, 2000):
+            client.enqueue_many(flows.noop, [None] * min(2000, jobs - start), queue="bench_held")
+        spec = worker_spec(
+            dsn,
+            HANDLERS,
+            also=(),
+            name=f"bench-{processes}",
+            options={
+                "queues": ["default"],
+                "concurrency": 100,
+                "batch_size": 100,
+                "poll_interval": 0.05,
+                "scanners": False,
+                "retention": None,
+                "metrics_port": None,
+            },
+        )
+        supervisor = Supervisor(spec, processes, grace=5).start()
+        try:
+            deadline = time.perf_counter() + 120
+            while sum(1 for w in client.workers() if w["live"]) < processes:
+                if time.perf_counter() > deadline:
+                    raise TimeoutError(f"{processes} worker processes did not all start")
+                time.sleep(0.05)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                started = time.perf_counter()
+                conn.execute(RELEASE_HELD, {"channel": WORK_CHANNEL})
+                while True:
+                    row = conn.execute(
+                        "SELECT count(*) FROM cyclone_steps WHERE state = 'completed'"
+                    ).fetchone()
+                    if row is not None and row[0] >= jobs:
+                        break
+                    if time.perf_counter() - started > 600:
+                        raise TimeoutError(f"{row} of {jobs} steps done in 600 s")
+                    time.sleep(0.01)
+                elapsed = time.perf_counter() - started
+        finally:
+            supervisor.stop()
+        return jobs / elapsed

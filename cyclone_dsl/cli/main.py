@@ -224,13 +224,21 @@ def migrate(
     "--concurrency",
     type=click.IntRange(min=1),
     default=None,
-    help="Handlers at once, fixed (default: adaptive, from 10 up to --max-concurrency).",
+    help="Handlers at once, fixed, per process (default: adaptive, from 10 up to "
+    "--max-concurrency).",
 )
 @click.option(
     "--max-concurrency",
     type=click.IntRange(min=1),
     default=None,
     help="The most handlers at once when adaptive (default 256; 32 with transactional handlers).",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Worker processes under one supervisor (default: the number of cores; 1: the "
+    "worker runs in this process).",
 )
 @click.option("--grace", default=30.0, show_default=True, help="Seconds to finish on SIGTERM.")
 @click.option(
@@ -273,6 +281,7 @@ def worker(
     queues: str,
     concurrency: int | None,
     max_concurrency: int | None,
+    processes: int | None,
     grace: float,
     transactional_dsn: str | None,
     poll_interval: float,
@@ -284,6 +293,7 @@ def worker(
 ) -> None:
     """Run a worker for the handlers of MODULES (dotted names) until SIGTERM/SIGINT."""
     from cyclone_dsl.observability import configure_logging
+    from cyclone_dsl.worker.processes import default_processes
     from cyclone_dsl.worker.worker import Worker
 
     configure_logging(json=log_format == "json", level=logging.getLogger().level)
@@ -304,6 +314,7 @@ def worker(
             listen_dsn=listen_url or ctx.obj["listen_url"] or "",
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            processes=processes if processes is not None else default_processes(),
         ).run()
 
 

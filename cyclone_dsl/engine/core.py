@@ -48,7 +48,7 @@ from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import Submitted
 from cyclone_dsl.engine.tracecontext import TraceHook
 from cyclone_dsl.engine.transitions import ChildCompiler
-from cyclone_dsl.errors import InvalidArgument
+from cyclone_dsl.errors import HandlerConflict, InvalidArgument
 from cyclone_dsl.graph.rows import CompiledRun, RunFlow, RunTemplate, ScheduleRow
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
@@ -491,6 +491,17 @@ class Engine:
             versions=versions,
             refuse_conflicts=refuse_conflicts,
         )
+
+    def check_handler_conflicts(
+        self, tx: Tx, *, worker_id: str, identities: Mapping[str, str]
+    ) -> None:
+        """Raise :class:`~cyclone_dsl.errors.HandlerConflict` where a live worker serves one
+        of these kinds with another handler; write nothing."""
+        conflicts = workers.conflicting(tx, worker_id=worker_id, identities=identities)
+        if conflicts:
+            raise HandlerConflict(
+                [(c["kind"], c["mine"], c["theirs"], c["worker_id"]) for c in conflicts]
+            )
 
     def beat_worker(self, tx: Tx, worker_id: str) -> bool:
         return workers.beat(tx, worker_id)

@@ -47,13 +47,7 @@ def register(
     """
     tx.one(Q.lock_worker_registry, namespace=REGISTRY_LOCK_NAMESPACE)
     kinds = sorted(identities)
-    conflicts = tx.rows(
-        Q.handler_conflicts,
-        kinds=kinds,
-        identities=[identities[k] for k in kinds],
-        worker_id=worker_id,
-        live_for=LIVE_FOR,
-    )
+    conflicts = conflicting(tx, worker_id=worker_id, identities=identities)
     if conflicts and refuse_conflicts:
         raise HandlerConflict(
             [(c["kind"], c["mine"], c["theirs"], c["worker_id"]) for c in conflicts]
@@ -72,6 +66,19 @@ def register(
         versions=[v for _, v in versions],
     )
     return conflicts
+
+
+def conflicting(tx: Tx, *, worker_id: str, identities: Mapping[str, str]) -> list[Row]:
+    """Live workers (other than ``worker_id``) serving one of these kinds with another
+    handler. Reads only: a supervisor checks this before it starts worker processes."""
+    kinds = sorted(identities)
+    return tx.rows(
+        Q.handler_conflicts,
+        kinds=kinds,
+        identities=[identities[k] for k in kinds],
+        worker_id=worker_id,
+        live_for=LIVE_FOR,
+    )
 
 
 def beat(tx: Tx, worker_id: str) -> bool:

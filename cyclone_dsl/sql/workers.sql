@@ -15,13 +15,15 @@ ORDER BY h.kind, w.id
 
 -- name: register_worker
 -- Record (or refresh) a worker with what it serves: its handlers and workflow versions.
+-- A supervisor's restarted worker process keeps its id (name/N) and brings a new pid.
 WITH worker AS (
     INSERT INTO cyclone_ext_workers (id, host, pid, queues, concurrency, package_version,
                                      started_at, heartbeat_at)
     VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s::text[], %(concurrency)s,
             %(package_version)s, now() + %(shift)s::interval, now() + %(shift)s::interval)
     ON CONFLICT (id) DO UPDATE
-        SET heartbeat_at = excluded.heartbeat_at, stopped_at = NULL, queues = excluded.queues
+        SET heartbeat_at = excluded.heartbeat_at, stopped_at = NULL, queues = excluded.queues,
+            host = excluded.host, pid = excluded.pid  -- a restarted worker process, same id
     RETURNING id
 ), handlers AS (
     INSERT INTO cyclone_ext_worker_handlers (worker_id, kind, identity)

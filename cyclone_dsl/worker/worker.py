@@ -82,6 +82,7 @@ from cyclone_dsl.worker import adaptive, execute
 from cyclone_dsl.worker.adaptive import Sample, SlotController, Slots, WorkerSettings
 from cyclone_dsl.worker.context import StepContext
 from cyclone_dsl.worker.observe import EndedRun, Observers, WorkerObserver
+from cyclone_dsl.worker.processes import Supervisor, worker_spec
 from cyclone_dsl.worker.scanner import Scanner
 from cyclone_dsl.worker.serving import serving_of
 from cyclone_dsl.worker.threads import DaemonThreadPool
@@ -174,6 +175,12 @@ class Worker:
     ``max_events_per_step`` caps the events (``ctx.emit``, ``ctx.progress``) one step may
     store, across its attempts; handlers that emit share a pool of up to
     :data:`EVENT_CONNECTIONS` connections, opened at the first event.
+
+    ``processes=N`` (N > 1) runs N worker processes under a supervisor in this process
+    (see :mod:`cyclone_dsl.worker.processes`): each imports the handler modules by name
+    and registers as ``<name>/<i>``; a dead one is restarted. The default is 1 (this
+    process) because handlers defined in a script or a test module cannot be imported
+    by name in another process; ``cyclone worker`` defaults to the number of cores.
     """
 
     def __init__(
@@ -205,7 +212,10 @@ class Worker:
         observers: Sequence[WorkerObserver] = (),
         max_events_per_step: int = DEFAULT_MAX_EVENTS_PER_STEP,
         tracing: object = False,
+        processes: int = 1,
     ) -> None:
+        if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+            raise InvalidArgument(f"processes must be an integer >= 1, not {processes!r}")
         for option, value in (("concurrency", concurrency), ("max_concurrency", max_concurrency)):
             if value is not None and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 1
@@ -356,6 +366,47 @@ class Worker:
         self._crash_reported = False
         self._registered = False
         self._unserved_reported: dict[tuple[str, str, str, str], float] = {}
+        #: Worker processes (see :mod:`cyclone_dsl.worker.processes`); 1: this process.
+        self.processes = processes
+        self._supervisor: Supervisor | None = None
+        self._spec: dict[str, Any] | None = None
+        if processes > 1:
+            if registry is not None or observers or not isinstance(tracing, bool):
+                raise InvalidArgument(
+                    "processes > 1: registry=, observers= and a tracer provider are objects "
+                    "of this process, which the worker processes cannot share; use "
+                    "processes=1 (or tracing=True: each process uses its global provider)"
+                )
+            self._spec = worker_spec(
+                dsn,
+                objects,
+                also=self._also.workflows.values() if self._also is not None else (),
+                name=name,
+                options={
+                    "queues": self.queues,
+                    "concurrency": concurrency,
+                    "max_concurrency": max_concurrency,
+                    "max_events_per_step": max_events_per_step,
+                    "tracing": tracing,
+                    "lease": lease,
+                    "poll_interval": poll_interval,
+                    "grace": grace,
+                    "scan_interval": scan_interval,
+                    "max_reclaims": max_reclaims,
+                    "batch_size": batch_size,
+                    "max_output_bytes": max_output_bytes,
+                    "scanners": scanners,
+                    "retention": None if retention is None else retention.total_seconds(),
+                    "catch_up": catch_up,
+                    "queue_limits": self.queue_limits,
+                    "transactional_dsn": transactional_dsn,
+                    "pooled": self.pooled,
+                    "listen_dsn": listen_dsn,
+                    "metrics_port": metrics_port,
+                    "metrics_host": metrics_host,
+                },
+            )
+            self.id = self._spec["name"]  # the processes are <id>/1 to <id>/N
 
     def _metrics_observer(self, port: int) -> WorkerObserver:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
@@ -428,6 +479,9 @@ class Worker:
 
     def run(self) -> None:
         """Run until SIGTERM or SIGINT (a second signal stops at once), then stop gracefully."""
+        if self._spec is not None:
+            self._supervise(self._new_supervisor().run())
+            return
         previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -446,17 +500,47 @@ class Worker:
         self._raise_if_crashed()
 
     def start(self) -> Worker:
-        """Run in background threads of this process; stop with :meth:`stop`."""
+        """Run in background threads of this process (with ``processes`` > 1: the worker
+        processes, supervised from a thread of this one); stop with :meth:`stop`."""
+        if self._spec is not None:
+            self._supervisor = self._new_supervisor().start()
+            return self
         self._start_services()
         self._spawn(self._fetch_loop_then_shutdown, "fetch")
         return self
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop claiming, let running handlers finish within the grace period, then return."""
+        if self._supervisor is not None:
+            self._supervise(self._supervisor.stop(timeout))
+            return
         self._stopping.set()
         self._wake.set()
         self._stopped.wait(timeout if timeout is not None else self.grace + 30)
         self._raise_if_crashed()
+
+    def request_stop(self) -> None:
+        """Begin a graceful stop (as a first SIGTERM does) and return at once."""
+        self._stopping.set()
+        self._wake.set()
+
+    def _new_supervisor(self) -> Supervisor:
+        # The supervisor's one database check: a wrong DSN or schema fails here, once,
+        # rather than in every worker process again and again.
+        name = f"cyclone-supervisor-{os.getpid()}"
+        check_database(self._dsn, name=name, pooled=self.pooled)
+        with connect(self._dsn, name=name, pooled=self.pooled) as conn:
+            self._engine.check_handler_conflicts(
+                ConnectionTx(conn), worker_id=self.id, identities=self.serving.identities
+            )
+        assert self._spec is not None
+        return Supervisor(self._spec, self.processes, grace=self.grace)
+
+    def _supervise(self, exit_code: int) -> None:
+        if exit_code != 0:
+            raise WorkerCrashed(
+                f"worker {self.id}: a worker process did not stop cleanly (see the log)"
+            )
 
     def _raise_if_crashed(self) -> None:
         """Raise :class:`WorkerCrashed` once, to the first caller of ``run`` or ``stop``."""
@@ -496,8 +580,7 @@ class Worker:
             log.warning("second signal: exiting now; held leases will expire and be reclaimed")
             os._exit(1)
         log.info("signal %s: stopping (grace %.0fs)", signum, self.grace)
-        self._stopping.set()
-        self._wake.set()
+        self.request_stop()
 
     def _spawn(self, target: Callable[[], object], name: str) -> None:
         def guarded() -> None:

@@ -88,6 +88,15 @@ def slow(x: object, *, ctx: StepContext) -> object:
     return x
 
 
+@step(name="fault_span", max_reclaims=20)
+def span(x: object, *, ctx: StepContext) -> object:
+    """Records when it starts and ends on the monotonic clock all processes share."""
+    record_time(ctx, "start")
+    time.sleep(float(os.environ.get("CYCLONE_FAULT_SLEEP", "0")))
+    record_time(ctx, "end")
+    return x
+
+
 @workflow(name="fault_timed")
 def timed(x):  # type: ignore[no-untyped-def]
     first = flaky(x)

@@ -35,4 +35,5 @@ if __name__ == "__main__":
         poll_interval=0.1,
         scan_interval=0.2,
         concurrency=8,
+        processes=int(os.environ.get("CYCLONE_FAULT_PROCESSES", "1")),
     ).run()

@@ -46,6 +46,7 @@ def test_worker_and_submit_through_pgbouncer_without_listen(pooled_dsn: str) -> 
         [
             *(sys.executable, "-m", "cyclone_dsl.cli", "--dsn", pooled_dsn, "worker"),
             *("tests.cli.flows", "--pooled", "--poll-interval", "0.1", "--grace", "5"),
+            *("--processes", "1"),  # one process: the polling notice is logged once
         ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},

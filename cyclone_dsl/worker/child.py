@@ -1,0 +1,90 @@
+"""One worker process of a supervisor: ``python -m cyclone_dsl.worker.child``.
+
+It reads its settings from ``$CYCLONE_WORKER_SPEC`` (see :mod:`.processes`), imports
+the handler modules by name, and runs a :class:`Worker` named ``<base>/<index>`` until
+a signal, or until its stop pipe closes (the supervisor stops it, or is gone).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+import threading
+from datetime import timedelta
+from typing import Any
+
+from cyclone_dsl.db.errors import DatabaseError
+from cyclone_dsl.errors import CycloneError, WorkerCrashed
+from cyclone_dsl.worker.processes import ENV_SPEC
+from cyclone_dsl.worker.worker import Worker
+
+log = logging.getLogger("cyclone.worker")
+
+
+def resolve(ref: str) -> object:
+    """``module`` or ``module:attribute``, imported."""
+    module_name, _, attribute = ref.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attribute) if attribute else module
+
+
+def _configure_logging(settings: dict[str, Any] | None) -> None:
+    from cyclone_dsl.observability import configure_logging
+
+    if settings is None:
+        logging.basicConfig(
+            level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+    else:
+        configure_logging(json=settings["json"], level=settings["level"])
+
+
+def _watch(stop_fd: int, worker: Worker, index: int) -> None:
+    """Stop gracefully once the supervisor closes the pipe (or dies)."""
+    while os.read(stop_fd, 1):
+        pass
+    log.info("worker process %d: the supervisor asks it to stop", index)
+    worker.request_stop()
+
+
+def main() -> int:
+    spec: dict[str, Any] = json.loads(os.environ.pop(ENV_SPEC))
+    # The supervisor's import path (a script's directory first): its modules import here.
+    sys.path[:0] = [p for p in spec["sys_path"] if p not in sys.path]
+    _configure_logging(spec["log"])
+    for name in spec["also"]:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            log.warning("could not import %r (it defines workflows): %s", name, exc)
+    options = dict(spec["options"])
+    retention = options.pop("retention")
+    metrics_port = options.pop("metrics_port")
+    index = int(spec["index"])
+    worker = Worker(
+        spec["dsn"],
+        [resolve(ref) for ref in spec["refs"]],
+        name=f"{spec['name']}/{index}",
+        retention=None if retention is None else timedelta(seconds=retention),
+        # Each process serves its own /metrics: on the given port plus its index - 1.
+        metrics_port=metrics_port + index - 1 if metrics_port else metrics_port,
+        **options,
+    )
+    threading.Thread(
+        target=_watch, args=(spec["stop_fd"], worker, index), name="cyclone-stop-pipe", daemon=True
+    ).start()
+    try:
+        worker.run()
+    except WorkerCrashed:
+        return 1  # already logged, with its cause
+    except (CycloneError, DatabaseError) as exc:
+        log.error("worker process %d could not start: %s", index, str(exc).strip())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
