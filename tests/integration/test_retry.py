@@ -99,8 +99,10 @@ def fan_limited(n):  # type: ignore[no-untyped-def]
 
 @workflow(name="ry_fan_and_other")
 def fan_and_other(n):  # type: ignore[no-untyped-def]
-    lines = for_each(slow_work, over=make_items(n), max_parallel=2)
-    other = task("other").named("other")
+    items = make_items(n)
+    lines = for_each(slow_work, over=items, max_parallel=2)
+    # After the items exist, so its failure always finds the fan-out mid-way.
+    other = task("other", after=items).named("other")
     return join(lines, other)
 
 
