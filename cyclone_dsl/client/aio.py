@@ -403,7 +403,7 @@ class AsyncClient:
         route = self._client.wait_route
         return stream_async(
             route.dsn,
-            events_plan(run_id, after, timeout),
+            events_plan(run_id, after, timeout, recheck=route.recheck),
             name="cyclone-follow",
             listen=route.listen,
             pooled=route.pooled,

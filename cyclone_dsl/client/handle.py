@@ -125,18 +125,9 @@ def run_end_plan(
                 state = check_state(row, run_id, deadline, timeout)
                 if state is not None:
                     return state
-                recheck_at = time.monotonic() + recheck_in(deadline, recheck)
-                while True:
-                    left = max(0.0, recheck_at - time.monotonic())
-                    payloads: list[str] = yield Notifications(left)
-                    if left == 0 or any(names_run(p, run_id) for p in payloads):
-                        break
+                yield from _until_woken(run_id, deadline, recheck)
         except ConnectionLost:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"run {run_id}: no answer from PostgreSQL in {timeout}s"
-                ) from None
-            yield Pause(RECONNECT_SECONDS)
+            yield from _reconnect(run_id, deadline, timeout)
 
 
 def checked_after(after: object) -> int:
@@ -146,12 +137,14 @@ def checked_after(after: object) -> int:
     return after
 
 
-def events_plan(run_id: int, after: int, timeout: float | None) -> Plan[None]:
+def events_plan(
+    run_id: int, after: int, timeout: float | None, *, recheck: float = RECHECK_SECONDS
+) -> Plan[None]:
     """Output the run's events after seq ``after`` in order, live, and end once the run is
     terminal and every event it recorded was output.
 
     LISTEN only wakes the plan up: it always reads by seq from the table (and re-reads
-    every :data:`RECHECK_SECONDS` without a notification), so a lost notification or a
+    every ``recheck`` seconds without a notification), so a lost notification or a
     connection cut delays events, never skips one. Each read returns the run's state and
     the next events in one snapshot: a terminal state there means no event is left.
     Raises :class:`RunNotFound`, or ``TimeoutError`` after ``timeout`` seconds.
@@ -181,18 +174,28 @@ def events_plan(run_id: int, after: int, timeout: float | None) -> Plan[None]:
                     return
                 if deadline is not None and deadline - time.monotonic() <= 0:
                     raise TimeoutError(f"run {run_id} is still {state} after {timeout}s")
-                recheck_at = time.monotonic() + recheck_in(deadline)
-                while True:
-                    left = max(0.0, recheck_at - time.monotonic())
-                    payloads: list[str] = yield Notifications(left)
-                    if left == 0 or any(names_run(p, run_id) for p in payloads):
-                        break
+                yield from _until_woken(run_id, deadline, recheck)
         except ConnectionLost:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"run {run_id}: no answer from PostgreSQL in {timeout}s"
-                ) from None
-            yield Pause(RECONNECT_SECONDS)
+            yield from _reconnect(run_id, deadline, timeout)
+
+
+def _until_woken(run_id: int, deadline: float | None, recheck: float) -> Plan[None]:
+    """Wait for a notification naming the run, or ``recheck`` seconds (never past the
+    deadline): then the plan reads again."""
+    recheck_at = time.monotonic() + recheck_in(deadline, recheck)
+    while True:
+        left = max(0.0, recheck_at - time.monotonic())
+        payloads: list[str] = yield Notifications(left)
+        if left == 0 or any(names_run(p, run_id) for p in payloads):
+            return
+
+
+def _reconnect(run_id: int, deadline: float | None, timeout: float | None) -> Plan[None]:
+    """After a lost connection: give up past the deadline, else pause, then reconnect."""
+    if deadline is not None and time.monotonic() >= deadline:
+        # Raised while the plan handles ConnectionLost: that cause is said in the message.
+        raise TimeoutError(f"run {run_id}: no answer from PostgreSQL in {timeout}s") from None
+    yield Pause(RECONNECT_SECONDS)
 
 
 def check_state(

@@ -600,7 +600,7 @@ class Client:
         route = self.wait_route
         return stream(
             route.dsn,
-            events_plan(run_id, after, timeout),
+            events_plan(run_id, after, timeout, recheck=route.recheck),
             name="cyclone-follow",
             listen=route.listen,
             pooled=route.pooled,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from enum import StrEnum
+from typing import TypeVar
 
 import attrs
 
@@ -91,32 +92,31 @@ def _queues(value: str | Iterable[str] | None) -> tuple[str, ...]:
 
 
 def _states(value: RunState | str | Iterable[RunState | str] | None) -> tuple[RunState, ...]:
-    if value is None:
-        return ()
-    values = (value,) if isinstance(value, str) else tuple(value)
-    found = []
-    for name in values:
-        try:
-            found.append(RunState(name))
-        except ValueError:
-            valid = ", ".join(s.value for s in RunState)
-            raise InvalidArgument(f"{name!r} is not a run state; the states are {valid}") from None
-    return tuple(dict.fromkeys(found))
+    return _members(RunState, "a run state; the states are", value)
 
 
 def _error_kinds(
     value: ErrorKind | str | Iterable[ErrorKind | str] | None,
 ) -> tuple[ErrorKind, ...]:
+    return _members(ErrorKind, "an error kind; the kinds are", value)
+
+
+E = TypeVar("E", RunState, ErrorKind)
+
+
+def _members(enum: type[E], what: str, value: E | str | Iterable[E | str] | None) -> tuple[E, ...]:
+    """The members ``value`` names (one or several, duplicates dropped), or InvalidArgument
+    listing the valid ones."""
     if value is None:
         return ()
     values = (value,) if isinstance(value, str) else tuple(value)
     found = []
     for name in values:
         try:
-            found.append(ErrorKind(name))
+            found.append(enum(name))
         except ValueError:
-            valid = ", ".join(k.value for k in ErrorKind)
-            raise InvalidArgument(f"{name!r} is not an error kind; the kinds are {valid}") from None
+            valid = ", ".join(m.value for m in enum)
+            raise InvalidArgument(f"{name!r} is not {what} {valid}") from None
     return tuple(dict.fromkeys(found))
 
 
