@@ -12,6 +12,7 @@ from datetime import timedelta
 import psycopg
 
 from bench import flows
+from bench.cpu import Meter
 from cyclone_dsl import Client, Worker
 from cyclone_dsl.db.connect import make_pool
 from cyclone_dsl.engine import WORK_CHANNEL, Engine
@@ -46,9 +47,13 @@ def _drain(
     expected: int,
     limit_s: float = 600,
     settings: list[WorkerSettings] | None = None,
+    meter: Meter | None = None,
 ) -> float:
     """Start the worker, wait until it completed ``expected`` steps; return the seconds
-    (and append to ``settings`` the worker's effective settings at the end)."""
+    (and append to ``settings`` the worker's effective settings at the end; ``meter``
+    reads the CPU the draining cost)."""
+    if meter is not None:
+        meter.start()
     started = time.perf_counter()
     worker.start()
     while worker.completed_count < expected:
@@ -56,18 +61,20 @@ def _drain(
             raise TimeoutError(f"{worker.completed_count}/{expected} steps in {limit_s}s")
         time.sleep(0.005)
     elapsed = time.perf_counter() - started
+    if meter is not None:
+        meter.stop()
     if settings is not None:
         settings.append(worker.settings())
     worker.stop()
     return elapsed
 
 
-def noop_throughput(admin: str, jobs: int) -> float:
+def noop_throughput(admin: str, jobs: int, meter: Meter | None = None) -> float:
     """Standalone no-op steps per second (enqueued beforehand in batches)."""
     with fresh(admin) as dsn, Client(dsn) as client:
         for start in range(0, jobs, 2000):
             client.enqueue_many(flows.noop, [None] * min(2000, jobs - start))
-        return jobs / _drain(_worker(dsn), jobs)
+        return jobs / _drain(_worker(dsn), jobs, meter=meter)
 
 
 def defaults_throughput(
@@ -185,12 +192,15 @@ def retention_rate(admin: str, expired: int) -> float:
         return deleted / elapsed
 
 
-def workflow_throughput(admin: str, workflow: object, runs: int, steps_per_run: int) -> float:
+def workflow_throughput(
+    admin: str, workflow: object, runs: int, steps_per_run: int, meter: Meter | None = None
+) -> float:
     """Steps per second of ``runs`` runs of ``workflow`` (submitted beforehand)."""
     with fresh(admin) as dsn, Client(dsn) as client:
         for start in range(0, runs, 1000):
             client.submit_many(workflow, list(range(start, min(runs, start + 1000))))
-        return runs * steps_per_run / _drain(_worker(dsn), runs * steps_per_run)
+        steps = runs * steps_per_run
+        return steps / _drain(_worker(dsn), steps, meter=meter)
 
 
 def fan_out_throughput(admin: str, items: int) -> float:
