@@ -31,8 +31,8 @@ class Meter:
         try:
             with psycopg.connect(dsn) as conn:
                 row = conn.execute("SELECT pg_backend_pid()").fetchone()
-            backend = int(row[0]) if row else 0
-            self.postmaster = int(_stat(backend)[1])  # ppid
+                backend = int(row[0]) if row else 0
+                self.postmaster = int(_stat(backend)[1])  # ppid, read while the backend lives
         except (OSError, ValueError, psycopg.Error):
             self.postmaster = None
         self.server_s: float | None = None

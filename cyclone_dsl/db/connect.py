@@ -93,7 +93,7 @@ def make_pool(
 
 
 def _merge_options(conninfo: str, idle_in_transaction_s: float, *, server_jit: bool) -> str:
-    existing = psycopg.conninfo.conninfo_to_dict(conninfo).get("options") or ""
+    existing = str(psycopg.conninfo.conninfo_to_dict(conninfo).get("options") or "")
     idle_ms = max(1, round(idle_in_transaction_s * 1000))
     options = f"{existing} -c idle_in_transaction_session_timeout={idle_ms}"
     if not server_jit and "jit" not in existing:
