@@ -41,7 +41,9 @@ WITH {{lock_listed_steps}}
 UPDATE cyclone_steps AS s
 SET state = 'completed', output = c.output::jsonb,
     completed_at = now() + %(shift)s::interval,
-    lease_owner = NULL, lease_expiry = NULL,
+    -- No lease is held any more (lease_expiry NULL); lease_owner stays: the worker that
+    -- completed the step, which the attempt history (failed executions only) lacks.
+    lease_expiry = NULL,
     -- A completed step has no error: its failed attempts are in the attempt history.
     error = NULL, error_kind = NULL, panic_stack = NULL
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(outputs)s::text[])
