@@ -130,6 +130,12 @@ class Probe:
                 self._conn.close()
                 self._conn = None
 
+    def __enter__(self) -> Probe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _one(self, query: LiteralString, **params: object) -> Row:
         with self._lock:
             if self._conn is None or self._conn.closed:
@@ -152,8 +158,5 @@ class Probe:
 def check_standby(dsn: str, *, name: str = "cyclone-check") -> StandbyStatus:
     """One connection to ``dsn`` (a :class:`DatabaseUnavailable` within seconds if there is
     none) and its :class:`StandbyStatus`."""
-    probe = Probe(dsn, name=name)
-    try:
+    with Probe(dsn, name=name) as probe:
         return probe.standby_status()
-    finally:
-        probe.close()
