@@ -27,6 +27,8 @@ IDLE_IN_TRANSACTION_S = 60.0
 ENV_POOLED = "CYCLONE_POOLED"
 #: ``$CYCLONE_LISTEN_URL``: a direct connection for LISTEN when the DSN is pooled.
 ENV_LISTEN_URL = "CYCLONE_LISTEN_URL"
+#: ``$CYCLONE_READ_URL``: a read replica the dashboard and the read-only commands read from.
+ENV_READ_URL = "CYCLONE_READ_URL"
 
 
 def resolve_pooled(pooled: bool | None) -> bool:
