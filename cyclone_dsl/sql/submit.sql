@@ -17,7 +17,8 @@ WITH run AS (
                                unique_key, sequence_key)
     SELECT run.id, s.node, s.kind, s.state,
            CASE
-               WHEN s.input_is_run_input THEN run.input
+               -- JSON null as SQL NULL, as jsonb_to_recordset reads a step's null input
+               WHEN s.input_is_run_input THEN nullif(run.input, 'null'::jsonb)
                WHEN s.run_input_keys IS NOT NULL THEN
                    coalesce(s.input, '{}'::jsonb)
                    || (SELECT jsonb_object_agg(k, coalesce(run.input, 'null'::jsonb))

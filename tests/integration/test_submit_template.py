@@ -7,7 +7,6 @@ from __future__ import annotations
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from cyclone_dsl import Client, PayloadTooLarge, step, workflow
 from cyclone_dsl.payload import DEFAULT_MAX_BYTES
