@@ -169,8 +169,10 @@ def is_one_statement(run: OneRun) -> bool:
 
 def is_one_statement_graph(graph: CompiledRun | RunTemplate) -> bool:
     """Whether inserting runs of ``graph`` without flow control is one statement."""
-    text = graph_text(graph)
-    return not text.roots and not text.fan_out_limits and not graph.guards
+    if isinstance(graph, RunTemplate):
+        text = graph_text(graph)
+        return not text.roots and not text.fan_out_limits and not graph.guards
+    return not special_roots(graph) and not _fan_out_limits(graph) and not graph.guards
 
 
 def _rows_of(run: OneRun) -> CompiledRun | RunTemplate:
