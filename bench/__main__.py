@@ -94,6 +94,9 @@ def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[st
         return rows
     raw = peers.load("raw")
     assert raw is not None
+    if only == "submits":
+        submits(admin, size, add, raw)
+        return rows
     raw_1 = raw.noop_throughput(admin, size["jobs"], 1)
     raw_100 = raw.noop_throughput(admin, size["jobs"], 100)
     add("raw SKIP LOCKED, 1 per tx", raw_1, "jobs/s")
@@ -212,26 +215,7 @@ def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[st
         add(f"{name} wake-up, median", theirs, "ms")
         add(f"wake-up median vs {name}", median, "ms", name, theirs, "faster", True)
 
-    # Commit-bound and growth figures drift with the disk over a run: each is compared
-    # with its baseline measured right before and right after it (the mean of the two).
-    def bracketed(
-        measure: Callable[[], float], baseline: Callable[[], float]
-    ) -> tuple[float, float]:
-        before = baseline()
-        value = measure()
-        return value, (before + baseline()) / 2
-
-    submitted, raw_near = bracketed(
-        lambda: cy.submit_rate(admin, size["submits"]),
-        lambda: raw.noop_throughput(admin, size["submits"], 1),
-    )
-    add("submit(), 5-node workflow", submitted, "runs/s", "raw x1 (adjacent)", raw_near, ">= 1000")
-    add(
-        "submit_many(), 5-node workflow",
-        cy.submit_many_rate(admin, size["bulk"]),
-        "runs/s",
-        target=">= 10000",
-    )
+    submits(admin, size, add, raw)
     grown, empty = bracketed(
         lambda: cy.noop_throughput_with_history(admin, size["jobs"], size["history"]),
         lambda: cy.noop_throughput(admin, size["jobs"]),
@@ -255,6 +239,34 @@ def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[st
     )
     scaling(admin, size, add)
     return rows
+
+
+def bracketed(measure: Callable[[], float], baseline: Callable[[], float]) -> tuple[float, float]:
+    """Commit-bound and growth figures drift with the disk over a run: each is compared
+    with its baseline measured right before and right after it (the mean of the two)."""
+    before = baseline()
+    value = measure()
+    return value, (before + baseline()) / 2
+
+
+def submits(admin: str, size: dict[str, int], add: Callable[..., None], raw: ModuleType) -> None:
+    """submit() (sync and async) against the raw one-commit rate beside it; submit_many()."""
+    submitted, raw_near = bracketed(
+        lambda: cy.submit_rate(admin, size["submits"]),
+        lambda: raw.noop_throughput(admin, size["submits"], 1),
+    )
+    add("submit(), 5-node workflow", submitted, "runs/s", "raw x1 (adjacent)", raw_near, ">= 1000")
+    awaited, raw_near = bracketed(
+        lambda: cy.async_submit_rate(admin, size["submits"]),
+        lambda: raw.noop_throughput(admin, size["submits"], 1),
+    )
+    add("submit(), async client", awaited, "runs/s", "raw x1 (adjacent)", raw_near)
+    add(
+        "submit_many(), 5-node workflow",
+        cy.submit_many_rate(admin, size["bulk"]),
+        "runs/s",
+        target=">= 10000",
+    )
 
 
 def scaling(admin: str, size: dict[str, int], add: Callable[..., None]) -> None:
@@ -290,9 +302,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (under 2 minutes)")
     parser.add_argument(
         "--only",
-        choices=["all", "processes"],
+        choices=["all", "processes", "submits"],
         default="all",
-        help="processes: only the scaling scenario (1, 2 and 4 worker processes)",
+        help="processes: only the scaling scenario (1, 2 and 4 worker processes); "
+        "submits: only submit() and submit_many()",
     )
     parser.add_argument("--json", type=Path, default=Path("bench/results/latest.json"))
     parser.add_argument(

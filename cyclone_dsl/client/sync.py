@@ -43,6 +43,8 @@ from cyclone_dsl.engine import (
     Engine,
     RunFilter,
     Submitted,
+    TemplateRun,
+    template_fits,
 )
 from cyclone_dsl.errors import InvalidArgument, InvalidTransition, RunNotFound
 from cyclone_dsl.graph.rows import CompiledRun
@@ -145,9 +147,9 @@ class Client:
         which starts ``debounce.delay`` after the last of them, with its input;
         the handle of a submit that joined an open window has ``created=False``.
         """
-        compiled = runs.compile_workflow(self.registry, workflow, input)
-        deadline = base.check_deadline(deadline)
         if debounce is not None:
+            compiled = runs.compile_workflow(self.registry, workflow, input)
+            deadline = base.check_deadline(deadline)
             if not isinstance(debounce, Debounce):
                 raise InvalidArgument(f"debounce must be a Debounce, not {debounce!r}")
             key = key_of(f"workflow {compiled.workflow!r} debounce", debounce.key, input)
@@ -161,15 +163,26 @@ class Client:
                 ),
             )
             return RunHandle(submitted.run_id, self, submitted.created)
+        one = self._one_run(workflow, input)
+        deadline = base.check_deadline(deadline)
         run_id = self._traced(
             "submit",
-            compiled.workflow,
+            one.workflow,
             lambda: self._db.transaction(
-                lambda tx: self._engine.submit(tx, compiled, deadline=deadline),
-                one_statement=self._engine.is_one_statement(compiled),
+                lambda tx: self._engine.submit(tx, one, deadline=deadline),
+                one_statement=self._engine.is_one_statement(one),
             ),
         )
         return RunHandle(run_id, self)
+
+    def _one_run(self, workflow: object, input: JSONValue) -> TemplateRun | CompiledRun:
+        """A run of ``workflow``: its definition's template (encoded once per definition)
+        and the input, or where the input is too big to be put in by the insert, its rows."""
+        template = runs.workflow_template(self.registry, workflow)
+        text = encode(input, what="the run input")
+        if not template_fits(template, text):
+            return runs.compile_workflow(self.registry, workflow, input)
+        return TemplateRun(template, text, runs.workflow_flows(self.registry, workflow, [input])[0])
 
     def submit_tx(
         self,
@@ -218,7 +231,8 @@ class Client:
             lambda: self._db.transaction(
                 lambda tx: self._engine.submit_many(
                     tx, template, texts, deadline=deadline, flows=flows
-                )
+                ),
+                one_statement=self._engine.is_one_statement_many(template, flows),
             ),
         )
         return [RunHandle(run_id, self) for run_id in ids]

@@ -33,7 +33,7 @@ from cyclone_dsl.engine.notify import (
 )
 from cyclone_dsl.engine.schedules import CatchUp, Compiler
 from cyclone_dsl.engine.signals import Delivery
-from cyclone_dsl.engine.submit import Submitted
+from cyclone_dsl.engine.submit import Submitted, TemplateRun, template_fits
 from cyclone_dsl.engine.tracecontext import Carrier, TraceHook
 from cyclone_dsl.engine.workers import LIVE_FOR
 
@@ -64,8 +64,10 @@ __all__ = [
     "RunFilter",
     "Submitted",
     "Success",
+    "TemplateRun",
     "TraceHook",
     "backoff_seconds",
     "names_run",
     "run_ids_of",
+    "template_fits",
 ]

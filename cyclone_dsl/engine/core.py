@@ -45,7 +45,7 @@ from cyclone_dsl.engine.events import DEFAULT_MAX_EVENTS_PER_STEP, Recorded
 from cyclone_dsl.engine.hooks import build_hooks
 from cyclone_dsl.engine.schedules import CatchUp, Compiler
 from cyclone_dsl.engine.signals import Delivery
-from cyclone_dsl.engine.submit import Submitted
+from cyclone_dsl.engine.submit import OneRun, Submitted
 from cyclone_dsl.engine.tracecontext import TraceHook
 from cyclone_dsl.engine.transitions import ChildCompiler
 from cyclone_dsl.errors import HandlerConflict, InvalidArgument
@@ -92,10 +92,20 @@ class Engine:
 
     # -- runs ------------------------------------------------------------------------
 
-    def is_one_statement(self, compiled: CompiledRun) -> bool:
+    def is_one_statement(self, compiled: OneRun) -> bool:
         """Whether :meth:`submit` of ``compiled`` is one statement (autocommit is enough):
         not when this engine traces (the trace context is a second write)."""
         return self._hooks.tracing is None and submit.is_one_statement(compiled)
+
+    def is_one_statement_many(
+        self, template: RunTemplate, flows: Sequence[RunFlow | None] | None
+    ) -> bool:
+        """Whether :meth:`submit_many` of ``template`` with ``flows`` is one statement."""
+        return (
+            self._hooks.tracing is None
+            and (flows is None or all(flow is None for flow in flows))
+            and submit.is_one_statement_graph(template)
+        )
 
     @property
     def traces(self) -> bool:
@@ -109,12 +119,15 @@ class Engine:
     def submit(
         self,
         tx: Tx,
-        compiled: CompiledRun,
+        compiled: OneRun,
         *,
         deadline: timedelta | None = None,
         scheduled_at: datetime | None = None,
     ) -> int:
-        """Insert a run and its graph, activate its roots, wake workers; return its id."""
+        """Insert a run and its graph, activate its roots, wake workers; return its id.
+
+        ``compiled`` is the run's rows, or a :class:`TemplateRun` (its definition's
+        template and its input), which costs less to send."""
         return submit.insert_run(
             tx, compiled, deadline=deadline, scheduled_at=scheduled_at, hooks=self._hooks
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import attrs
@@ -14,6 +14,7 @@ from cyclone_dsl.engine import gates, tracecontext
 from cyclone_dsl.engine.transitions import Hooks, activate
 from cyclone_dsl.errors import SubmitContended
 from cyclone_dsl.graph.rows import CompiledRun, RunFlow, RunTemplate, StepRow
+from cyclone_dsl.payload import DEFAULT_MAX_BYTES
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import StepState
 
@@ -27,14 +28,48 @@ class Submitted:
     created: bool  # False when an existing run was returned (submit key, unique key)
 
 
+@attrs.frozen
+class TemplateRun:
+    """One run of ``template`` with ``input`` (JSON text) and its flow control.
+
+    The insert puts the run input where the graph uses it, so the template's rows are
+    encoded once per definition (see :func:`graph_text`) rather than once per submit.
+    """
+
+    template: RunTemplate
+    input: str
+    flow: RunFlow | None = None
+
+    @property
+    def workflow(self) -> str:
+        return self.template.workflow
+
+
+#: What :func:`insert_run` inserts: rows compiled for one run, or a template and an input.
+OneRun = CompiledRun | TemplateRun
+
+
+@attrs.frozen
+class GraphText:
+    """A graph's rows as the insert statements take them, and what the submit does after."""
+
+    steps: str  # JSON array; null fields left out (jsonb_to_recordset reads them as NULL)
+    deps: str
+    inputs: str
+    wake: list[str]  # the queues of the steps that start available
+    roots: tuple[str, ...]  # see special_roots
+    fan_out_limits: tuple[tuple[str, int], ...]
+    splice_chars: int  # the longest input a run input is put into, less the run input
+    splice_count: int  # how many times that input holds the run input
+
+
 def _seconds(value: timedelta | None) -> float | None:
     return None if value is None else value.total_seconds()
 
 
-def _step_fields(
-    step: StepRow, unique_key: str | None, sequence_key: str | None
-) -> dict[str, object]:
-    return {
+def _step_json(step: StepRow) -> str:
+    """One step as a JSON object; its input (JSON text already) is spliced in, not re-encoded."""
+    fields: dict[str, object] = {
         "node": step.node,
         "kind": step.kind,
         "state": step.state,
@@ -53,51 +88,62 @@ def _step_fields(
         "child_workflow": step.child_workflow,
         "child_needs_result": step.child_needs_result,
         "retention_s": _seconds(step.retention),
-        "unique_key": unique_key,
-        "sequence_key": sequence_key,
+        "input_is_run_input": step.input_is_run_input or None,
+        "run_input_keys": list(step.run_input_keys) or None,
     }
+    text = json.dumps(
+        {k: v for k, v in fields.items() if v is not None},
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    return text if step.input is None else f'{text[:-1]},"input":{step.input}}}'
 
 
-def _with_input_text(fields: dict[str, object], input_text: str | None) -> str:
-    """One JSON object: the input is JSON text already, spliced in rather than re-encoded."""
-    text = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
-    return f'{text[:-1]},"input":{input_text or "null"}}}'
+def _build_text(graph: CompiledRun | RunTemplate) -> GraphText:
+    splices = [
+        (len(s.input or "") + sum(len(k) + 4 for k in s.run_input_keys), len(s.run_input_keys))
+        for s in graph.steps
+        if s.run_input_keys
+    ]
+    return GraphText(
+        steps=f"[{','.join(_step_json(s) for s in graph.steps)}]",
+        deps=json.dumps([attrs.asdict(d) for d in graph.deps]),
+        inputs=json.dumps([attrs.asdict(i) for i in graph.inputs]),
+        wake=sorted({s.queue for s in graph.steps if s.state == StepState.AVAILABLE}),
+        roots=tuple(special_roots(graph)),
+        fan_out_limits=tuple(_fan_out_limits(graph)),
+        splice_chars=max((chars for chars, _ in splices), default=0),
+        splice_count=max((count for _, count in splices), default=0),
+    )
 
 
-def _steps_document(
-    steps: Iterable[StepRow], unique_key: str | None, sequence_key: str | None
-) -> str:
-    parts = (_with_input_text(_step_fields(s, unique_key, sequence_key), s.input) for s in steps)
-    return f"[{','.join(parts)}]"
+#: Templates seen, by identity (a definition keeps its template for the process's life).
+_TEXTS: dict[int, tuple[RunTemplate, GraphText]] = {}
+_TEXTS_MAX = 1024
 
 
-def _run_params(
-    compiled: CompiledRun,
-    *,
-    deadline: timedelta | None = None,
-    submit_key: str | None = None,
-    parent: tuple[int, str] | None = None,
-    scheduled_at: datetime | None = None,
-    unique_key: str | None = None,
-    sequence_key: str | None = None,
-) -> dict[str, object]:
-    return {
-        "workflow": compiled.workflow,
-        "def_version": compiled.def_version,
-        "input": compiled.input,
-        "deadline": deadline,
-        "result_node": compiled.result_node,
-        "submit_key": submit_key,
-        "has_fan_out": compiled.has_fan_out,
-        "parent_run_id": parent[0] if parent else None,
-        "parent_node_id": parent[1] if parent else None,
-        "scheduled_at": scheduled_at,
-        "steps": _steps_document(compiled.steps, unique_key, sequence_key),
-        "deps": json.dumps([attrs.asdict(d) for d in compiled.deps]),
-        "inputs": json.dumps([attrs.asdict(i) for i in compiled.inputs]),
-        # NOTIFY inside the insert statement: the wake-up costs no extra round trip.
-        "wake": sorted({s.queue for s in compiled.steps if s.state == StepState.AVAILABLE}),
-    }
+def graph_text(graph: CompiledRun | RunTemplate) -> GraphText:
+    """The insert's text of ``graph``: built once per template, each time for compiled rows
+    (whose inputs differ from run to run)."""
+    if not isinstance(graph, RunTemplate):
+        return _build_text(graph)
+    seen = _TEXTS.get(id(graph))
+    if seen is not None and seen[0] is graph:
+        return seen[1]
+    text = _build_text(graph)
+    if len(_TEXTS) >= _TEXTS_MAX:  # templates made on the fly (standalone options): no leak
+        _TEXTS.clear()
+    _TEXTS[id(graph)] = (graph, text)
+    return text
+
+
+def template_fits(template: RunTemplate, input_text: str) -> bool:
+    """Whether the insert may put ``input_text`` into the template's step inputs itself:
+    each such input stays under the payload limit (else compiling the run in Python
+    refuses it with :class:`~cyclone_dsl.errors.PayloadTooLarge`, naming the step)."""
+    text = graph_text(template)
+    chars = text.splice_chars + text.splice_count * len(input_text)
+    return text.splice_count == 0 or chars * 4 <= DEFAULT_MAX_BYTES
 
 
 def special_roots(graph: CompiledRun | RunTemplate) -> list[str]:
@@ -111,19 +157,26 @@ def _fan_out_limits(graph: CompiledRun | RunTemplate) -> list[tuple[str, int]]:
     return [(s.node, s.fan_out_max_items) for s in graph.steps if s.fan_out_max_items is not None]
 
 
-def is_one_statement(compiled: CompiledRun) -> bool:
+def is_one_statement(run: OneRun) -> bool:
     """Whether :func:`insert_run` is one statement (nothing to activate or record after the
     insert).
 
     Such a submit can run in autocommit mode: atomic on its own, and two round
     trips (BEGIN, COMMIT) shorter than an explicit transaction.
     """
-    return (
-        not special_roots(compiled)
-        and not _fan_out_limits(compiled)
-        and compiled.flow is None
-        and not compiled.guards
-    )
+    return run.flow is None and is_one_statement_graph(_rows_of(run))
+
+
+def is_one_statement_graph(graph: CompiledRun | RunTemplate) -> bool:
+    """Whether inserting runs of ``graph`` without flow control is one statement."""
+    if isinstance(graph, RunTemplate):
+        text = graph_text(graph)
+        return not text.roots and not text.fan_out_limits and not graph.guards
+    return not special_roots(graph) and not _fan_out_limits(graph) and not graph.guards
+
+
+def _rows_of(run: OneRun) -> CompiledRun | RunTemplate:
+    return run.template if isinstance(run, TemplateRun) else run
 
 
 def _record_guards(tx: Tx, graph: CompiledRun | RunTemplate) -> None:
@@ -147,10 +200,8 @@ def _record_guards(tx: Tx, graph: CompiledRun | RunTemplate) -> None:
         )
 
 
-def _record_fan_out_limits(
-    tx: Tx, run_ids: Sequence[int], graph: CompiledRun | RunTemplate
-) -> None:
-    limits = _fan_out_limits(graph)
+def _record_fan_out_limits(tx: Tx, run_ids: Sequence[int], text: GraphText) -> None:
+    limits = text.fan_out_limits
     if limits:
         tx.rows(
             Q.insert_fan_out_limits,
@@ -162,7 +213,7 @@ def _record_fan_out_limits(
 
 def insert_run(
     tx: Tx,
-    compiled: CompiledRun,
+    run: OneRun,
     *,
     deadline: timedelta | None = None,
     submit_key: str | None = None,
@@ -173,25 +224,37 @@ def insert_run(
     hooks: Hooks,
 ) -> int:
     """Insert the run and its graph, activate special roots, wake workers; return the run id."""
-    params = _run_params(
-        compiled,
+    graph = _rows_of(run)
+    text = graph_text(graph)
+    _record_guards(tx, graph)
+    row = tx.one(
+        Q.insert_run_graph,
+        workflow=graph.workflow,
+        def_version=graph.def_version,
+        input=run.input,
         deadline=deadline,
+        result_node=graph.result_node,
         submit_key=submit_key,
-        parent=parent,
+        has_fan_out=graph.has_fan_out,
+        parent_run_id=parent[0] if parent else None,
+        parent_node_id=parent[1] if parent else None,
         scheduled_at=scheduled_at,
+        steps=text.steps,
+        deps=text.deps,
+        inputs=text.inputs,
         unique_key=unique_key,
         sequence_key=sequence_key,
+        # NOTIFY inside the insert statement: the wake-up costs no extra round trip.
+        wake=text.wake,
     )
-    _record_guards(tx, compiled)
-    row = tx.one(Q.insert_run_graph, **params)
     assert row is not None
     run_id: int = row["run_id"]
     if hooks.tracing is not None:
-        tracecontext.on_insert(tx, hooks.tracing, run_id, compiled.workflow, parent)
-    _record_fan_out_limits(tx, [run_id], compiled)
-    if compiled.flow is not None:
-        gates.record(tx, [run_id], [compiled.flow])
-    activate(tx, [(run_id, node) for node in special_roots(compiled)], hooks)
+        tracecontext.on_insert(tx, hooks.tracing, run_id, graph.workflow, parent)
+    _record_fan_out_limits(tx, [run_id], text)
+    if run.flow is not None:
+        gates.record(tx, [run_id], [run.flow])
+    activate(tx, [(run_id, node) for node in text.roots], hooks)
     return run_id
 
 
@@ -205,44 +268,39 @@ def insert_runs(
     flows: Sequence[RunFlow | None] | None = None,
     hooks: Hooks,
 ) -> list[int]:
-    """Insert one run of ``template`` per input (JSON text) in two statements.
+    """Insert one run of ``template`` per input (JSON text) in one statement.
 
-    The run ids are reserved first; then the template's rows go once and
-    PostgreSQL multiplies them by the runs, so the cost in Python and in JSON
-    parsing does not grow with the graph times the number of runs.
+    The template's rows go once and PostgreSQL multiplies them by the runs, so
+    the cost in Python and in JSON parsing does not grow with the graph times
+    the number of runs. With no roots to activate, no limits and no trace
+    context to record, it is the whole submit (see :func:`is_one_statement_graph`).
     """
     if not run_inputs:
         return []
+    text = graph_text(template)
     _record_guards(tx, template)
-    ids: list[int] = [r["id"] for r in tx.rows(Q.allocate_run_ids, count=len(run_inputs))]
-    steps = []
-    for step in template.steps:
-        fields = _step_fields(step, None, None)
-        fields["input_is_run_input"] = step.input_is_run_input
-        fields["run_input_keys"] = list(step.run_input_keys) or None
-        steps.append(_with_input_text(fields, step.input))
-    tx.one(
+    row = tx.one(
         Q.insert_run_graphs,
-        ids=ids,
         run_inputs=list(run_inputs),
         workflow=template.workflow,
         def_version=template.def_version,
         result_node=template.result_node,
         has_fan_out=template.has_fan_out,
-        steps=f"[{','.join(steps)}]",
-        deps=json.dumps([attrs.asdict(d) for d in template.deps]),
-        inputs=json.dumps([attrs.asdict(i) for i in template.inputs]),
+        steps=text.steps,
+        deps=text.deps,
+        inputs=text.inputs,
         deadline=deadline,
         scheduled_at=scheduled_at,
-        wake=sorted({s.queue for s in template.steps if s.state == StepState.AVAILABLE}),
+        wake=text.wake,
     )
+    assert row is not None
+    ids: list[int] = row["ids"]
     if hooks.tracing is not None:
         tracecontext.record(tx, ids, hooks.tracing.current())
-    _record_fan_out_limits(tx, ids, template)
+    _record_fan_out_limits(tx, ids, text)
     if flows is not None and any(flow is not None for flow in flows):
         gates.record(tx, ids, flows)
-    roots = special_roots(template)
-    activate(tx, [(run_id, node) for run_id in ids for node in roots], hooks)
+    activate(tx, [(run_id, node) for run_id in ids for node in text.roots], hooks)
     return ids
 
 

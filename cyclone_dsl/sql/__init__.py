@@ -165,7 +165,6 @@ class _Queries:
     notify_runs_finished: LiteralString
     notify_steps_cancelled: LiteralString
     ping: LiteralString
-    allocate_run_ids: LiteralString
     insert_run_graphs: LiteralString
     insert_fan_out_limits: LiteralString
     record_guards: LiteralString

@@ -1,48 +1,54 @@
 -- name: insert_run_graph
--- Insert a run with its whole graph (steps, deps, input bindings) in one statement.
+-- Insert a run with its whole graph (steps, deps, input bindings) in one statement. The steps
+-- may come as the definition's template: a step whose input is the run input, or an object
+-- with the run input under some keys, gets it here (as insert_run_graphs does).
 WITH run AS (
     INSERT INTO cyclone_runs (workflow, def_version, input, state, deadline_at, result_node,
                               submit_key, has_fan_out, parent_run_id, parent_node_id)
     VALUES (%(workflow)s, %(def_version)s, %(input)s::jsonb, 'running',
             now() + %(shift)s::interval + %(deadline)s::interval,
             %(result_node)s, %(submit_key)s, %(has_fan_out)s, %(parent_run_id)s, %(parent_node_id)s)
-    RETURNING id
+    RETURNING id, input
 ), steps AS (
     INSERT INTO cyclone_steps (run_id, node, kind, state, input, input_from, queue, priority,
                                max_attempts, scheduled_at, timeout, signal_name, signal_names,
                                wait_for, wait_count, on_dep_failure, fan_out_parallel,
                                fan_out_max_bytes, child_workflow, child_needs_result, retention,
                                unique_key, sequence_key)
-    SELECT run.id, s.node, s.kind, s.state, s.input, s.input_from, s.queue, s.priority,
-           s.max_attempts,
+    SELECT run.id, s.node, s.kind, s.state,
+           CASE
+               -- JSON null as SQL NULL, as jsonb_to_recordset reads a step's null input
+               WHEN s.input_is_run_input THEN nullif(run.input, 'null'::jsonb)
+               WHEN s.run_input_keys IS NOT NULL THEN
+                   coalesce(s.input, '{}'::jsonb)
+                   || (SELECT jsonb_object_agg(k, coalesce(run.input, 'null'::jsonb))
+                       FROM unnest(s.run_input_keys) AS k)
+               ELSE s.input
+           END,
+           s.input_from, s.queue, s.priority, s.max_attempts,
            coalesce(%(scheduled_at)s::timestamptz, now() + %(shift)s::interval),
            make_interval(secs => s.timeout_s), s.signal_name, s.signal_names,
            make_interval(secs => s.wait_for_s), s.wait_count, s.on_dep_failure, s.fan_out_parallel,
            s.fan_out_max_bytes, s.child_workflow, s.child_needs_result,
-           make_interval(secs => s.retention_s), s.unique_key, s.sequence_key
+           make_interval(secs => s.retention_s), %(unique_key)s, %(sequence_key)s
     FROM run, jsonb_to_recordset(%(steps)s::jsonb) AS s(
         node text, kind text, state text, input jsonb, input_from text, queue text,
         priority int, max_attempts int, timeout_s float8, signal_name text, signal_names text[],
         wait_for_s float8, wait_count int, on_dep_failure text, fan_out_parallel int,
         fan_out_max_bytes bigint, child_workflow text, child_needs_result bool,
-        retention_s float8, unique_key text, sequence_key text)
-    RETURNING 1
+        retention_s float8, input_is_run_input bool, run_input_keys text[])
 ), deps AS (
     INSERT INTO cyclone_deps (run_id, node, dep_node, dep_type)
     SELECT run.id, d.node, d.dep_node, d.dep_type
     FROM run, jsonb_to_recordset(%(deps)s::jsonb) AS d(node text, dep_node text, dep_type text)
-    RETURNING 1
 ), inputs AS (
     INSERT INTO cyclone_step_inputs (run_id, node, slot, dep_node, assembly_mode)
     SELECT run.id, i.node, i.slot, i.dep_node, i.assembly_mode
     FROM run, jsonb_to_recordset(%(inputs)s::jsonb)
         AS i(node text, slot int, dep_node text, assembly_mode text)
-    RETURNING 1
 )
+-- The data-modifying WITH parts run whether or not they are read.
 SELECT run.id AS run_id,
-       (SELECT count(*) FROM steps) AS steps,
-       (SELECT count(*) FROM deps) AS deps,
-       (SELECT count(*) FROM inputs) AS inputs,
        (SELECT count(pg_notify('cyclone_work', q))
         FROM unnest(%(wake)s::text[]) AS q) AS woken
 FROM run
@@ -74,24 +80,19 @@ SELECT pg_notify('cyclone_cancel', p) FROM unnest(%(payloads)s::text[]) AS p
 -- A round trip that shows a dead connection.
 SELECT 1 AS ok
 
--- name: allocate_run_ids
--- Reserve ids for a batch of runs (the bulk insert names its run ids itself).
-SELECT nextval(pg_get_serial_sequence('cyclone_runs', 'id')) AS id
-FROM generate_series(1, %(count)s)
-
 -- name: insert_run_graphs
--- Insert many runs of one graph in one statement (ids allocated beforehand). The graph's
--- rows come once, as a template, and are multiplied here by the runs' ids and inputs.
+-- Insert many runs of one graph in one statement; their ids come back in the inputs' order.
+-- The graph's rows come once, as a template, and are multiplied here by the runs.
 WITH r AS MATERIALIZED (
-    SELECT t.id, nullif(t.input::jsonb, 'null'::jsonb) AS input
-    FROM unnest(%(ids)s::bigint[], %(run_inputs)s::text[]) AS t(id, input)
+    SELECT nextval((SELECT pg_get_serial_sequence('cyclone_runs', 'id'))::regclass) AS id,
+           nullif(t.input::jsonb, 'null'::jsonb) AS input, t.ord
+    FROM unnest(%(run_inputs)s::text[]) WITH ORDINALITY AS t(input, ord)
 ), runs AS (
     INSERT INTO cyclone_runs (id, workflow, def_version, input, state, deadline_at, result_node,
                               has_fan_out)
     SELECT r.id, %(workflow)s, %(def_version)s, r.input, 'running',
            now() + %(shift)s::interval + %(deadline)s::interval, %(result_node)s, %(has_fan_out)s
     FROM r
-    RETURNING id
 ), template AS MATERIALIZED (
     SELECT *
     FROM jsonb_to_recordset(%(steps)s::jsonb) AS s(
@@ -121,24 +122,19 @@ WITH r AS MATERIALIZED (
            s.fan_out_max_bytes, s.child_workflow, s.child_needs_result,
            make_interval(secs => s.retention_s)
     FROM r CROSS JOIN template AS s
-    RETURNING 1
 ), deps AS (
     INSERT INTO cyclone_deps (run_id, node, dep_node, dep_type)
     SELECT r.id, d.node, d.dep_node, d.dep_type
     FROM r CROSS JOIN jsonb_to_recordset(%(deps)s::jsonb)
         AS d(node text, dep_node text, dep_type text)
-    RETURNING 1
 ), inputs AS (
     INSERT INTO cyclone_step_inputs (run_id, node, slot, dep_node, assembly_mode)
     SELECT r.id, i.node, i.slot, i.dep_node, i.assembly_mode
     FROM r CROSS JOIN jsonb_to_recordset(%(inputs)s::jsonb)
         AS i(node text, slot int, dep_node text, assembly_mode text)
-    RETURNING 1
 )
-SELECT (SELECT count(*) FROM runs) AS runs,
-       (SELECT count(*) FROM steps) AS steps,
-       (SELECT count(*) FROM deps) AS deps,
-       (SELECT count(*) FROM inputs) AS inputs,
+-- The data-modifying WITH parts run whether or not they are read.
+SELECT (SELECT array_agg(id ORDER BY ord) FROM r) AS ids,
        (SELECT count(pg_notify('cyclone_work', q))
         FROM unnest(%(wake)s::text[]) AS q) AS woken
 
