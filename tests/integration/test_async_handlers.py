@@ -125,8 +125,7 @@ def test_sync_handlers_keep_their_limit_beside_many_async_ones(
     worker = start_worker(held, sync_held, concurrency=4)
     try:
         wait_until(
-            lambda: worker.settings().async_in_use == 300
-            and worker.settings().slots_in_use == 304,
+            lambda: worker.settings().async_in_use == 300 and worker.settings().slots_in_use == 304,
             timeout=60,
             what="4 sync and 300 async handlers in flight",
         )
@@ -137,8 +136,10 @@ def test_sync_handlers_keep_their_limit_beside_many_async_ones(
         sync_gate.set()
         gate.open()
     wait_until(
-        lambda: _states(cyclone_dsn, "ah_sync_held") == {("completed", 0): 20}
-        and _states(cyclone_dsn, "ah_held") == {("completed", 0): 300},
+        lambda: (
+            _states(cyclone_dsn, "ah_sync_held") == {("completed", 0): 20}
+            and _states(cyclone_dsn, "ah_held") == {("completed", 0): 300}
+        ),
         timeout=60,
         what="every step completed",
     )

@@ -92,9 +92,7 @@ def test_counters_agree_with_the_database_after_a_load(
 ) -> None:
     client.submit_many(pair, list(range(RUNS)))
     workers = [
-        start_worker(
-            pair, metrics_port=0, metrics_host="127.0.0.1", concurrency=8, max_async=8
-        )
+        start_worker(pair, metrics_port=0, metrics_host="127.0.0.1", concurrency=8, max_async=8)
         for _ in range(2)
     ]
     ports = [w.metrics_port for w in workers]
