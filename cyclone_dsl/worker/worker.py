@@ -3,8 +3,11 @@
 Threads, each with one job:
 
 * the fetch loop (the caller's thread in :meth:`Worker.run`) claims batches
-  while slots are free and sleeps on NOTIFY wake-ups or the poll interval;
-* a thread pool runs sync handlers, one event loop thread runs async ones;
+  while slots are free and sleeps on NOTIFY wake-ups or the poll interval; a worker
+  serving both sync and async handlers has one fetch loop for each (see
+  :mod:`cyclone_dsl.worker.lanes`), taking turns to claim;
+* a thread pool runs sync handlers, one event loop thread runs async ones (each
+  claim's in one call; their outputs are encoded by the completers, off the loop);
 * two completers commit outcomes in batches (one transaction each; while one
   waits for its commit's disk flush, the other fills and sends the next batch);
 * the heartbeater extends leases on its own connection, and fails or drops
@@ -170,12 +173,14 @@ class Worker:
     tables and Cyclone's are reachable, since their step completes in the same
     transaction. The worker opens up to ``max_concurrency`` such connections.
 
-    ``concurrency`` fixes how many handlers run at once. Without it the number adapts to
-    the work, from 10 up to ``max_concurrency`` (default 256, or 32 when the worker serves
-    transactional handlers): it grows while the worker's own limit holds back a backlog
-    and growing raises the rate handlers return at, and shrinks when handlers take most
-    of the CPU or the work runs out. Each claim takes at most ``batch_size`` steps and
-    never more than the free slots. :meth:`settings` tells where it stands.
+    ``concurrency`` fixes how many sync (and transactional) handlers run at once. Without
+    it the number adapts to the work, from 10 up to ``max_concurrency`` (default 256, or
+    32 when the worker serves transactional handlers): it grows while the worker's own
+    limit holds back a backlog, and shrinks when handlers take most of the CPU or the
+    work runs out. Async handlers hold no thread: their own limit adapts the same way
+    from 100 up to ``max_async`` (default 10,000), and stops growing while the event
+    loop's thread is busy. Each claim takes at most ``batch_size`` steps and never more
+    than the free slots. :meth:`settings` tells where it stands.
 
     ``pooled=True`` (default: ``$CYCLONE_POOLED``) says ``dsn`` (and
     ``transactional_dsn``) go through a transaction-mode pooler such as PgBouncer: no
