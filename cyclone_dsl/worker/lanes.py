@@ -118,9 +118,11 @@ def thread_cpu_clock(thread: threading.Thread) -> Callable[[], float] | None:
     ident = thread.ident
 
     def read() -> float:
+        if not thread.is_alive():  # its id may name another thread, or none, by now
+            return 0.0
         try:
             return time.clock_gettime(time.pthread_getcpuclockid(ident))
-        except OSError:  # the thread is gone
+        except OSError:
             return 0.0
 
     return read

@@ -1197,6 +1197,10 @@ class Worker:
         """Start the tasks of async handlers (on the loop's thread, one call per claim)."""
         assert self._loop is not None
         for entry, fn, args, kwargs, keep_output in starts:
+            if entry.settled:  # timed out, cancelled or released before it could start
+                self._finished(entry, "abandoned")
+                self._handler_returned(entry)
+                continue
             try:
                 task = self._loop.create_task(self._run_async(entry, fn, args, kwargs))
             except Exception as exc:  # noqa: BLE001 - the step fails, the worker goes on
