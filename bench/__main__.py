@@ -38,7 +38,7 @@ SIZES = {
         "bulk": 2000,
         "history": 20_000,
         "expired": 10_000,
-        "slow_jobs": 2000,
+        "slow_jobs": 1000,
     },
     "full": {
         "jobs": 20000,
