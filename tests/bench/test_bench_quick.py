@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(300)  # about 90 s alone; more beside other tests on two cores
 def test_bench_quick_writes_a_report(tmp_path: Path, cyclone_admin_dsn: str) -> None:
     out = tmp_path / "report.json"
     result = subprocess.run(
