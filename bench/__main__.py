@@ -22,6 +22,7 @@ import psycopg
 
 from bench import cyclone_bench as cy
 from bench import flows, peers
+from bench.cpu import Meter
 from cyclone_dsl import __version__
 from cyclone_dsl.db.embedded import embedded_database
 from cyclone_dsl.worker.adaptive import WorkerSettings
@@ -103,15 +104,37 @@ def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[st
     raw_100 = raw.noop_throughput(admin, size["jobs"], 100)
     add("raw SKIP LOCKED, 1 per tx", raw_1, "jobs/s")
     add("raw SKIP LOCKED, 100 per tx", raw_100, "jobs/s")
-    noop = cy.noop_throughput(admin, size["jobs"])
+    own_cpu = Meter(admin)
+    noop = cy.noop_throughput(admin, size["jobs"], own_cpu)
     add("standalone no-op steps", noop, "steps/s", "raw x100", raw_100, ">= 0.30x raw x100")
     queues = [m for m in (peer("pgqueuer"), peer("procrastinate")) if m is not None]
     for module in queues:
         name = peers.name_of(module)
-        value = module.noop_throughput(admin, size["jobs"])
+        if name != "pgqueuer":
+            value = module.noop_throughput(admin, size["jobs"])
+            add(f"{name} no-op jobs", value, "jobs/s")
+            add(f"standalone vs {name}", noop, "steps/s", name, value)
+            continue
+        their_cpu = Meter(admin)
+        value = module.noop_throughput(admin, size["jobs"], their_cpu)
         add(f"{name} no-op jobs", value, "jobs/s")
-        target = ">= 1.5x" if name == "pgqueuer" else ""
-        add(f"standalone vs {name}", noop, "steps/s", name, value, target)
+        # Each side's best configuration: one process, or two (this machine's cores).
+        their_two = module.noop_throughput_processes(admin, size["jobs"], 2)
+        add(f"{name} no-op jobs, 2 processes", their_two, "jobs/s")
+        own_two = cy.process_throughput(admin, size["jobs"], 2)
+        add("standalone no-op steps, 2 worker processes", own_two, "steps/s")
+        best, theirs = max(noop, own_two), max(value, their_two)
+        add(f"standalone vs {name}, best of each", best, "steps/s", name, theirs, ">= 1.5x")
+        # CPU per step: steadier than rates on a shared machine, and it says where the
+        # time goes (lower is better: the ratio is theirs over ours).
+        for side, ours, them in (
+            ("server", own_cpu.server_s, their_cpu.server_s),
+            ("worker", own_cpu.client_s, their_cpu.client_s),
+        ):
+            if ours and them:
+                per_step = ours * 1e6 / size["jobs"]
+                per_job = them * 1e6 / size["jobs"]
+                add(f"{side} CPU per standalone step", per_step, "us", name, per_job, "", True)
 
     # Worker defaults: Worker(dsn, [handler]) with no tuning option against the tuned
     # worker, alternating, the median of each; the untuned worker's own settings printed.
@@ -159,8 +182,19 @@ def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[st
     add("transactional steps writing a row", tx_writes, "steps/s", "own tx", own_writes)
     add("transactional vs plain no-op steps", tx_writes, "steps/s", "standalone", noop)
 
-    chain = cy.workflow_throughput(admin, flows.chain, size["runs"], 3)
-    add("3-step chains", chain, "steps/s", "standalone", noop)
+    chain_cpu = Meter(admin)
+    chain = cy.workflow_throughput(admin, flows.chain, size["runs"], 3, chain_cpu)
+    add("3-step chains", chain, "steps/s", "standalone", noop, ">= 0.9x")
+    if chain_cpu.server_s and own_cpu.server_s:
+        add(
+            "server CPU per chain step",
+            chain_cpu.server_s * 1e6 / (size["runs"] * 3),
+            "us",
+            "standalone",
+            own_cpu.server_s * 1e6 / size["jobs"],
+            "",
+            True,
+        )
     engines = [m for m in (peer("dbos"), peer("absurd")) if m is not None]
     for module in engines:
         name = peers.name_of(module)

@@ -13,6 +13,7 @@ import attrs
 import psycopg
 
 from bench import flows
+from bench.cpu import Meter
 from cyclone_dsl import Client, Worker
 from cyclone_dsl.db.connect import make_pool
 from cyclone_dsl.engine import WORK_CHANNEL, Engine
@@ -56,10 +57,14 @@ def _drain(
     limit_s: float = 600,
     settings: list[WorkerSettings] | None = None,
     peaks: Peaks | None = None,
+    meter: Meter | None = None,
 ) -> float:
     """Start the worker, wait until it completed ``expected`` steps; return the seconds
-    (and append to ``settings`` the worker's effective settings at the end, and note in
-    ``peaks`` the most handlers in flight and threads seen)."""
+    (and append to ``settings`` the worker's effective settings at the end; ``peaks``
+    notes the most handlers in flight and threads seen; ``meter`` reads the CPU the
+    draining cost)."""
+    if meter is not None:
+        meter.start()
     started = time.perf_counter()
     worker.start()
     while worker.completed_count < expected:
@@ -70,18 +75,20 @@ def _drain(
             peaks.threads = max(peaks.threads, threading.active_count())
         time.sleep(0.005)
     elapsed = time.perf_counter() - started
+    if meter is not None:
+        meter.stop()
     if settings is not None:
         settings.append(worker.settings())
     worker.stop()
     return elapsed
 
 
-def noop_throughput(admin: str, jobs: int) -> float:
+def noop_throughput(admin: str, jobs: int, meter: Meter | None = None) -> float:
     """Standalone no-op steps per second (enqueued beforehand in batches)."""
     with fresh(admin) as dsn, Client(dsn) as client:
         for start in range(0, jobs, 2000):
             client.enqueue_many(flows.noop, [None] * min(2000, jobs - start))
-        return jobs / _drain(_worker(dsn), jobs)
+        return jobs / _drain(_worker(dsn), jobs, meter=meter)
 
 
 def defaults_throughput(
@@ -199,12 +206,15 @@ def retention_rate(admin: str, expired: int) -> float:
         return deleted / elapsed
 
 
-def workflow_throughput(admin: str, workflow: object, runs: int, steps_per_run: int) -> float:
+def workflow_throughput(
+    admin: str, workflow: object, runs: int, steps_per_run: int, meter: Meter | None = None
+) -> float:
     """Steps per second of ``runs`` runs of ``workflow`` (submitted beforehand)."""
     with fresh(admin) as dsn, Client(dsn) as client:
         for start in range(0, runs, 1000):
             client.submit_many(workflow, list(range(start, min(runs, start + 1000))))
-        return runs * steps_per_run / _drain(_worker(dsn), runs * steps_per_run)
+        steps = runs * steps_per_run
+        return steps / _drain(_worker(dsn), steps, meter=meter)
 
 
 def fan_out_throughput(admin: str, items: int) -> float:

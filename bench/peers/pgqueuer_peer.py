@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import time
 
+from bench.cpu import Meter
 from bench.peers import connect_kwargs, peer_url, reset_database
 
 DB = "bench_pgqueuer"
@@ -40,12 +42,12 @@ async def _setup(admin_url: str):  # type: ignore[no-untyped-def]
     return url, conn
 
 
-def noop_throughput(admin_url: str, jobs: int) -> float:
-    """Jobs per second of the processing phase (enqueue excluded)."""
-    return asyncio.run(_noop(admin_url, jobs))
+def noop_throughput(admin_url: str, jobs: int, meter: Meter | None = None) -> float:
+    """Jobs per second of the processing phase (enqueue excluded; ``meter`` reads its CPU)."""
+    return asyncio.run(_noop(admin_url, jobs, meter))
 
 
-async def _noop(admin_url: str, jobs: int) -> float:
+async def _noop(admin_url: str, jobs: int, meter: Meter | None = None) -> float:
     from pgqueuer import AsyncpgDriver, PgQueuer, Queries
     from pgqueuer.types import QueueExecutionMode
 
@@ -64,14 +66,86 @@ async def _noop(admin_url: str, jobs: int) -> float:
         for start in range(0, jobs, 1000):
             count = min(1000, jobs - start)
             await queries.enqueue(["bench_noop"] * count, [None] * count, [0] * count)
+        if meter is not None:
+            meter.start()
         started = time.perf_counter()
         await asyncio.wait_for(
             worker.run(batch_size=BATCH, mode=QueueExecutionMode.drain), timeout=120
         )
         elapsed = time.perf_counter() - started
+        if meter is not None:
+            meter.stop()
         if done != jobs:
             raise RuntimeError(f"pgqueuer ran {done} of {jobs} jobs")
         return jobs / elapsed
+    finally:
+        await conn.close()
+
+
+def noop_throughput_processes(admin_url: str, jobs: int, processes: int) -> float:
+    """Jobs per second with ``processes`` worker processes, each one ``PgQueuer.run``
+    (batch 100, drain mode) on its own connection: pgqueuer's way to use several cores.
+
+    The jobs are enqueued first; every process imports, connects and waits at a barrier,
+    and the clock runs from the barrier until the last process has drained the queue.
+    """
+    url = asyncio.run(_enqueue_only(admin_url, jobs))
+    context = multiprocessing.get_context("spawn")
+    ready = context.Barrier(processes + 1)
+    counts = context.Queue()
+    children = [
+        context.Process(target=_drain_process, args=(url, ready, counts)) for _ in range(processes)
+    ]
+    for child in children:
+        child.start()
+    ready.wait(timeout=120)
+    started = time.perf_counter()
+    for child in children:
+        child.join(timeout=180)
+    elapsed = time.perf_counter() - started
+    done = sum(counts.get(timeout=10) for _ in children)
+    if done != jobs:
+        raise RuntimeError(f"pgqueuer ran {done} of {jobs} jobs")
+    return jobs / elapsed
+
+
+async def _enqueue_only(admin_url: str, jobs: int) -> str:
+    from pgqueuer import AsyncpgDriver, Queries
+
+    url, conn = await _setup(admin_url)
+    try:
+        queries = Queries(AsyncpgDriver(conn))
+        for start in range(0, jobs, 1000):
+            count = min(1000, jobs - start)
+            await queries.enqueue(["bench_noop"] * count, [None] * count, [0] * count)
+    finally:
+        await conn.close()
+    return url
+
+
+def _drain_process(url: str, ready: object, counts: object) -> None:
+    counts.put(asyncio.run(_drain(url, ready)))  # type: ignore[attr-defined]
+
+
+async def _drain(url: str, ready: object) -> int:
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, PgQueuer
+    from pgqueuer.types import QueueExecutionMode
+
+    logging.getLogger("pgqueuer").setLevel(logging.WARNING)
+    conn = await asyncpg.connect(**connect_kwargs(url))
+    try:
+        worker = PgQueuer(AsyncpgDriver(conn))
+        done = 0
+
+        @worker.entrypoint("bench_noop")
+        async def noop(job: object) -> None:
+            nonlocal done
+            done += 1
+
+        ready.wait(timeout=120)  # type: ignore[attr-defined]
+        await worker.run(batch_size=BATCH, mode=QueueExecutionMode.drain)
+        return done
     finally:
         await conn.close()
 

@@ -26,10 +26,12 @@ from cyclone_dsl.cli.main import (
     emit,
     fail,
 )
+from cyclone_dsl.cli.reads import check_read_url, read_url_option, reading_client
 from cyclone_dsl.cli.render import event_line, render_run
 from cyclone_dsl.cli.values import Duration, human_duration, to_json_line
 from cyclone_dsl.client import base
 from cyclone_dsl.client.sync import Client
+from cyclone_dsl.db.connect import ENV_READ_URL
 from cyclone_dsl.dsl.registry import Registry, default_registry
 from cyclone_dsl.dsl.workflow import WorkflowDef
 from cyclone_dsl.engine import DEFAULT_RETENTION
@@ -166,13 +168,19 @@ def submit(
 @click.option("--state", help="Only runs in this state.")
 @click.option("--workflow", help="Only runs of this workflow.")
 @click.option("--limit", default=20, show_default=True)
+@read_url_option
 @as_json
 @click.pass_context
 def runs(
-    ctx: click.Context, state: str | None, workflow: str | None, limit: int, as_json: bool
+    ctx: click.Context,
+    state: str | None,
+    workflow: str | None,
+    limit: int,
+    read_url: str | None,
+    as_json: bool,
 ) -> None:
     """List runs, newest first."""
-    with client_for(ctx) as client:
+    with reading_client(ctx, read_url) as client:
         try:
             found = client.list_runs(state=state, workflow=workflow, limit=limit)
         except ValueError as exc:
@@ -198,15 +206,18 @@ def runs(
 @click.option(
     "--after", default=0, show_default=True, help="With --follow: start after this event seq."
 )
+@read_url_option
 @as_json
 @click.pass_context
-def show_run(ctx: click.Context, run_id: int, follow: bool, after: int, as_json: bool) -> None:
+def show_run(
+    ctx: click.Context, run_id: int, follow: bool, after: int, read_url: str | None, as_json: bool
+) -> None:
     """Show a run: every node with its state, attempt, timing and error, as a tree; with
-    --follow, print its events live until it ends."""
+    --follow, print its events live until it ends (from --dsn: a replica gets no wake-ups)."""
     if follow:
         follow_run(ctx, run_id, after, as_json)
         return
-    with client_for(ctx) as client:
+    with reading_client(ctx, read_url) as client:
         run = client.get_run(run_id)
         children = {c["parent_node_id"]: c["id"] for c in client.children_of(run_id)}
         reasons = client.why_waiting(run_id)
@@ -342,14 +353,15 @@ def fork(
 
 
 @cli.group(invoke_without_command=True)
+@read_url_option
 @as_json
 @click.pass_context
-def schedules(ctx: click.Context, as_json: bool) -> None:
+def schedules(ctx: click.Context, read_url: str | None, as_json: bool) -> None:
     """List cron schedules (zone, enabled, next fire, last run, last error); or change them
     with a subcommand."""
     if ctx.invoked_subcommand is not None:
         return
-    with client_for(ctx) as client:
+    with reading_client(ctx, read_url) as client:
         found = client.list_schedules()
     lines = [f"{'id':<24} {'cron':<16} {'zone':<16} {'enabled':<8} next fire / last run"]
     lines += [
@@ -466,11 +478,12 @@ def limit_line(row: dict[str, Any]) -> str:
 
 
 @cli.command()
+@read_url_option
 @as_json
 @click.pass_context
-def stats(ctx: click.Context, as_json: bool) -> None:
+def stats(ctx: click.Context, read_url: str | None, as_json: bool) -> None:
     """Queues and kinds: available, running, waiting, oldest available age, expired leases."""
-    with client_for(ctx) as client:
+    with reading_client(ctx, read_url) as client:
         data = client.stats()
     lines = ["queue                available  running  waiting  oldest(s)  expired"]
     lines += [
@@ -506,10 +519,11 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 @cli.command()
 @as_json
 @click.option("--all", "show_all", is_flag=True, help="Also workers that stopped or went silent.")
+@read_url_option
 @click.pass_context
-def workers(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+def workers(ctx: click.Context, as_json: bool, show_all: bool, read_url: str | None) -> None:
     """Live workers: where they run, their queues and the workflow versions they serve."""
-    with client_for(ctx) as client:
+    with reading_client(ctx, read_url) as client:
         rows = [w for w in client.workers() if show_all or w["live"]]
     lines = []
     for w in rows:
@@ -641,6 +655,12 @@ def scan(ctx: click.Context, modules: tuple[str, ...], once: bool, interval: flo
 @click.option("--port", default=8080, show_default=True)
 @click.option("--read-only", is_flag=True, help="Refuse every write (cancel, signal, ...).")
 @click.option("--token", envvar="CYCLONE_UI_TOKEN", help="Require this secret on every write.")
+@click.option(
+    "--read-url",
+    envvar=ENV_READ_URL,
+    default=None,
+    help="Read every page from this read replica (its lag shown); actions go to --dsn.",
+)
 @imports
 @click.pass_context
 def ui(
@@ -649,10 +669,11 @@ def ui(
     port: int,
     read_only: bool,
     token: str | None,
+    read_url: str | None,
     modules: tuple[str, ...],
 ) -> None:
     """Serve the web dashboard (loopback only unless --host says otherwise); --import the
-    workflows' modules to fork runs from the run page."""
+    workflows' modules to fork runs from the run page; --read-url reads from a replica."""
     import_modules(modules)
     try:
         import uvicorn
@@ -660,7 +681,14 @@ def ui(
         from cyclone_dsl.ui.app import create_app
     except ImportError:
         fail("the dashboard needs the 'ui' extra: pip install 'cyclone-dsl[ui]'")
+    if read_url:
+        check_read_url(read_url)
+        check_migrated(read_url, pooled=ctx.obj["pooled"])
     with client_for(ctx) as client:
-        app = create_app(client, read_only=read_only, token=token)
-        click.echo(f"cyclone ui on http://{host}:{port}" + (" (read-only)" if read_only else ""))
+        app = create_app(client, read_only=read_only, token=token, read_dsn=read_url or None)
+        notes = [
+            " (read-only)" if read_only else "",
+            " (pages read from --read-url)" * bool(read_url),
+        ]
+        click.echo(f"cyclone ui on http://{host}:{port}" + "".join(notes))
         uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -76,6 +76,8 @@ class Step:
     completed_at: datetime | None
     item_of: str | None
     item_index: int | None
+    #: The worker holding the lease while the step runs; once it completed, the worker
+    #: that completed it (a failed attempt's worker is in ``attempts``).
     lease_owner: str | None
     lease_expiry: datetime | None
     child_workflow: str | None

@@ -27,6 +27,8 @@ IDLE_IN_TRANSACTION_S = 60.0
 ENV_POOLED = "CYCLONE_POOLED"
 #: ``$CYCLONE_LISTEN_URL``: a direct connection for LISTEN when the DSN is pooled.
 ENV_LISTEN_URL = "CYCLONE_LISTEN_URL"
+#: ``$CYCLONE_READ_URL``: a read replica the dashboard and the read-only commands read from.
+ENV_READ_URL = "CYCLONE_READ_URL"
 
 
 def resolve_pooled(pooled: bool | None) -> bool:
@@ -65,16 +67,22 @@ def make_pool(
     open_now: bool = True,
     idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
     pooled: bool = False,
+    server_jit: bool = False,
 ) -> ConnectionPool[Any]:
     """A pool of autocommit connections (transactions are explicit) named ``name``; the
     server ends a transaction of theirs idle ``idle_in_transaction_s`` seconds (unless
-    ``pooled``: then the pooler's or the role's settings apply)."""
+    ``pooled``: then the pooler's or the role's settings apply). ``server_jit``: keep
+    the server's JIT setting (see :func:`connection_kwargs`)."""
     pool: ConnectionPool[Any] = ConnectionPool(
         conninfo,
         min_size=min_size,
         max_size=max_size,
         kwargs=connection_kwargs(
-            conninfo, name, idle_in_transaction_s=idle_in_transaction_s, pooled=pooled
+            conninfo,
+            name,
+            idle_in_transaction_s=idle_in_transaction_s,
+            pooled=pooled,
+            server_jit=server_jit,
         ),
         configure=_configure,
         open=False,
@@ -86,10 +94,13 @@ def make_pool(
     return pool
 
 
-def _merge_options(conninfo: str, idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S) -> str:
-    existing = psycopg.conninfo.conninfo_to_dict(conninfo).get("options") or ""
+def _merge_options(conninfo: str, idle_in_transaction_s: float, *, server_jit: bool) -> str:
+    existing = str(psycopg.conninfo.conninfo_to_dict(conninfo).get("options") or "")
     idle_ms = max(1, round(idle_in_transaction_s * 1000))
-    return f"{existing} -c idle_in_transaction_session_timeout={idle_ms}".strip()
+    options = f"{existing} -c idle_in_transaction_session_timeout={idle_ms}"
+    if not server_jit and "jit" not in existing:
+        options += " -c jit=off"
+    return options.strip()
 
 
 #: TCP settings of every connection (pooled ones live long too): a half-open connection
@@ -130,17 +141,22 @@ def connection_kwargs(
     *,
     idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
     pooled: bool = False,
+    server_jit: bool = False,
 ) -> dict[str, Any]:
     """The settings every Cyclone connection to ``conninfo`` gets (for a pool made elsewhere).
 
     ``pooled``: no ``options`` startup parameter and no server-side prepared statements
     (``prepare_threshold=None``), so no session state is left on a pooler's server session.
+
+    JIT is off (unless the DSN's ``options`` set ``jit``, or ``server_jit`` asks to keep
+    the server's setting, as a transactional handler's connection does for the user's
+    own SQL): Cyclone's statements are short, and compiling one takes milliseconds.
     """
     if pooled:
         return {"application_name": name, "prepare_threshold": None, **_tcp_settings(conninfo)}
     return {
         "application_name": name,
-        "options": _merge_options(conninfo, idle_in_transaction_s),
+        "options": _merge_options(conninfo, idle_in_transaction_s, server_jit=server_jit),
         **_tcp_settings(conninfo),
     }
 

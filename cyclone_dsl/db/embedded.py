@@ -156,6 +156,29 @@ class EmbeddedServer:
     def _write_users(self, users: set[int]) -> None:
         self._users_file().write_text(" ".join(str(p) for p in sorted(users)))
 
+    def make_replica(self, data_dir: Path) -> EmbeddedServer:
+        """A streaming replica of this running server in ``data_dir`` (a new folder), made
+        with ``pg_basebackup -R``; start it with :meth:`start`. It listens on its own socket
+        folder beside ``data_dir`` (initdb's default ``pg_hba.conf`` lets local replication
+        connections in)."""
+        replica = EmbeddedServer(data_dir)
+        replica.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        replica.data_dir.mkdir(mode=0o700)
+        replica._give_to_service_user(replica.data_dir)
+        replica._run(
+            self._bin / "pg_basebackup",
+            "-D",
+            str(replica.data_dir),
+            "-d",
+            self.url,
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+        )
+        return replica
+
     def restart(self, mode: str = "fast") -> None:
         self.stop(mode)
         with self._lock():

@@ -43,6 +43,7 @@ def handler_pool(
         max_size=max_size,
         idle_in_transaction_s=idle_s,
         pooled=pooled,
+        server_jit=True,  # the user's own SQL runs on these
     )
 
 
@@ -73,7 +74,9 @@ def async_handler_pool(
         dsn,
         min_size=0,
         max_size=max_size,
-        kwargs=connection_kwargs(dsn, name, idle_in_transaction_s=idle_s, pooled=pooled),
+        kwargs=connection_kwargs(
+            dsn, name, idle_in_transaction_s=idle_s, pooled=pooled, server_jit=True
+        ),
         configure=configure,
         open=False,
         name=name,

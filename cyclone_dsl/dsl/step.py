@@ -63,6 +63,8 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
 
 
 _cached_signature = functools.cache(_signature)
+#: Asked for every step a worker runs.
+_is_coroutine_function = functools.cache(inspect.iscoroutinefunction)
 
 
 def takes_positional(signature: inspect.Signature) -> bool:
@@ -172,7 +174,7 @@ class StepDef(StepCalls[P, R]):
 
     @property
     def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn)
+        return _is_coroutine_function(self.fn)
 
     @property
     def takes_ctx(self) -> bool:

@@ -123,6 +123,10 @@ class _Queries:
     run_counts: LiteralString
     child_runs: LiteralString
     step_throughput: LiteralString
+    # replica.sql
+    standby_status: LiteralString
+    wal_position: LiteralString
+    replayed_to: LiteralString
     # retention.sql
     purge_runs: LiteralString
     expire_runs: LiteralString

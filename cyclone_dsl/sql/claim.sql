@@ -64,7 +64,14 @@ s.kind = ANY(%(kinds)s::text[])
 {{claim_update}}
 SELECT {{claim_result}}
 FROM claimed AS c CROSS JOIN relaxed
-JOIN cyclone_runs AS r ON r.id = c.run_id
+-- A probe by primary key per claimed step (OFFSET 0 keeps it from being flattened): as a
+-- join, the planner hashed a scan of every run whenever that looked cheaper than a
+-- claim's worth of probes, which cost more than the rest of the claim on small tables.
+CROSS JOIN LATERAL (
+    SELECT r.workflow, r.def_version, r.deadline_at FROM cyclone_runs AS r
+    WHERE r.id = c.run_id
+    OFFSET 0
+) AS r
 
 -- fragment: claim_update
 -- The CTE ``claimed``: the steps of CTE ``chosen`` leased to %(owner)s.

@@ -1,8 +1,12 @@
--- name: lock_runs_of_steps
--- Lock the runs of these steps and their ancestor runs, in id order, before any step row.
-WITH RECURSIVE up(id) AS (
-    SELECT DISTINCT s.run_id
-    FROM unnest(%(ids)s::bigint[]) AS t(id) JOIN cyclone_steps AS s ON s.id = t.id
+-- fragment: lock_runs_and_ancestors
+-- Lock the runs of CTE mine(id) and their ancestor runs (a child's end changes its
+-- parent), in id order. Only runs with a parent start the walk up, and mine reaches
+-- the plan as ARRAY(...), whose length the planner cannot see: a recursive walk is
+-- estimated at about a hundred times its input, and over a batch's bound array that
+-- estimate crossed jit_above_cost, so every batch paid milliseconds of JIT compiling.
+up(id) AS (
+    SELECT r.parent_run_id FROM cyclone_runs AS r
+    WHERE r.id = ANY(ARRAY(SELECT id FROM mine)) AND r.parent_run_id IS NOT NULL
     UNION
     -- A correlated lookup by id per run: a join here could scan every run when
     -- statistics are stale (a seq scan of all runs on each completion batch).
@@ -13,27 +17,23 @@ WITH RECURSIVE up(id) AS (
 )
 SELECT r.id, r.state, r.has_fan_out, r.paused_at
 FROM cyclone_runs AS r
-WHERE r.id = ANY(ARRAY(SELECT id FROM up))  -- an id lookup, never a scan of every run
+-- an id lookup, never a scan of every run
+WHERE r.id = ANY(ARRAY(SELECT id FROM mine UNION SELECT id FROM up))
 ORDER BY r.id
 FOR NO KEY UPDATE
 
+-- name: lock_runs_of_steps
+-- Lock the runs of these steps and their ancestor runs, in id order, before any step row.
+WITH RECURSIVE mine(id) AS (
+    SELECT DISTINCT s.run_id
+    FROM unnest(%(ids)s::bigint[]) AS t(id) JOIN cyclone_steps AS s ON s.id = t.id
+), {{lock_runs_and_ancestors}}
+
 -- name: lock_runs
 -- Lock runs and their ancestor runs (a child's end changes its parent), in id order.
-WITH RECURSIVE up(id) AS (
+WITH RECURSIVE mine(id) AS (
     SELECT unnest(%(run_ids)s::bigint[])
-    UNION
-    -- A correlated lookup by id per run: a join here could scan every run when
-    -- statistics are stale (a seq scan of all runs on each completion batch).
-    SELECT p.id
-    FROM (SELECT (SELECT r.parent_run_id FROM cyclone_runs AS r WHERE r.id = up.id) AS id
-          FROM up) AS p
-    WHERE p.id IS NOT NULL
-)
-SELECT r.id, r.state, r.has_fan_out, r.paused_at
-FROM cyclone_runs AS r
-WHERE r.id = ANY(ARRAY(SELECT id FROM up))  -- an id lookup, never a scan of every run
-ORDER BY r.id
-FOR NO KEY UPDATE
+), {{lock_runs_and_ancestors}}
 
 -- name: complete_steps
 -- Record outputs of steps still leased at the given generations (a stale generation is fenced).
@@ -41,7 +41,9 @@ WITH {{lock_listed_steps}}
 UPDATE cyclone_steps AS s
 SET state = 'completed', output = c.output::jsonb,
     completed_at = now() + %(shift)s::interval,
-    lease_owner = NULL, lease_expiry = NULL,
+    -- No lease is held any more (lease_expiry NULL); lease_owner stays: the worker that
+    -- completed the step, which the attempt history (failed executions only) lacks.
+    lease_expiry = NULL,
     -- A completed step has no error: its failed attempts are in the attempt history.
     error = NULL, error_kind = NULL, panic_stack = NULL
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(outputs)s::text[])

@@ -4,6 +4,9 @@ Safety: Jinja2 autoescapes every value (inputs, outputs and errors are
 untrusted); forms carry a CSRF token that must match a SameSite=Strict
 cookie; ``read_only`` refuses every write; ``token`` requires a shared secret
 on every write.
+
+With ``read_dsn``, pages and read-only endpoints read from a read replica
+(:mod:`cyclone_dsl.ui.replica`) while every action still goes to ``client``.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import hmac
 import json
 import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -34,11 +39,12 @@ from starlette.staticfiles import StaticFiles
 
 from cyclone_dsl.client.model import StepEvent
 from cyclone_dsl.client.sync import Client
-from cyclone_dsl.errors import CycloneError, InvalidArgument, RunNotFound
+from cyclone_dsl.errors import CycloneError, DatabaseUnavailable, InvalidArgument, RunNotFound
 from cyclone_dsl.states import ErrorKind, RunState
 from cyclone_dsl.ui import bulk, fleet, humane, timeline
 from cyclone_dsl.ui.chart import queue_chart
 from cyclone_dsl.ui.graph import draw
+from cyclone_dsl.ui.replica import Reading, Reads, ReplicaUnavailable
 
 CSRF_COOKIE = "cyclone_csrf"
 PAGE = 50
@@ -69,9 +75,26 @@ def create_app(
     read_only: bool = False,
     token: str | None = None,
     live_for: timedelta | None = None,
+    read_dsn: str | None = None,
 ) -> Starlette:
     """The dashboard on ``client``. ``live_for``: how recent a worker's last beat must be
-    for the fleet page to show it live (default: the engine's, 30 s)."""
+    for the fleet page to show it live (default: the engine's, 30 s). ``read_dsn``: a
+    read replica that every page and read-only endpoint reads from (with its lag shown);
+    actions still go to ``client``. The replica is first reached at the first page, so
+    the app starts while it is down (its pages then say so)."""
+    reads = Reads(client, read_dsn)
+
+    def reading(request: Request) -> Reading:
+        """What ``request`` reads from (asked once per request)."""
+        found: Reading | None = getattr(request.state, "reading", None)
+        if found is None:
+            found = reads.begin(request.query_params.get("seen"))
+            request.state.reading = found
+        return found
+
+    def reader(request: Request) -> Client:
+        return reading(request).client
+
     env = Environment(
         loader=PackageLoader("cyclone_dsl.ui", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
@@ -92,18 +115,23 @@ def create_app(
             read_only=read_only,
             needs_token=token is not None,
             message=request.query_params.get("message"),
+            replica=getattr(request.state, "reading", None),
             error=request.query_params.get("error"),
             **context,
         )
 
     def page(request: Request, template: str, **context: Any) -> HTMLResponse:
         csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
-        html = render(request, template, csrf, counts=client.run_counts(), **context)
+        counts = reader(request).run_counts()
+        html = render(request, template, csrf, counts=counts, **context)
         response = HTMLResponse(html)
         response.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict")
         return response
 
     def back(url: str, **query: str) -> RedirectResponse:
+        seen = reads.position()
+        if seen is not None:
+            query["seen"] = seen  # the page waits for the replica to replay the action
         return RedirectResponse(f"{url}?{urlencode(query)}", status_code=303)
 
     async def guarded(request: Request) -> dict[str, str] | Response:
@@ -128,9 +156,9 @@ def create_app(
 
     def runs(request: Request) -> HTMLResponse:
         filters = _run_filters(request)
-        found = client.list_runs(limit=PAGE, **filters)
+        found = reader(request).list_runs(limit=PAGE, **filters)
         next_before = found[-1].id if len(found) == PAGE else None
-        query = {k: v for k, v in request.query_params.items() if k != "before_id"}
+        query = {k: v for k, v in request.query_params.items() if k not in ("before_id", "seen")}
         return page(
             request,
             "runs.html",
@@ -144,6 +172,7 @@ def create_app(
 
     def run_context(request: Request) -> dict[str, Any]:
         run_id = run_id_of(request)
+        client = reader(request)
         run = client.get_run(run_id)
         deps = client.dependencies(run_id)
         drill = request.query_params.get("items")
@@ -177,7 +206,7 @@ def create_app(
         return HTMLResponse(html, headers={"cache-control": "no-store"})
 
     def output(request: Request) -> Response:
-        run = client.get_run(run_id_of(request))
+        run = reader(request).get_run(run_id_of(request))
         try:
             step = run.step(request.path_params["node"])
         except KeyError:
@@ -217,6 +246,7 @@ def create_app(
         return back(url, message=f"{action}: done")
 
     def queues(request: Request) -> HTMLResponse:
+        client = reader(request)
         stats = client.stats()
         return page(
             request,
@@ -228,7 +258,7 @@ def create_app(
         )
 
     def schedules(request: Request) -> HTMLResponse:
-        return page(request, "schedules.html", schedules=client.list_schedules())
+        return page(request, "schedules.html", schedules=reader(request).list_schedules())
 
     async def toggle_schedule(request: Request) -> Response:
         form = await guarded(request)
@@ -242,20 +272,21 @@ def create_app(
         return back("/schedules", message="enabled" if enabled else "disabled")
 
     def api_counts(request: Request) -> JSONResponse:
-        return JSONResponse(client.run_counts())
+        return JSONResponse(reader(request).run_counts())
 
     def api_stats(request: Request) -> JSONResponse:
-        return JSONResponse(json.loads(_json(client.stats())))
+        return JSONResponse(json.loads(_json(reader(request).stats())))
 
     def api_runs(request: Request) -> JSONResponse:
-        found = client.list_runs(limit=PAGE, **_run_filters(request))
+        found = reader(request).list_runs(limit=PAGE, **_run_filters(request))
         return JSONResponse(json.loads(_json([attrs.asdict(r) for r in found])))
 
     def api_run(request: Request) -> JSONResponse:
-        run = client.get_run(run_id_of(request))
+        run = reader(request).get_run(run_id_of(request))
         return JSONResponse(json.loads(_json(attrs.asdict(run))))
 
     gauges_registry: list[Any] = []  # built at the first scrape of /metrics
+    scraped: list[Client] = [client]  # what the scrape in progress reads from
 
     def prometheus(request: Request) -> Response:
         """The database-wide gauges, in Prometheus's text format (the ``metrics`` extra)."""
@@ -266,15 +297,16 @@ def create_app(
                 "/metrics needs prometheus_client: pip install 'cyclone-dsl[metrics]'\n",
                 status_code=501,
             )
+        scraped[:] = [reader(request)]
         if not gauges_registry:
-            gauges_registry.append(metrics.database_registry(client.gauges))
+            gauges_registry.append(metrics.database_registry(lambda: scraped[0].gauges()))
         body, content_type = metrics.exposition(gauges_registry[0], request.headers.get("accept"))
         return Response(body, media_type=content_type)
 
     def api_attempts(request: Request) -> JSONResponse:
         """Each step's attempts, in order, as the run page lists them: the attempt history,
         then the attempt the step row holds (completed, running or cancelled)."""
-        run = client.get_run(run_id_of(request))
+        run = reader(request).get_run(run_id_of(request))
         now = datetime.now(UTC)  # noqa: TID251 (a running attempt's end, for the viewer)
         listed = {
             s.node: [
@@ -304,6 +336,31 @@ def create_app(
     async def bad_request(request: Request, exc: Exception) -> Response:
         return JSONResponse({"error": str(exc)}, status_code=400)
 
+    async def unavailable(request: Request, exc: Exception) -> Response:
+        """A page that cannot be read: the replica (or the database) is down."""
+        if isinstance(exc, DatabaseUnavailable) and reads.replicated:
+            reads.forget()  # the replica's client may hold dead connections
+        text = one_line(str(exc)) or type(exc).__name__
+        path = request.url.path
+        if path.startswith(("/api/", "/metrics")) or path.endswith("/live"):
+            return JSONResponse({"error": text}, status_code=503)
+        html = env.get_template("unavailable.html").render(
+            request=request,
+            read_only=read_only,
+            counts={},
+            # Drawn for the viewer; nothing is decided on this clock.
+            now=datetime.now(UTC),  # noqa: TID251
+            problem=text,
+        )
+        return HTMLResponse(html, status_code=503)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            reads.close()
+
     static = resources.files("cyclone_dsl.ui").joinpath("static")
     return Starlette(
         routes=[
@@ -322,7 +379,7 @@ def create_app(
             Route("/api/runs/{run_id}", api_run),
             Route("/metrics", prometheus),
             Route("/api/runs/{run_id}/attempts", api_attempts),
-            *fleet.routes(client, page, live_for),
+            *fleet.routes(reader, page, live_for),
             *bulk.routes(client, page, guarded, back),
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
         ],
@@ -330,7 +387,10 @@ def create_app(
             RunNotFound: not_found,
             InvalidArgument: bad_request,
             ValueError: bad_request,
+            ReplicaUnavailable: unavailable,
+            DatabaseUnavailable: unavailable,
         },
+        lifespan=lifespan,
     )
 
 
@@ -388,6 +448,10 @@ def _run_filters(request: Request) -> dict[str, Any]:
         "text": params.get("q") or None,
         "error_kind": params.get("error_kind") or None,
     }
+
+
+def one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 async def _threaded(fn: Any, *args: Any) -> Any:

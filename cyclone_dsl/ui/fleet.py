@@ -79,12 +79,15 @@ def charts(rows: list[dict[str, Any]], window: timedelta) -> tuple[str, str]:
     return throughput, latency
 
 
-def routes(client: Client, render: Render, live_for: timedelta | None) -> list[Route]:
-    """``/fleet`` and ``/api/workers``, rendered with the app's ``render(request, template,
-    **context)``."""
+def routes(
+    reader: Callable[[Request], Client], render: Render, live_for: timedelta | None
+) -> list[Route]:
+    """``/fleet`` and ``/api/workers``, read from ``reader(request)`` (the primary's client
+    or a replica's) and rendered with the app's ``render(request, template, **context)``."""
 
     def fleet(request: Request) -> HTMLResponse:
         name, window = window_of(request.query_params.get("range"))
+        client = reader(request)
         workers = client.workers(live_for=live_for)
         for worker in workers:
             worker["status"] = status(worker)
@@ -101,7 +104,7 @@ def routes(client: Client, render: Render, live_for: timedelta | None) -> list[R
         )
 
     def api_workers(request: Request) -> Response:
-        workers = client.workers(live_for=live_for)
+        workers = reader(request).workers(live_for=live_for)
         for worker in workers:
             worker["status"] = status(worker)
         return JSONResponse(json.loads(json.dumps(workers, default=str)))

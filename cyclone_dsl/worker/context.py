@@ -24,6 +24,40 @@ def _stores_nothing(kind: str, text: str) -> None:
     """The event writer of a context made by hand (a unit test): nothing is stored."""
 
 
+class CancelFlag:
+    """A :class:`threading.Event` made only when someone waits: every step gets a flag,
+    few handlers wait on it, and an Event (a Condition and its lock) cost more than the
+    rest of a no-op step's dispatch."""
+
+    __slots__ = ("_event", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        event = self._event  # read after the write: a waiter that made it is woken
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        with _FLAG_LOCK:
+            if self._event is None:
+                self._event = threading.Event()
+        if self.is_set():  # set before the Event existed: set() did not see it
+            self._event.set()
+        return self._event.wait(timeout)
+
+
+_FLAG_LOCK = threading.Lock()
+
+
 @attrs.define
 class StepContext:
     """What a running handler may know and do.
@@ -63,7 +97,7 @@ class StepContext:
     rate_limit_units: int | None = None
     _emit: EventWriter = attrs.field(default=_stores_nothing, alias="emit_fn")
     _connection: Any = attrs.field(default=None, alias="connection")
-    _cancelled: threading.Event = attrs.field(factory=threading.Event, alias="cancelled_event")
+    _cancelled: CancelFlag = attrs.field(factory=CancelFlag, alias="cancelled_event")
     _heartbeat: Callable[[], bool] = attrs.field(default=lambda: True, alias="heartbeat_fn")
 
     @property

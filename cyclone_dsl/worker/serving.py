@@ -13,6 +13,7 @@ would run each other's handlers, so registration refuses the second one.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import Callable, Mapping
@@ -121,8 +122,15 @@ def arguments(call: Call, value: Any) -> list[Any]:
 def standalone_arguments(fn: Callable[..., Any], value: Any) -> list[Any]:
     """Standalone work passes its input as the one argument, or none to a handler without
     (``enqueue`` refuses an input for such a handler)."""
+    return [value] if _passes_input(fn) else []
+
+
+@functools.cache
+def _passes_input(fn: Callable[..., Any]) -> bool:
+    """Whether standalone work passes its input to ``fn`` (once per handler: reading a
+    signature per step cost a no-op step about a twentieth of its worker CPU)."""
     signature = handler_signature(fn)
-    return [value] if signature is None or takes_positional(signature) else []
+    return signature is None or takes_positional(signature)
 
 
 def identity_of(fn: Callable[..., Any]) -> str:

@@ -8,13 +8,46 @@ another worker runs the step again.
 
 from __future__ import annotations
 
-import concurrent.futures
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-_Job = tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+class Settled(Protocol):
+    """A finished call, as :class:`concurrent.futures.Future` shows one (the async
+    handlers' futures are those)."""
+
+    def cancelled(self) -> bool: ...
+
+    def exception(self) -> BaseException | None: ...
+
+    def result(self) -> Any: ...
+
+
+class Returned:
+    """What a pool thread hands its callback: a Future costs a Condition and its lock per
+    call, more than the rest of a no-op step's dispatch, and nobody waits on these."""
+
+    __slots__ = ("_exception", "_result")
+
+    def __init__(self, result: Any, exception: BaseException | None) -> None:
+        self._result = result
+        self._exception = exception
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> BaseException | None:
+        return self._exception
+
+    def result(self) -> Any:
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
+
+_Job = tuple[Callable[[Settled], None], Callable[..., Any], tuple[Any, ...]]
 
 
 class DaemonThreadPool:
@@ -35,10 +68,10 @@ class DaemonThreadPool:
         return len(self._threads)
 
     def submit(
-        self, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> concurrent.futures.Future[Any]:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._jobs.put((future, fn, args, kwargs))
+        self, on_done: Callable[[Settled], None], fn: Callable[..., Any], *args: Any
+    ) -> None:
+        """Call ``fn(*args)`` on a pool thread, then ``on_done`` there with its outcome."""
+        self._jobs.put((on_done, fn, args))
         if not self._idle.acquire(blocking=False):
             with self._lock:
                 if len(self._threads) < self._size:
@@ -47,7 +80,6 @@ class DaemonThreadPool:
                     )
                     thread.start()
                     self._threads.append(thread)
-        return future
 
     def shutdown(self) -> None:
         """Stop idle threads; busy ones finish their handler (or die with the process)."""
@@ -65,16 +97,11 @@ class DaemonThreadPool:
 
     @staticmethod
     def _run(
-        future: concurrent.futures.Future[Any],
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        on_done: Callable[[Settled], None], fn: Callable[..., Any], args: tuple[Any, ...]
     ) -> None:
-        if not future.set_running_or_notify_cancel():
-            return
         try:
-            result = fn(*args, **kwargs)
+            result = fn(*args)
         except BaseException as exc:  # noqa: BLE001 - the handler boundary: every failure is an outcome
-            future.set_exception(exc)
+            on_done(Returned(None, exc))
         else:
-            future.set_result(result)
+            on_done(Returned(result, None))

@@ -90,7 +90,7 @@ from cyclone_dsl.worker.observe import EndedRun, Observers, WorkerObserver
 from cyclone_dsl.worker.processes import Supervisor, worker_spec
 from cyclone_dsl.worker.scanner import Scanner
 from cyclone_dsl.worker.serving import serving_of
-from cyclone_dsl.worker.threads import DaemonThreadPool
+from cyclone_dsl.worker.threads import DaemonThreadPool, Settled
 from cyclone_dsl.worker.transactional import COMMITTED, DROPPED, Call, TransactionalRunner
 
 log = logging.getLogger("cyclone.worker")
@@ -1012,12 +1012,14 @@ class Worker:
         if handler.transactional:
             self._dispatch_transactional(entry, handler, args, kwargs)
             return
+        keep = handler.keep_output
         if handler.is_async:
-            starts.append((entry, handler.fn, args, kwargs, handler.keep_output))
+            starts.append((entry, handler.fn, args, kwargs, keep))
             return
         assert self._executor is not None
-        future = self._executor.submit(self._call, entry, handler.fn, args, kwargs)
-        future.add_done_callback(lambda f: self._on_done(entry, f, handler.keep_output))
+        self._executor.submit(
+            lambda f: self._on_done(entry, f, keep), self._call, entry, handler.fn, args, kwargs
+        )
 
     def _call(
         self, entry: _Inflight, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
@@ -1088,13 +1090,17 @@ class Worker:
                 self._enter_transactional(entry)  # the task's own context: no reset
                 return await runner.run_async(call, entry.step.timeout_s)
 
-            future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(
-                run_async(), self._loop
-            )
+            future = asyncio.run_coroutine_threadsafe(run_async(), self._loop)
+            future.add_done_callback(lambda f: self._on_transaction_done(entry, f))
         else:
             assert self._executor is not None
-            future = self._executor.submit(self._call_transactional, entry, runner, call)
-        future.add_done_callback(lambda f: self._on_transaction_done(entry, f))
+            self._executor.submit(
+                lambda f: self._on_transaction_done(entry, f),
+                self._call_transactional,
+                entry,
+                runner,
+                call,
+            )
 
     def _enter_transactional(self, entry: _Inflight) -> None:
         """Put the step in scope of the logs, and collect the runs its transaction ends."""
@@ -1151,9 +1157,7 @@ class Worker:
             self._inflight.pop(entry.step.id, None)
         return True
 
-    def _on_transaction_done(
-        self, entry: _Inflight, future: concurrent.futures.Future[Any]
-    ) -> None:
+    def _on_transaction_done(self, entry: _Inflight, future: Settled) -> None:
         """A transactional handler's transaction ended: count its commit, record the failure
         it left, or (when the handler raised) record that like any handler's failure."""
         try:
@@ -1258,12 +1262,7 @@ class Worker:
             self._started(entry, self._observer)
         return await asyncio.wait_for(fn(*args, **kwargs), entry.step.timeout_s)
 
-    def _on_done(
-        self,
-        entry: _Inflight,
-        future: concurrent.futures.Future[Any] | asyncio.Future[Any],
-        keep_output: bool,
-    ) -> None:
+    def _on_done(self, entry: _Inflight, future: Settled, keep_output: bool) -> None:
         """The handler returned (or raised, or its task was cancelled): record, free the slot."""
         try:
             if entry.settled:

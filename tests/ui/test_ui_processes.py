@@ -40,10 +40,10 @@ def test_the_attempts_of_a_step_across_a_sigkill_reclaim(
     assert handle.wait(timeout=30).state is RunState.COMPLETED
     with TestClient(create_app(client)) as web:
         listed = web.get(f"/api/runs/{handle.id}/attempts").json()["fault_work"]
-        assert [(a["number"], a["outcome"], a["worker"]) for a in listed] == [
-            (1, "reclaimed", victim_id),
-            (1, "completed", None),  # a completed step holds no lease, so names no worker
-        ]
+        assert [(a["number"], a["outcome"]) for a in listed] == [(1, "reclaimed"), (1, "completed")]
+        reclaimed, completed = (a["worker"] for a in listed)
+        assert reclaimed == victim_id
+        assert completed and completed != victim_id  # the worker that completed it
         first, second = listed
         assert first["error_kind"] == "reclaimed" and second["error"] is None
         assert first["started_at"] < first["ended_at"] <= second["started_at"] < second["ended_at"]
