@@ -25,6 +25,7 @@ from bench import flows, peers
 from bench.cpu import Meter
 from cyclone_dsl import __version__
 from cyclone_dsl.db.embedded import embedded_database
+from cyclone_dsl.worker.adaptive import WorkerSettings
 
 SIZES = {
     "quick": {
@@ -38,6 +39,7 @@ SIZES = {
         "bulk": 2000,
         "history": 20_000,
         "expired": 10_000,
+        "slow_jobs": 1000,
     },
     "full": {
         "jobs": 20000,
@@ -50,6 +52,7 @@ SIZES = {
         "bulk": 20000,
         "history": 1_000_000,
         "expired": 200_000,
+        "slow_jobs": 5000,
     },
 }
 
@@ -91,6 +94,9 @@ def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[st
 
     if only == "processes":
         scaling(admin, size, add)
+        return rows
+    if only == "async":
+        async_handlers(admin, size, add)
         return rows
     raw = peers.load("raw")
     assert raw is not None
@@ -156,6 +162,8 @@ def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[st
             cy.median(tuned),
             ">= 0.8x",
         )
+
+    async_handlers(admin, size, add)
 
     keyed = cy.keyed_throughput(admin, size["jobs"])
     add("steps under a concurrency key", keyed, "steps/s", "standalone", noop)
@@ -269,6 +277,56 @@ def submits(admin: str, size: dict[str, int], add: Callable[..., None], raw: Mod
     )
 
 
+def async_handlers(admin: str, size: dict[str, int], add: Callable[..., None]) -> None:
+    """Async handlers that sleep 10 ms, by ``Worker(dsn, [handler])`` with no tuning
+    option, against sync ones sleeping as long by the tuned worker (100 threads, claims of
+    100), alternating, the median of each; then handlers that sleep 1 s, async and sync,
+    both untuned. The untuned worker's settings and peaks are printed."""
+
+    def show(label: str, rate: float, settings: WorkerSettings, peaks: cy.Peaks) -> None:
+        print(
+            f"    untuned worker, {label}: {rate:,.0f} steps/s; async handlers "
+            f"{settings.async_concurrency} at once now (cap {settings.max_async}), sync "
+            f"{settings.concurrency} (cap {settings.max_concurrency}); claims of up to "
+            f"{settings.claim_size}; at most {peaks.in_flight} in flight, "
+            f"{settings.threads} handler threads, {peaks.threads} threads in the process",
+            flush=True,
+        )
+
+    tuned, untuned = [], []
+    for _ in range(3):
+        tuned.append(cy.defaults_throughput(admin, size["jobs"], flows.sleepy, tuned=True)[0])
+        peaks = cy.Peaks()
+        rate, settings = cy.defaults_throughput(
+            admin, size["jobs"], flows.async_sleepy, tuned=False, peaks=peaks
+        )
+        untuned.append(rate)
+        show("async 10 ms sleep", rate, settings, peaks)
+    add(
+        "untuned worker, async 10 ms sleep steps",
+        cy.median(untuned),
+        "steps/s",
+        "sync, tuned (100/100)",
+        cy.median(tuned),
+        ">= 0.8x",
+    )
+    slow: dict[str, float] = {}
+    for label, handler in (("async", flows.async_sleepy_1s), ("sync", flows.sleepy_1s)):
+        peaks = cy.Peaks()
+        rate, settings = cy.defaults_throughput(
+            admin, size["slow_jobs"], handler, tuned=False, peaks=peaks
+        )
+        slow[label] = rate
+        show(f"{label} 1 s sleep", rate, settings, peaks)
+    add(
+        "untuned worker, async 1 s sleep steps",
+        slow["async"],
+        "steps/s",
+        "sync, untuned",
+        slow["sync"],
+    )
+
+
 def scaling(admin: str, size: dict[str, int], add: Callable[..., None]) -> None:
     """No-op standalone steps with 1, 2 and 4 worker processes, against 1 process."""
     one = None
@@ -302,10 +360,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (under 2 minutes)")
     parser.add_argument(
         "--only",
-        choices=["all", "processes", "submits"],
+        choices=["all", "processes", "submits", "async"],
         default="all",
         help="processes: only the scaling scenario (1, 2 and 4 worker processes); "
-        "submits: only submit() and submit_many()",
+        "submits: only submit() and submit_many(); async: only the async handler scenarios",
     )
     parser.add_argument("--json", type=Path, default=Path("bench/results/latest.json"))
     parser.add_argument(

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
+import attrs
 import psycopg
 
 from bench import flows
@@ -43,16 +44,26 @@ def _worker(dsn: str, handlers: list[object] | None = None, **options: object) -
     return Worker(dsn, handlers or HANDLERS, scanners=False, **options)  # type: ignore[arg-type]
 
 
+@attrs.define
+class Peaks:
+    """The most handlers in flight and threads in the process while a worker drained."""
+
+    in_flight: int = 0
+    threads: int = 0
+
+
 def _drain(
     worker: Worker,
     expected: int,
     limit_s: float = 600,
     settings: list[WorkerSettings] | None = None,
+    peaks: Peaks | None = None,
     meter: Meter | None = None,
 ) -> float:
     """Start the worker, wait until it completed ``expected`` steps; return the seconds
-    (and append to ``settings`` the worker's effective settings at the end; ``meter``
-    reads the CPU the draining cost)."""
+    (and append to ``settings`` the worker's effective settings at the end; ``peaks``
+    notes the most handlers in flight and threads seen; ``meter`` reads the CPU the
+    draining cost)."""
     if meter is not None:
         meter.start()
     started = time.perf_counter()
@@ -60,6 +71,9 @@ def _drain(
     while worker.completed_count < expected:
         if time.perf_counter() - started > limit_s:
             raise TimeoutError(f"{worker.completed_count}/{expected} steps in {limit_s}s")
+        if peaks is not None:
+            peaks.in_flight = max(peaks.in_flight, worker.slots_in_use)
+            peaks.threads = max(peaks.threads, threading.active_count())
         time.sleep(0.005)
     elapsed = time.perf_counter() - started
     if meter is not None:
@@ -79,7 +93,7 @@ def noop_throughput(admin: str, jobs: int, meter: Meter | None = None) -> float:
 
 
 def defaults_throughput(
-    admin: str, jobs: int, handler: object, *, tuned: bool
+    admin: str, jobs: int, handler: object, *, tuned: bool, peaks: Peaks | None = None
 ) -> tuple[float, WorkerSettings]:
     """Standalone steps of ``handler`` per second, by the bench's tuned worker (100
     handlers at once, claims of 100) or by ``Worker(dsn, [handler])`` with no tuning
@@ -89,7 +103,7 @@ def defaults_throughput(
             client.enqueue_many(handler, [None] * min(2000, jobs - start))  # type: ignore[call-overload]
         worker = _worker(dsn, [handler]) if tuned else Worker(dsn, [handler])
         seen: list[WorkerSettings] = []
-        rate = jobs / _drain(worker, jobs, settings=seen)
+        rate = jobs / _drain(worker, jobs, settings=seen, peaks=peaks)
         return rate, seen[0]
 
 

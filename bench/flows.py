@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import timedelta
 from typing import Any
@@ -21,6 +22,21 @@ def noop(x: object = None) -> None:
 @step(name="bench_sleep")
 def sleepy(x: object = None) -> None:
     time.sleep(0.01)
+
+
+@step(name="bench_async_sleep")
+async def async_sleepy(x: object = None) -> None:
+    await asyncio.sleep(0.01)
+
+
+@step(name="bench_async_sleep_1s")
+async def async_sleepy_1s(x: object = None) -> None:
+    await asyncio.sleep(1.0)
+
+
+@step(name="bench_sleep_1s")
+def sleepy_1s(x: object = None) -> None:
+    time.sleep(1.0)
 
 
 @step(name="bench_mark")

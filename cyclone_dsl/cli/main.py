@@ -224,14 +224,22 @@ def migrate(
     "--concurrency",
     type=click.IntRange(min=1),
     default=None,
-    help="Handlers at once, fixed, per process (default: adaptive, from 10 up to "
+    help="Sync handlers at once, fixed, per process (default: adaptive, from 10 up to "
     "--max-concurrency).",
 )
 @click.option(
     "--max-concurrency",
     type=click.IntRange(min=1),
     default=None,
-    help="The most handlers at once when adaptive (default 256; 32 with transactional handlers).",
+    help="The most sync handlers at once when adaptive (default 256; 32 with transactional "
+    "handlers).",
+)
+@click.option(
+    "--max-async",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The most async handlers at once, per process; their number adapts from 100 up to "
+    "it (default 10000). They hold no thread.",
 )
 @click.option(
     "--processes",
@@ -281,6 +289,7 @@ def worker(
     queues: str,
     concurrency: int | None,
     max_concurrency: int | None,
+    max_async: int | None,
     processes: int | None,
     grace: float,
     transactional_dsn: str | None,
@@ -307,6 +316,7 @@ def worker(
             queues=[q.strip() for q in queues.split(",") if q.strip()],
             concurrency=concurrency,
             max_concurrency=max_concurrency,
+            max_async=max_async,
             grace=grace,
             transactional_dsn=transactional_dsn,
             poll_interval=poll_interval,

@@ -16,6 +16,11 @@ last interval (a :class:`Sample`):
 * slots left unused (claims come back short: no backlog) make it decay back towards
   what was used, never below where it started.
 
+Async handlers have a limit of their own (see :mod:`cyclone_dsl.worker.lanes`): they hold
+no thread, so it starts at :data:`ASYNC_START` and may grow to :data:`MAX_ASYNC`; instead
+of the CPU rule, it stops growing while the event loop's thread is busy most of the time
+(more handlers on a saturated loop would only queue there).
+
 Claims never take more steps than there are free slots, so the claim size follows.
 No rate comparisons: on a loaded machine the rate of one interval is too noisy to tell
 a better limit from a worse one; the share of time spent waiting for slots is not.
@@ -34,6 +39,12 @@ START = 10
 MAX_CONCURRENCY = 256
 #: The default cap when the worker serves transactional handlers (a connection each).
 MAX_TRANSACTIONAL = 32
+#: Where the limit of async handlers starts (one full claim)...
+ASYNC_START = 100
+#: ...and its default cap: an async handler waiting holds no thread, only its task.
+MAX_ASYNC = 10_000
+#: The event loop's thread busy this share of an interval: async handlers stop growing.
+LOOP_BUSY = 0.8
 #: The controller looks at the last interval once it is this long and at least
 #: MIN_RETURNS handlers returned in it (or once it is LONGEST_INTERVAL_S long).
 INTERVAL_S = 0.1
@@ -70,6 +81,12 @@ class WorkerSettings:
     #: Threads started for sync handlers (started as slots are used, never more than
     #: ``max_concurrency``).
     threads: int
+    #: Async handlers it may run at once now (their own limit; it always adapts).
+    async_concurrency: int
+    #: The most that limit may grow to (``max_async``).
+    max_async: int
+    #: Async handlers running now (counted in ``slots_in_use`` too).
+    async_in_use: int
 
 
 @attrs.define
@@ -83,15 +100,27 @@ class Sample:
     claimed: int  # steps those claims returned
     slot_wait: float  # seconds the fetch loop waited for a free slot
     peak: int  # most slots in use at once
-    handler_cpu: float  # CPU seconds the sync handlers' threads used
+    handler_cpu: float  # CPU seconds the handlers' threads used (async: the loop's thread)
     process_cpu: float  # CPU seconds the whole process used
 
 
 class SlotController:
-    """Moves a slot limit between ``floor`` and ``cap``, one :class:`Sample` at a time."""
+    """Moves a slot limit between ``floor`` and ``cap``, one :class:`Sample` at a time.
 
-    def __init__(self, start: int, cap: int, batch_size: int, floor: int | None = None) -> None:
+    With ``busy`` (async handlers, on one event loop thread), handlers whose thread used
+    that share of the interval hold the limit where it is, instead of halving it.
+    """
+
+    def __init__(
+        self,
+        start: int,
+        cap: int,
+        batch_size: int,
+        floor: int | None = None,
+        busy: float | None = None,
+    ) -> None:
         self.cap = cap
+        self.busy = busy
         self.batch_size = batch_size
         self.start = min(start, cap)
         self.floor = min(self.start, floor if floor is not None else max(2, os.cpu_count() or 2))
@@ -105,7 +134,13 @@ class SlotController:
             self._backlog = s.claimed >= 0.9 * s.asked
         waited = s.slot_wait / s.seconds if s.seconds > 0 else 0.0
         small_claims = s.claims > 0 and s.asked < SMALL_CLAIM * self.batch_size * s.claims
-        if s.process_cpu > 0.1 * s.seconds and s.handler_cpu >= CPU_BOUND_SHARE * s.process_cpu:
+        if self.busy is not None and s.handler_cpu >= self.busy * s.seconds:
+            self._idle = 0  # the loop is saturated: hold
+        elif (
+            self.busy is None
+            and s.process_cpu > 0.1 * s.seconds
+            and s.handler_cpu >= CPU_BOUND_SHARE * s.process_cpu
+        ):
             self._idle = 0
             self.limit = max(self.floor, min(self.limit, self.limit // 2))
         elif self._backlog and (small_claims or waited >= GROW_WAIT):

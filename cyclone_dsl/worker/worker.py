@@ -3,8 +3,11 @@
 Threads, each with one job:
 
 * the fetch loop (the caller's thread in :meth:`Worker.run`) claims batches
-  while slots are free and sleeps on NOTIFY wake-ups or the poll interval;
-* a thread pool runs sync handlers, one event loop thread runs async ones;
+  while slots are free and sleeps on NOTIFY wake-ups or the poll interval; a worker
+  serving both sync and async handlers has one fetch loop for each (see
+  :mod:`cyclone_dsl.worker.lanes`), taking turns to claim;
+* a thread pool runs sync handlers, one event loop thread runs async ones (each
+  claim's in one call; their outputs are encoded by the completers, off the loop);
 * two completers commit outcomes in batches (one transaction each; while one
   waits for its commit's disk flush, the other fills and sends the next batch);
 * the heartbeater extends leases on its own connection, and fails or drops
@@ -31,6 +34,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextvars
+import functools
 import logging
 import os
 import queue
@@ -79,8 +83,9 @@ from cyclone_dsl.migrate import check_database
 from cyclone_dsl.observability import logs
 from cyclone_dsl.states import ErrorKind, RunState
 from cyclone_dsl.worker import adaptive, execute
-from cyclone_dsl.worker.adaptive import Sample, SlotController, Slots, WorkerSettings
+from cyclone_dsl.worker.adaptive import SlotController, Slots, WorkerSettings
 from cyclone_dsl.worker.context import StepContext
+from cyclone_dsl.worker.lanes import Lane, thread_cpu_clock
 from cyclone_dsl.worker.observe import EndedRun, Observers, WorkerObserver
 from cyclone_dsl.worker.processes import Supervisor, worker_spec
 from cyclone_dsl.worker.scanner import Scanner
@@ -120,6 +125,7 @@ class _Inflight:
     step: Claimed
     ctx: StepContext
     deadline: float | None  # monotonic time the handler's timeout passes
+    lane: Lane  # whose slot it holds
     claimed_at: float = 0.0  # monotonic time its claim returned
     started_at: float = 0.0  # monotonic time its handler started (kept when observed)
     decided_here: bool = False  # a transactional step's own transaction took the decision
@@ -138,6 +144,21 @@ class _Inflight:
             self.connection = connection
 
 
+#: An async handler to start: its entry, function, arguments and whether to keep its output.
+_Start = tuple[_Inflight, Callable[..., Any], list[Any], dict[str, Any], bool]
+
+
+@attrs.frozen
+class _Returned:
+    """An async handler's return, decided on the loop's thread; a completer encodes the
+    output (JSON encoding a large output would hold up every handler on the loop)."""
+
+    entry: _Inflight
+    result: object
+    keep_output: bool
+    at: float  # monotonic time it returned
+
+
 class Worker:
     """Runs the handlers of the given modules or objects.
 
@@ -152,12 +173,14 @@ class Worker:
     tables and Cyclone's are reachable, since their step completes in the same
     transaction. The worker opens up to ``max_concurrency`` such connections.
 
-    ``concurrency`` fixes how many handlers run at once. Without it the number adapts to
-    the work, from 10 up to ``max_concurrency`` (default 256, or 32 when the worker serves
-    transactional handlers): it grows while the worker's own limit holds back a backlog
-    and growing raises the rate handlers return at, and shrinks when handlers take most
-    of the CPU or the work runs out. Each claim takes at most ``batch_size`` steps and
-    never more than the free slots. :meth:`settings` tells where it stands.
+    ``concurrency`` fixes how many sync (and transactional) handlers run at once. Without
+    it the number adapts to the work, from 10 up to ``max_concurrency`` (default 256, or
+    32 when the worker serves transactional handlers): it grows while the worker's own
+    limit holds back a backlog, and shrinks when handlers take most of the CPU or the
+    work runs out. Async handlers hold no thread: their own limit adapts the same way
+    from 100 up to ``max_async`` (default 10,000), and stops growing while the event
+    loop's thread is busy. Each claim takes at most ``batch_size`` steps and never more
+    than the free slots. :meth:`settings` tells where it stands.
 
     ``pooled=True`` (default: ``$CYCLONE_POOLED``) says ``dsn`` (and
     ``transactional_dsn``) go through a transaction-mode pooler such as PgBouncer: no
@@ -191,6 +214,7 @@ class Worker:
         queues: Sequence[str] = ("default",),
         concurrency: int | None = None,
         max_concurrency: int | None = None,
+        max_async: int | None = None,
         lease: float = 30.0,
         poll_interval: float = 1.0,
         grace: float = 30.0,
@@ -216,7 +240,11 @@ class Worker:
     ) -> None:
         if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
             raise InvalidArgument(f"processes must be an integer >= 1, not {processes!r}")
-        for option, value in (("concurrency", concurrency), ("max_concurrency", max_concurrency)):
+        for option, value in (
+            ("concurrency", concurrency),
+            ("max_concurrency", max_concurrency),
+            ("max_async", max_async),
+        ):
             if value is not None and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 1
             ):
@@ -276,22 +304,29 @@ class Worker:
             cap = adaptive.MAX_TRANSACTIONAL
         else:
             cap = adaptive.MAX_CONCURRENCY
-        #: The most handlers it runs at once (and transactional connections it opens).
+        #: The most sync (and transactional) handlers it runs at once (and transactional
+        #: connections it opens).
         self.max_concurrency = cap
-        self._controller = (
-            None if concurrency is not None else SlotController(adaptive.START, cap, batch_size)
+        #: The most async handlers it runs at once (they hold no thread: see lanes).
+        self.max_async = max_async if max_async is not None else adaptive.MAX_ASYNC
+        on_loop = {k for k, h in self.handlers.items() if h.is_async and not h.transactional}
+        self._thread_lane = Lane(
+            "threads",
+            sorted(set(self.handlers) - on_loop),
+            Slots(concurrency or min(adaptive.START, cap)),
+            None if concurrency is not None else SlotController(adaptive.START, cap, batch_size),
         )
-        self._slots = Slots(concurrency or min(adaptive.START, cap))
-        self._returned = 0  # handlers returned (the controller's rate)
-        self._claims = 0  # claims since the last sample
-        self._asked = 0  # slots offered to them
-        self._claimed = 0  # steps those claims returned
-        self._peak = 0  # most slots in use at once since the last sample
-        self._slot_wait = 0.0  # seconds the fetch loop waited for slots since the last sample
-        self._handler_cpu: list[float] = []  # sync handlers' thread CPU since the last sample
-        self._sampled_at = 0.0
-        self._sampled_returned = 0
-        self._sampled_cpu = 0.0
+        async_start = min(adaptive.ASYNC_START, self.max_async)
+        self._loop_lane = Lane(
+            "loop",
+            sorted(on_loop),
+            Slots(async_start),
+            SlotController(async_start, self.max_async, batch_size, busy=adaptive.LOOP_BUSY),
+            min_returns=0,
+        )
+        self._lanes = [lane for lane in (self._thread_lane, self._loop_lane) if lane.kinds]
+        self._lane_of = {kind: lane for lane in self._lanes for kind in lane.kinds}
+        self._claim_lock = threading.Lock()  # the lanes claim one at a time
         self.lease = timedelta(seconds=lease)
         self.poll_interval = poll_interval
         self.grace = grace
@@ -345,12 +380,12 @@ class Worker:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._closing = threading.Event()  # set once no lease is held: heartbeats end
-        self._wake = threading.Event()
         self._inflight: dict[int, _Inflight] = {}  # claimed, outcome not decided yet
         self._running: dict[int, _Inflight] = {}  # handler started and not returned yet
         self._inflight_lock = threading.Lock()
-        self._outcomes: queue.Queue[Success | Failure | None] = queue.Queue()
+        self._outcomes: queue.Queue[Success | Failure | _Returned | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
+        self._fetchers: list[threading.Thread] = []  # fetch loops of lanes past the first
         self._pool: Any = None
         self._executor: DaemonThreadPool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -386,6 +421,7 @@ class Worker:
                     "queues": self.queues,
                     "concurrency": concurrency,
                     "max_concurrency": max_concurrency,
+                    "max_async": max_async,
                     "max_events_per_step": max_events_per_step,
                     "tracing": tracing,
                     "lease": lease,
@@ -424,7 +460,7 @@ class Worker:
         return metrics.WorkerMetrics(
             self.metrics_registry,
             slots_in_use=lambda: self.slots_in_use,
-            slots=lambda: self._slots.limit,
+            slots=lambda: sum(lane.slots.limit for lane in self._lanes),
         )
 
     def _tracing_observer(self, option: object) -> WorkerObserver:
@@ -457,17 +493,21 @@ class Worker:
         return len(self._running)
 
     def settings(self) -> WorkerSettings:
-        """The worker's effective settings now: the slot limit (which adapts unless
-        ``concurrency`` was given), the claim size, the threads started."""
-        limit = self._slots.limit
+        """The worker's effective settings now: the slot limits of sync handlers (which
+        adapts unless ``concurrency`` was given) and of async ones, the claim size, the
+        threads started."""
+        threads, loop = self._thread_lane, self._loop_lane
         return WorkerSettings(
-            adaptive=self._controller is not None,
-            concurrency=limit,
+            adaptive=threads.controller is not None,
+            concurrency=threads.slots.limit,
             max_concurrency=self.max_concurrency,
-            claim_size=min(self.batch_size, limit),
+            claim_size=min(self.batch_size, max(lane.slots.limit for lane in self._lanes)),
             batch_size=self.batch_size,
             slots_in_use=self.slots_in_use,
             threads=self._executor.threads if self._executor is not None else 0,
+            async_concurrency=loop.slots.limit,
+            max_async=self.max_async,
+            async_in_use=loop.running,
         )
 
     @property
@@ -489,7 +529,7 @@ class Worker:
         try:
             self._start_services()
             try:
-                self._fetch_loop()
+                self._fetch_lanes()
             except Exception as exc:  # noqa: BLE001 - any failure stops the worker, loudly
                 self._crashed("fetch", exc)
             finally:
@@ -506,7 +546,7 @@ class Worker:
             self._supervisor = self._new_supervisor().start()
             return self
         self._start_services()
-        self._spawn(self._fetch_loop_then_shutdown, "fetch")
+        self._spawn(self._fetch_lanes_then_shutdown, "fetch")
         return self
 
     def stop(self, timeout: float | None = None) -> None:
@@ -515,14 +555,14 @@ class Worker:
             self._supervise(self._supervisor.stop(timeout))
             return
         self._stopping.set()
-        self._wake.set()
+        self._wake_lanes()
         self._stopped.wait(timeout if timeout is not None else self.grace + 30)
         self._raise_if_crashed()
 
     def request_stop(self) -> None:
         """Begin a graceful stop (as a first SIGTERM does) and return at once."""
         self._stopping.set()
-        self._wake.set()
+        self._wake_lanes()
 
     def _new_supervisor(self) -> Supervisor:
         # The supervisor's one database check: a wrong DSN or schema fails here, once,
@@ -561,8 +601,9 @@ class Worker:
         if self._crash is None:
             self._crash = exc
         self._stopping.set()
-        self._wake.set()
-        self._slots.wake()  # a fetch loop waiting for a slot notices the stop
+        self._wake_lanes()
+        for lane in self._lanes:
+            lane.slots.wake()  # a fetch loop waiting for a slot notices the stop
 
     def __enter__(self) -> Worker:
         return self.start()
@@ -617,6 +658,7 @@ class Worker:
         if any(step.is_async for step in self.handlers.values()):
             self._loop = asyncio.new_event_loop()
             self._spawn(self._loop.run_forever, "asyncio")
+            self._loop_lane.cpu_clock = thread_cpu_clock(self._threads[-1])
         if any(step.transactional for step in self.handlers.values()):
             self._runner = TransactionalRunner(
                 self._engine,
@@ -647,14 +689,22 @@ class Worker:
             )
             self._spawn(self._scanner.run, "scan")
         log.info(
-            "worker %s started: queues %s, %d kinds, concurrency %s",
+            "worker %s started: queues %s, %d kinds, %s",
             self.id,
             self.queues,
             len(self.handlers),
-            self.concurrency
-            if self._controller is None
-            else f"adaptive ({self._slots.limit} to {self.max_concurrency})",
+            ", ".join(self._describe(lane) for lane in self._lanes),
         )
+
+    def _describe(self, lane: Lane) -> str:
+        what = "sync handlers" if lane is self._thread_lane else "async handlers"
+        if lane.controller is None:
+            return f"{what}: {lane.slots.limit} at once"
+        return f"{what}: adaptive, {lane.slots.limit} to {lane.cap} at once"
+
+    def _wake_lanes(self) -> None:
+        for lane in self._lanes:
+            lane.wake.set()
 
     def _serve_metrics(self) -> None:
         if self.metrics_registry is None:
@@ -681,13 +731,21 @@ class Worker:
             self._engine.register_schedule(tx, row)
         return [row.id for row in rows]
 
-    def _fetch_loop_then_shutdown(self) -> None:
+    def _fetch_lanes_then_shutdown(self) -> None:
         try:
-            self._fetch_loop()
+            self._fetch_lanes()
         except Exception as exc:  # noqa: BLE001 - any failure stops the worker, loudly
             self._crashed("fetch", exc)
         finally:
             self._shutdown()
+
+    def _fetch_lanes(self) -> None:
+        """Run the first lane's fetch loop on this thread, the other's on a thread of its
+        own (joined by the shutdown before it releases anything)."""
+        for lane in self._lanes[1:]:
+            self._spawn(functools.partial(self._fetch_loop, lane), f"fetch-{lane.name}")
+            self._fetchers.append(self._threads[-1])
+        self._fetch_loop(self._lanes[0])
 
     def _register(self, *, refuse_conflicts: bool) -> None:
         ignored = self._tx(
@@ -697,7 +755,7 @@ class Worker:
                 host=socket.gethostname(),
                 pid=os.getpid(),
                 queues=self.queues,
-                concurrency=self.max_concurrency,
+                concurrency=sum(lane.cap for lane in self._lanes),
                 identities=self.serving.identities,
                 versions=self.serving.versions,
                 refuse_conflicts=refuse_conflicts,
@@ -717,6 +775,9 @@ class Worker:
     def _shutdown(self) -> None:
         self._stopping.set()
         deadline = time.monotonic() + self.grace
+        self._wake_lanes()
+        for fetcher in self._fetchers:  # no claim may land after the leases are released
+            fetcher.join()
         while time.monotonic() < deadline:
             with self._inflight_lock:
                 if not self._inflight:
@@ -784,95 +845,86 @@ class Worker:
     def _tx(self, work: Any) -> Any:
         return in_transaction(self._pool, work)
 
-    def _fetch_loop(self) -> None:
-        kinds = sorted(self.handlers)
+    def _fetch_loop(self, lane: Lane) -> None:
+        """Claim the lane's kinds while its slots are free; dispatch what comes back."""
         backoff = 0.0
-        self._sampled_at = time.monotonic()
-        self._sampled_cpu = time.process_time()
+        slots = lane.slots
+        lane.begin()
         while not self._stopping.is_set():
-            self._adapt()
+            self._adapt(lane)
             free = 0
-            while free < self.batch_size and self._slots.acquire():
+            while free < self.batch_size and slots.acquire():
                 free += 1
             if free == 0:
                 waiting = time.monotonic()
-                if not self._slots.acquire(timeout=adaptive.INTERVAL_S):
-                    self._slot_wait += time.monotonic() - waiting
+                if not slots.acquire(timeout=adaptive.INTERVAL_S):
+                    lane.slot_wait += time.monotonic() - waiting
                     continue  # still busy: adapt, and look at the stop
                 free = 1
                 if self._stopping.is_set():
-                    self._slots.release()
+                    slots.release()
                     break
                 # Busy: let a few more slots free up so claims go in batches, not one by one.
                 settle = time.monotonic() + CLAIM_SETTLE_S
-                while free < min(self.batch_size, self._slots.limit // 2):
-                    if self._slots.acquire(timeout=settle - time.monotonic()):
+                while free < min(self.batch_size, slots.limit // 2):
+                    if slots.acquire(timeout=settle - time.monotonic()):
                         free += 1
                     else:
                         break
-                self._slot_wait += time.monotonic() - waiting
-            self._wake.clear()
-            try:
-                claimed = in_autocommit(self._pool, self._claimer(kinds, free))
-                backoff = 0.0
-            except ConnectionFailure as exc:
-                claimed = []
-                backoff = min(5.0, max(0.2, backoff * 2))
-                log.warning("claim failed (%s); retrying in %.1fs", exc, backoff)
-            self._claims += 1
-            self._asked += free
-            self._claimed += len(claimed)
-            if len(claimed) < free:
-                self._slots.release(free - len(claimed))
-            if claimed:
-                claimed_at = time.monotonic()
-                if self._observer is not None:
-                    if self._tracing is not None:
-                        self._tracing.start_attempts(claimed, self._trace_contexts(claimed))
-                    self._observer.on_claimed(claimed)
-                for step in claimed:
-                    self._dispatch(step, claimed_at)
+                lane.slot_wait += time.monotonic() - waiting
+            lane.wake.clear()
+            with self._claim_lock:
+                if self._stopping.is_set():
+                    slots.release(free)
+                    break
+                try:
+                    claimed = in_autocommit(self._pool, self._claimer(lane.kinds, free))
+                    backoff = 0.0
+                except ConnectionFailure as exc:
+                    claimed = []
+                    backoff = min(5.0, max(0.2, backoff * 2))
+                    log.warning("claim failed (%s); retrying in %.1fs", exc, backoff)
+                lane.claims += 1
+                lane.asked += free
+                lane.claimed += len(claimed)
+                if len(claimed) < free:
+                    slots.release(free - len(claimed))
+                if claimed:
+                    self._dispatch_claimed(claimed)
             if backoff:
                 self._stopping.wait(backoff)
             elif not claimed or len(claimed) < free:
                 # A rate window frees slots without any event: rated work is looked at often.
-                self._wake.wait(
+                lane.wake.wait(
                     min(self.poll_interval, RATED_POLL_S) if self._rated else self.poll_interval
                 )
 
-    def _adapt(self) -> None:
-        """Move the slot limit, once per interval, from what the last one showed."""
-        controller = self._controller
-        if controller is None:
-            return
-        now = time.monotonic()
-        seconds = now - self._sampled_at
-        returned = self._returned - self._sampled_returned
-        if seconds < adaptive.INTERVAL_S or (
-            returned < adaptive.MIN_RETURNS and seconds < adaptive.LONGEST_INTERVAL_S
-        ):
-            return
-        cpu = time.process_time()
-        spent, self._handler_cpu = self._handler_cpu, []
-        sample = Sample(
-            seconds=seconds,
-            returned=returned,
-            claims=self._claims,
-            asked=self._asked,
-            claimed=self._claimed,
-            slot_wait=self._slot_wait,
-            peak=max(self._peak, self.slots_in_use),
-            handler_cpu=sum(spent),
-            process_cpu=cpu - self._sampled_cpu,
-        )
-        self._sampled_at, self._sampled_returned, self._sampled_cpu = now, self._returned, cpu
-        self._claims = self._asked = self._claimed = self._peak = 0
-        self._slot_wait = 0.0
-        before = self._slots.limit
-        limit = controller.update(sample)
-        if limit != before:
-            self._slots.set_limit(limit)
-            log.debug("worker %s: concurrency %d -> %d (%s)", self.id, before, limit, sample)
+    def _dispatch_claimed(self, claimed: list[Claimed]) -> None:
+        claimed_at = time.monotonic()
+        if self._observer is not None:
+            if self._tracing is not None:
+                self._tracing.start_attempts(claimed, self._trace_contexts(claimed))
+            self._observer.on_claimed(claimed)
+        starts: list[_Start] = []
+        for step in claimed:
+            self._dispatch(step, claimed_at, starts)
+        if starts:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._start_async, starts)
+
+    def _adapt(self, lane: Lane) -> None:
+        """Move the lane's slot limit, once per interval, from what the last one showed."""
+        moved = lane.adapt()
+        if moved is not None:
+            before, limit, sample = moved
+            log.debug(
+                "worker %s: %s concurrency %d -> %d (%s)",
+                self.id,
+                lane.name,
+                before,
+                limit,
+                sample,
+            )
 
     def _refresh_serving(self) -> None:
         """Serve the workflows this process defined since the worker started, too."""
@@ -931,7 +983,9 @@ class Worker:
         self._queue_turn = (self._queue_turn + 1) % len(self.queues)
         return self.queues[self._queue_turn :] + self.queues[: self._queue_turn]
 
-    def _dispatch(self, step: Claimed, claimed_at: float) -> None:
+    def _dispatch(self, step: Claimed, claimed_at: float, starts: list[_Start]) -> None:
+        """Start the step's handler (an async one: add it to ``starts``, which the loop
+        starts together)."""
         handler = self.handlers[step.kind]
         deadline = time.monotonic() + step.timeout_s if step.timeout_s else None
         ctx = execute.make_context(
@@ -939,11 +993,13 @@ class Worker:
             lambda: self._beat(step),
             lambda kind, text: self._record_event(step, kind, text),
         )
-        entry = _Inflight(step, ctx, deadline, claimed_at)
+        lane = self._lane_of[step.kind]
+        entry = _Inflight(step, ctx, deadline, lane, claimed_at)
         with self._inflight_lock:
             self._inflight[step.id] = entry
             self._running[step.id] = entry
-            self._peak = max(self._peak, len(self._running))
+            lane.running += 1
+            lane.peak = max(lane.peak, lane.running)
         try:
             args = execute.call_arguments(self.serving, handler.fn, step)
         except (TypeError, ValueError, KeyError) as exc:  # cannot build the call
@@ -958,16 +1014,12 @@ class Worker:
             return
         keep = handler.keep_output
         if handler.is_async:
-            assert self._loop is not None
-            future = asyncio.run_coroutine_threadsafe(
-                self._run_async(entry, handler.fn, args, kwargs), self._loop
-            )
-            future.add_done_callback(lambda f: self._on_done(entry, f, keep))
-        else:
-            assert self._executor is not None
-            self._executor.submit(
-                lambda f: self._on_done(entry, f, keep), self._call, entry, handler.fn, args, kwargs
-            )
+            starts.append((entry, handler.fn, args, kwargs, keep))
+            return
+        assert self._executor is not None
+        self._executor.submit(
+            lambda f: self._on_done(entry, f, keep), self._call, entry, handler.fn, args, kwargs
+        )
 
     def _call(
         self, entry: _Inflight, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
@@ -977,13 +1029,13 @@ class Worker:
         try:
             if self._observer is not None:
                 self._started(entry, self._observer)
-            if self._controller is None:
+            if entry.lane.controller is None:
                 return fn(*args, **kwargs)
             cpu = time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self._handler_cpu.append(time.thread_time() - cpu)
+                entry.lane.handler_cpu.append(time.thread_time() - cpu)
         finally:
             logs.leave(token)
 
@@ -992,9 +1044,10 @@ class Worker:
         entry.started_at = time.monotonic()
         observer.on_started(entry.step, entry.started_at - entry.claimed_at)
 
-    def _finished(self, entry: _Inflight, outcome: str) -> None:
+    def _finished(self, entry: _Inflight, outcome: str, at: float | None = None) -> None:
         if self._observer is not None:
-            duration = time.monotonic() - entry.started_at if entry.started_at else 0.0
+            ended = at if at is not None else time.monotonic()
+            duration = ended - entry.started_at if entry.started_at else 0.0
             self._observer.on_finished(entry.step, outcome, duration)
 
     def _runs_ended(self, rows: list[Any], state: RunState) -> None:
@@ -1144,6 +1197,62 @@ class Worker:
         else:
             self._finished(entry, "failed")
 
+    def _start_async(self, starts: list[_Start]) -> None:
+        """Start the tasks of async handlers (on the loop's thread, one call per claim)."""
+        assert self._loop is not None
+        for entry, fn, args, kwargs, keep_output in starts:
+            if entry.settled:  # timed out, cancelled or released before it could start
+                self._finished(entry, "abandoned")
+                self._handler_returned(entry)
+                continue
+            try:
+                task = self._loop.create_task(self._run_async(entry, fn, args, kwargs))
+            except Exception as exc:  # noqa: BLE001 - the step fails, the worker goes on
+                self._settle(
+                    entry, execute.failure_from_exception(entry.step, exc, kind=ErrorKind.ERROR)
+                )
+                self._handler_returned(entry)
+                continue
+            entry.task = task
+            task.add_done_callback(functools.partial(self._on_async_done, entry, keep_output))
+
+    def _on_async_done(self, entry: _Inflight, keep_output: bool, task: asyncio.Task[Any]) -> None:
+        """An async handler's task ended (on the loop's thread): decide and free its slot
+        now; a completer encodes its output."""
+        if task.cancelled() or task.exception() is not None:
+            self._on_done(entry, task, keep_output)
+            return
+        try:
+            if not self._settle(
+                entry, _Returned(entry, task.result(), keep_output, time.monotonic())
+            ):
+                self._finished(entry, "abandoned")  # timed out, cancelled or lease lost
+        finally:
+            self._handler_returned(entry)
+
+    def _outcome_of(self, item: Success | Failure | _Returned) -> Success | Failure:
+        """The outcome to commit: an async handler's output encoded here, on a completer."""
+        if not isinstance(item, _Returned):
+            return item
+        entry, step = item.entry, item.entry.step
+        rate = self.handlers[step.kind].rate_limit
+        try:
+            outcome = execute.success_from_result(
+                step,
+                item.result,
+                keep_output=item.keep_output,
+                max_bytes=self.max_output_bytes,
+                extra_units=execute.extra_units(entry.ctx, rate.units) if rate else 0,
+            )
+        except Exception as exc:  # noqa: BLE001 - an output that cannot be encoded fails its step
+            outcome = execute.failure_from_exception(step, exc, kind=ErrorKind.ERROR)
+        self._finished(entry, "returned" if isinstance(outcome, Success) else "failed", item.at)
+        if isinstance(outcome, Failure) and self._observer is not None:
+            self._observer.on_failure(step, outcome.error_kind, outcome.error)
+        if step.gated:  # its end frees a slot: claimers of its queue look again
+            outcome = attrs.evolve(outcome, wake_queue=step.queue)
+        return outcome
+
     async def _run_async(
         self, entry: _Inflight, fn: Any, args: list[Any], kwargs: dict[str, Any]
     ) -> Any:
@@ -1184,7 +1293,7 @@ class Worker:
         finally:
             self._handler_returned(entry)
 
-    def _settle(self, entry: _Inflight, outcome: Success | Failure | None) -> bool:
+    def _settle(self, entry: _Inflight, outcome: Success | Failure | _Returned | None) -> bool:
         """Decide a step's outcome once (``None``: abandon it, its lease is gone); False
         when it was decided already."""
         with self._inflight_lock:
@@ -1192,7 +1301,9 @@ class Worker:
                 return False
             entry.settled = True
             self._inflight.pop(entry.step.id, None)
-        if outcome is not None:
+        if isinstance(outcome, _Returned):
+            self._outcomes.put(outcome)  # a completer makes it a Success or a Failure
+        elif outcome is not None:
             if self._observer is not None and isinstance(outcome, Failure):
                 self._observer.on_failure(entry.step, outcome.error_kind, outcome.error)
             if entry.step.gated:  # its end frees a slot: claimers of its queue look again
@@ -1207,7 +1318,8 @@ class Worker:
                 return
             entry.returned = True
             self._running.pop(entry.step.id, None)
-            self._returned += 1
+            entry.lane.running -= 1
+            entry.lane.returned += 1
         if entry.stuck_reported:
             log.info(
                 "step %s (kind %r): the handler returned after its timeout; its slot is free",
@@ -1215,7 +1327,7 @@ class Worker:
                 entry.step.kind,
                 extra=logs.step_fields(entry.step),
             )
-        self._slots.release()
+        entry.lane.slots.release()
 
     def _stop_handler(self, entry: _Inflight) -> None:
         """Ask a handler to stop: set ``ctx.cancelled``; cancel an async handler's task;
@@ -1236,7 +1348,7 @@ class Worker:
             if first is None:
                 self._outcomes.put(None)  # for the other completers
                 return
-            batch = [first]
+            batch = [self._outcome_of(first)]
             while len(batch) < self.batch_size:
                 try:
                     item = self._outcomes.get_nowait()
@@ -1245,7 +1357,7 @@ class Worker:
                 if item is None:
                     self._outcomes.put(None)
                     break
-                batch.append(item)
+                batch.append(self._outcome_of(item))
             self._commit(batch)
 
     def _commit(self, batch: list[Success | Failure]) -> None:
@@ -1469,7 +1581,7 @@ class Worker:
                     listen(conn, CANCEL_CHANNEL)
                     if self._observer is not None:
                         self._observer.on_listener(True)
-                    self._wake.set()  # LISTEN first, then rescan: nothing slips between
+                    self._wake_lanes()  # LISTEN first, then rescan: nothing slips between
                     self._check_now.set()  # and a cancel missed while away is seen now
                     delay = 0.5
                     while not self._stopping.is_set():
@@ -1479,7 +1591,7 @@ class Worker:
                             elif note.payload == CHILD_WAKE:
                                 self._children_due.set()
                             elif note.payload in self.queues:
-                                self._wake.set()
+                                self._wake_lanes()
                         ping(conn)  # a dead or half-open connection shows up here
             except DatabaseError as exc:
                 if self._observer is not None:

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(300)  # about 90 s alone; more beside other tests on two cores
 def test_bench_quick_writes_a_report(tmp_path: Path, cyclone_admin_dsn: str) -> None:
     out = tmp_path / "report.json"
     result = subprocess.run(
@@ -27,6 +30,7 @@ def test_bench_quick_writes_a_report(tmp_path: Path, cyclone_admin_dsn: str) -> 
     scenarios = {row["scenario"] for row in report["results"]}
     assert "standalone no-op steps" in scenarios
     assert "wake-up latency, median" in scenarios
+    assert "untuned worker, async 10 ms sleep steps" in scenarios
     assert any(s.startswith("retention:") for s in scenarios)
     assert any(s.startswith("standalone with") for s in scenarios)
     assert all(row["cyclone"] > 0 for row in report["results"])

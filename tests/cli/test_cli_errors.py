@@ -218,6 +218,11 @@ def test_a_failed_migration_is_named_and_exit_1(cyclone_admin_dsn: str, schema: 
             "invalid value for '--limit': 'ten' is not a valid integer (see 'cyclone runs --help')",
         ),
         (("no-such-command",), "no such command 'no-such-command' (see 'cyclone --help')"),
+        (
+            ("worker", "tests.cli.flows", "--max-async", "0"),
+            "invalid value for '--max-async': 0 is not in the range x>=1 "
+            "(see 'cyclone worker --help')",
+        ),
     ],
 )
 def test_a_usage_error_is_one_line_with_a_hint(
