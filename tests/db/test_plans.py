@@ -163,13 +163,19 @@ def loaded(cyclone_admin_dsn: str) -> Any:
         "ended_children_of_waiting_nodes",
     ],
 )
-def test_hot_statements_never_scan_a_big_table(loaded: str, name: str, mode: str) -> None:
-    with psycopg.connect(loaded, row_factory=dict_row) as conn:
+def explain(dsn: str, name: str, mode: str, how: str = "") -> list[dict[str, Any]]:
+    """``EXPLAIN`` (with options ``how``) of hot statement ``name`` at ``plan_cache_mode``."""
+    with psycopg.connect(dsn, row_factory=dict_row) as conn:
         query, params = hot_queries(conn)[name]
         conn.execute(f"SET plan_cache_mode = {mode}")
         params = {"shift": timedelta(0), **params}
-        rows = conn.execute(f"EXPLAIN {query}", params).fetchall()  # type: ignore[call-overload]
+        rows = conn.execute(f"EXPLAIN {how} {query}", params).fetchall()  # type: ignore[call-overload]
         conn.rollback()
+    return rows
+
+
+def test_hot_statements_never_scan_a_big_table(loaded: str, name: str, mode: str) -> None:
+    rows = explain(loaded, name, mode)
     plan = "\n".join(r["QUERY PLAN"] for r in rows)
     scans = [t for t in (*BIG_TABLES, *ALSO.get(name, ())) if f"Seq Scan on {t} " in plan]
     assert scans == [], plan
@@ -202,14 +208,7 @@ JIT_ABOVE_COST = 100_000
     ],
 )
 def test_hot_statements_stay_below_the_jit_threshold(loaded: str, name: str, mode: str) -> None:
-    with psycopg.connect(loaded, row_factory=dict_row) as conn:
-        query, params = hot_queries(conn)[name]
-        conn.execute(f"SET plan_cache_mode = {mode}")
-        params = {"shift": timedelta(0), **params}
-        explained = f"EXPLAIN (FORMAT JSON) {query}"
-        row = conn.execute(explained, params).fetchone()  # type: ignore[call-overload]
-        conn.rollback()
-    assert row is not None
+    (row,) = explain(loaded, name, mode, "(FORMAT JSON)")
     cost = row["QUERY PLAN"][0]["Plan"]["Total Cost"]
     assert cost < JIT_ABOVE_COST, f"{name}: estimated cost {cost:,.0f}"
 
