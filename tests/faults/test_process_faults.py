@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cyclone_dsl import Client, Worker
 from cyclone_dsl.states import RunState, StepState
-from tests.faults import handlers
+from tests.faults import async_handlers, handlers
 from tests.faults.conftest import read_log, wait_for
 
 Spawn = Callable[..., subprocess.Popen[str]]
@@ -39,6 +39,31 @@ def test_sigkill_mid_step_is_reclaimed_once(
         assert row.output is not None and row.output["by"] != victim.pid
     starts = Counter(run_id for _, run_id, _, event in read_log(fault_log) if event == "start")
     assert set(starts.values()) == {2}  # the killed attempt and the reclaimed one
+
+
+def test_sigkill_with_hundreds_of_async_handlers_in_flight_loses_none(
+    client: Client, spawn_worker: Spawn, fault_log: Path, start_worker: Callable[..., Worker]
+) -> None:
+    """Async handlers have a lane of their own (its own fetch loop and slots, far more in
+    flight than sync ones): a SIGKILL with both kinds in flight loses nothing, and each
+    step runs once more, on the next worker."""
+    victim = spawn_worker(CYCLONE_FAULT_SLEEP="30", CYCLONE_FAULT_ASYNC="1")
+    async_handles = client.enqueue_many(async_handlers.async_work, list(range(300)))
+    sync_handles = [client.enqueue(handlers.work, i) for i in range(4)]
+    total = len(async_handles) + len(sync_handles)
+    wait_for(lambda: len(read_log(fault_log)) == total, timeout=60)
+    assert {pid for pid, *_ in read_log(fault_log)} == {victim.pid}
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    start_worker(handlers, async_handlers, lease=1.0)
+    for handle in [*async_handles, *sync_handles]:
+        run = handle.wait(timeout=60)
+        assert run.state is RunState.COMPLETED
+        (row,) = run.steps
+        assert row.reclaims == 1 and row.attempt == 0
+        assert row.output is not None and row.output["by"] != victim.pid
+    starts = Counter(run_id for _, run_id, _, event in read_log(fault_log) if event == "start")
+    assert len(starts) == total and set(starts.values()) == {2}
 
 
 def test_frozen_worker_is_fenced_when_it_wakes(

@@ -27,9 +27,14 @@ if __name__ == "__main__":
         from cyclone_dsl.worker import worker as worker_module
 
         worker_module.REGISTRY_BEAT_S = float(os.environ["CYCLONE_FAULT_BEAT"])
+    served: list[object] = [handlers]
+    if os.environ.get("CYCLONE_FAULT_ASYNC") == "1":
+        from tests.faults import async_handlers
+
+        served.append(async_handlers)
     Worker(
         sys.argv[1],
-        [handlers],
+        served,
         lease=float(os.environ.get("CYCLONE_FAULT_LEASE", "1")),
         grace=float(os.environ.get("CYCLONE_FAULT_GRACE", "30")),
         poll_interval=0.1,
