@@ -8,6 +8,7 @@ another worker runs the step again.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -46,6 +47,8 @@ class Returned:
             raise self._exception
         return self._result
 
+
+log = logging.getLogger(__name__)
 
 _Job = tuple[Callable[[Settled], None], Callable[..., Any], tuple[Any, ...]]
 
@@ -100,8 +103,10 @@ class DaemonThreadPool:
         on_done: Callable[[Settled], None], fn: Callable[..., Any], args: tuple[Any, ...]
     ) -> None:
         try:
-            result = fn(*args)
+            outcome = Returned(fn(*args), None)
         except BaseException as exc:  # noqa: BLE001 - the handler boundary: every failure is an outcome
-            on_done(Returned(None, exc))
-        else:
-            on_done(Returned(result, None))
+            outcome = Returned(None, exc)
+        try:
+            on_done(outcome)
+        except Exception:  # as a Future's callbacks: logged, and the thread goes on
+            log.exception("a handler's completion callback raised")
