@@ -48,7 +48,7 @@ class Returned:
         return self._result
 
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("cyclone.worker")
 
 _Job = tuple[Callable[[Settled], None], Callable[..., Any], tuple[Any, ...]]
 
