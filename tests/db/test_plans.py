@@ -139,6 +139,17 @@ def loaded(cyclone_admin_dsn: str) -> Any:
     drop_schema(cyclone_admin_dsn, name)
 
 
+def explain(dsn: str, name: str, mode: str, how: str = "") -> list[dict[str, Any]]:
+    """``EXPLAIN`` (with options ``how``) of hot statement ``name`` at ``plan_cache_mode``."""
+    with psycopg.connect(dsn, row_factory=dict_row) as conn:
+        query, params = hot_queries(conn)[name]
+        conn.execute(f"SET plan_cache_mode = {mode}")
+        params = {"shift": timedelta(0), **params}
+        rows = conn.execute(f"EXPLAIN {how} {query}", params).fetchall()  # type: ignore[call-overload]
+        conn.rollback()
+    return rows
+
+
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 @pytest.mark.parametrize(
     "name",
@@ -163,17 +174,6 @@ def loaded(cyclone_admin_dsn: str) -> Any:
         "ended_children_of_waiting_nodes",
     ],
 )
-def explain(dsn: str, name: str, mode: str, how: str = "") -> list[dict[str, Any]]:
-    """``EXPLAIN`` (with options ``how``) of hot statement ``name`` at ``plan_cache_mode``."""
-    with psycopg.connect(dsn, row_factory=dict_row) as conn:
-        query, params = hot_queries(conn)[name]
-        conn.execute(f"SET plan_cache_mode = {mode}")
-        params = {"shift": timedelta(0), **params}
-        rows = conn.execute(f"EXPLAIN {how} {query}", params).fetchall()  # type: ignore[call-overload]
-        conn.rollback()
-    return rows
-
-
 def test_hot_statements_never_scan_a_big_table(loaded: str, name: str, mode: str) -> None:
     rows = explain(loaded, name, mode)
     plan = "\n".join(r["QUERY PLAN"] for r in rows)
