@@ -64,9 +64,13 @@ s.kind = ANY(%(kinds)s::text[])
 {{claim_update}}
 SELECT {{claim_result}}
 FROM claimed AS c CROSS JOIN relaxed
--- A probe by primary key per claimed step (OFFSET 0 keeps it from being flattened): as a
--- join, the planner hashed a scan of every run whenever that looked cheaper than a
--- claim's worth of probes, which cost more than the rest of the claim on small tables.
+{{claimed_run}}
+
+-- fragment: claimed_run
+-- The run r of claimed step c, probed by primary key per step (OFFSET 0 keeps it from
+-- being flattened): as a join, the planner hashed a scan of every run whenever that
+-- looked cheaper than a claim's worth of probes, which cost more than the rest of the
+-- claim on small tables.
 CROSS JOIN LATERAL (
     SELECT r.workflow, r.def_version, r.deadline_at FROM cyclone_runs AS r
     WHERE r.id = c.run_id

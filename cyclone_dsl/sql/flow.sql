@@ -260,7 +260,7 @@ chosen AS (
 {{claim_update}}
 SELECT {{claim_result}}, sel.fair_key, sel.turn, sel.key_ord
 FROM claimed AS c CROSS JOIN relaxed
-JOIN cyclone_runs AS r ON r.id = c.run_id
+{{claimed_run}}
 JOIN selected AS sel ON sel.id = c.id
 
 -- name: claim_capped_steps

@@ -213,23 +213,25 @@ def test_hot_statements_stay_below_the_jit_threshold(loaded: str, name: str, mod
     assert cost < JIT_ABOVE_COST, f"{name}: estimated cost {cost:,.0f}"
 
 
-def test_a_claim_probes_the_runs_of_its_steps_by_key(cyclone_admin_dsn: str) -> None:
+@pytest.mark.parametrize("name", ["claim_steps", "claim_gated_steps"])
+def test_a_claim_probes_the_runs_of_its_steps_by_key(cyclone_admin_dsn: str, name: str) -> None:
     """On a small, analyzed table the planner found hashing every run cheaper than a
     claim's worth of probes: that scan cost more than the rest of the claim."""
     from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
 
-    name = create_schema(cyclone_admin_dsn)
+    schema = create_schema(cyclone_admin_dsn)
     try:
-        dsn = with_search_path(cyclone_admin_dsn, name)
+        dsn = with_search_path(cyclone_admin_dsn, schema)
         with Client(dsn) as client:
             client.enqueue_many(noop, list(range(5_000)))
+            client.enqueue_many(keyed, [{"k": f"k{i % 10}"} for i in range(2_000)])
         with psycopg.connect(dsn, row_factory=dict_row) as conn:
             conn.execute("ANALYZE")
-            query, params = hot_queries(conn)["claim_steps"]
+            query, params = hot_queries(conn)[name]
             params = {"shift": timedelta(0), **params}
             rows = conn.execute(f"EXPLAIN {query}", params).fetchall()  # type: ignore[call-overload]
             conn.rollback()
     finally:
-        drop_schema(cyclone_admin_dsn, name)
+        drop_schema(cyclone_admin_dsn, schema)
     plan = "\n".join(r["QUERY PLAN"] for r in rows)
     assert "Seq Scan on cyclone_runs " not in plan, plan
