@@ -328,6 +328,8 @@ class Engine:
     def complete(self, tx: Tx, results: Sequence[Success]) -> set[int]:
         done = complete.complete(tx, results, self._hooks)
         gates.charge_units(tx, [(r.step_id, r.extra_units) for r in results if r.extra_units])
+        # A limited step's outcome names the queue to wake: those are the gated ones.
+        gates.park_completed(tx, [r.step_id for r in results if r.wake_queue and r.step_id in done])
         return done
 
     def fail(self, tx: Tx, failures: Sequence[Failure]) -> dict[int, str]:

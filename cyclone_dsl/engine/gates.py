@@ -84,6 +84,14 @@ def unpark(tx: Tx, run_id: int) -> None:
     tx.rows(Q.unpark_gates, run_id=run_id)
 
 
+def park_completed(tx: Tx, step_ids: Sequence[int]) -> None:
+    """Park the gates of these just completed steps: every gated claim walks its keys'
+    gates in order, and each gate left in the queue made every later claim walk past it
+    (the scanner's pass, :func:`park_ended`, parks the rest: failed, cancelled)."""
+    if step_ids:
+        tx.rows(Q.park_gates_of_steps, ids=sorted(step_ids))
+
+
 def park_ended(tx: Tx, *, after_id: int, limit: int) -> tuple[int, int | None]:
     """Park one page of gates of ended steps; return (parked, next page's cursor or None)."""
     row = tx.one(Q.park_ended_gates, after_id=after_id, limit=limit)

@@ -86,6 +86,7 @@ class _Queries:
     queue_caps: LiteralString
     delete_limit: LiteralString
     park_ended_gates: LiteralString
+    park_gates_of_steps: LiteralString
     unpark_gates: LiteralString
     charge_rate_units: LiteralString
     flow_stats: LiteralString

@@ -360,6 +360,17 @@ WITH page AS (
 SELECT (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM page) AS seen,
        (SELECT max(step_id) FROM page) AS last_id
 
+-- name: park_gates_of_steps
+-- Park the gates of steps that just completed (queue '': no claim walks past them). Gate
+-- rows are locked in step id order; one another transaction holds (the scanner parking
+-- it) is skipped: that transaction parks it.
+UPDATE cyclone_ext_gates AS g SET queue = ''
+WHERE g.step_id = ANY(ARRAY(
+    SELECT l.step_id FROM cyclone_ext_gates AS l
+    WHERE l.step_id = ANY(%(ids)s::bigint[]) AND l.queue <> ''
+    ORDER BY l.step_id
+    FOR NO KEY UPDATE SKIP LOCKED))
+
 -- name: unpark_gates
 -- An operator retry brought steps of this run back: their gate rows take their queue again.
 UPDATE cyclone_ext_gates AS g SET queue = s.queue

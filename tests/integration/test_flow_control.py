@@ -359,3 +359,25 @@ def test_debounce_refuses_a_workflow_that_does_not_start_with_steps(client: Clie
 @workflow(name="fc_wait_first")
 def per_tenant_wait(job):  # type: ignore[no-untyped-def]
     return refresh(job, after=[wait_signal("go")])
+
+
+@step(name="fc_quick_keyed", concurrency=Concurrency(key="tenant", limit=5))
+def quick_keyed(job: dict[str, Any]) -> None:
+    return None
+
+
+def test_a_completed_step_no_longer_stands_in_its_queues_gates(
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    """Every gated claim walks its keys' gates in order: a completed step's gate left in the
+    queue's index made each claim walk past all the completed steps of its keys (claims
+    slowed as a backlog drained). Completion parks the gate itself, without the scanner."""
+    handles = client.enqueue_many(quick_keyed, [{"tenant": f"t{i % 3}"} for i in range(60)])
+    start_worker(quick_keyed, scanners=False)
+    for handle in handles:
+        handle.result(timeout=30)
+    with psycopg.connect(cyclone_dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE queue <> ''), count(*) FROM cyclone_ext_gates"
+        ).fetchone()
+    assert row == (0, 60)
