@@ -150,29 +150,33 @@ def explain(dsn: str, name: str, mode: str, how: str = "") -> list[dict[str, Any
     return rows
 
 
+#: The statements of the hot path and the scanner passes (see hot_queries).
+HOT_STATEMENTS = [
+    "claim_steps",
+    "lock_runs_of_steps",
+    "lock_runs",
+    "complete_steps",
+    "finish_runs",
+    "end_runs",
+    "heartbeat_steps",
+    "release_steps",
+    "assemble_inputs",
+    "downstream_nodes",
+    "activate_ready",
+    "claim_gated_steps",
+    "expired_leases",
+    "timed_out_steps",
+    "due_timers",
+    "expired_signal_waits",
+    "expired_deadlines",
+    "ended_children_of_waiting_nodes",
+]
+
+
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 @pytest.mark.parametrize(
     "name",
-    [
-        "claim_steps",
-        "lock_runs_of_steps",
-        "lock_runs",
-        "complete_steps",
-        "finish_runs",
-        "end_runs",
-        "heartbeat_steps",
-        "release_steps",
-        "assemble_inputs",
-        "downstream_nodes",
-        "activate_ready",
-        "claim_gated_steps",
-        "expired_leases",
-        "timed_out_steps",
-        "due_timers",
-        "expired_signal_waits",
-        "expired_deadlines",
-        "ended_children_of_waiting_nodes",
-    ],
+    HOT_STATEMENTS,
 )
 def test_hot_statements_never_scan_a_big_table(loaded: str, name: str, mode: str) -> None:
     rows = explain(loaded, name, mode)
@@ -194,18 +198,7 @@ JIT_ABOVE_COST = 100_000
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 @pytest.mark.parametrize(
     "name",
-    [
-        "claim_steps",
-        "lock_runs_of_steps",
-        "lock_runs",
-        "complete_steps",
-        "finish_runs",
-        "heartbeat_steps",
-        "assemble_inputs",
-        "downstream_nodes",
-        "activate_ready",
-        "claim_gated_steps",
-    ],
+    HOT_STATEMENTS,
 )
 def test_hot_statements_stay_below_the_jit_threshold(loaded: str, name: str, mode: str) -> None:
     (row,) = explain(loaded, name, mode, "(FORMAT JSON)")
@@ -225,12 +218,9 @@ def test_a_claim_probes_the_runs_of_its_steps_by_key(cyclone_admin_dsn: str, nam
         with Client(dsn) as client:
             client.enqueue_many(noop, list(range(5_000)))
             client.enqueue_many(keyed, [{"k": f"k{i % 10}"} for i in range(2_000)])
-        with psycopg.connect(dsn, row_factory=dict_row) as conn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("ANALYZE")
-            query, params = hot_queries(conn)[name]
-            params = {"shift": timedelta(0), **params}
-            rows = conn.execute(f"EXPLAIN {query}", params).fetchall()  # type: ignore[call-overload]
-            conn.rollback()
+        rows = explain(dsn, name, "auto")
     finally:
         drop_schema(cyclone_admin_dsn, schema)
     plan = "\n".join(r["QUERY PLAN"] for r in rows)
