@@ -5,7 +5,8 @@
 WITH run AS (
     INSERT INTO cyclone_runs (workflow, def_version, input, state, deadline_at, result_node,
                               submit_key, has_fan_out, parent_run_id, parent_node_id)
-    VALUES (%(workflow)s, %(def_version)s, %(input)s::jsonb, 'running',
+    -- No input (JSON null) is stored as SQL NULL, as insert_run_graphs stores it.
+    VALUES (%(workflow)s, %(def_version)s, nullif(%(input)s::jsonb, 'null'::jsonb), 'running',
             now() + %(shift)s::interval + %(deadline)s::interval,
             %(result_node)s, %(submit_key)s, %(has_fan_out)s, %(parent_run_id)s, %(parent_node_id)s)
     RETURNING id, input

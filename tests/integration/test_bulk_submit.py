@@ -41,9 +41,10 @@ def flow(x):  # type: ignore[no-untyped-def]
     return one.named("last")([first, mixed], after=[gate])
 
 
+#: Inputs as text, so that a JSON null and an SQL NULL differ (psycopg reads both as None).
 ROWS = """
-SELECT s.node, s.kind, s.state, s.input, s.input_from, s.queue, s.priority, s.max_attempts,
-       s.signal_name, r.input AS run_input, r.workflow, r.def_version, r.result_node,
+SELECT s.node, s.kind, s.state, s.input::text, s.input_from, s.queue, s.priority, s.max_attempts,
+       s.signal_name, r.input::text AS run_input, r.workflow, r.def_version, r.result_node,
        (SELECT array_agg(d.dep_node || ':' || d.dep_type ORDER BY d.dep_node)
         FROM cyclone_deps AS d WHERE d.run_id = s.run_id AND d.node = s.node) AS deps,
        (SELECT array_agg(i.slot || ':' || i.dep_node || ':' || i.assembly_mode ORDER BY i.slot)
