@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from typing import LiteralString
 
 import attrs
 
@@ -61,13 +62,30 @@ def lock_run(tx: Tx, run_id: int) -> Row | None:
 
 def activate(tx: Tx, run_nodes: Iterable[tuple[int, str]], hooks: Hooks) -> None:
     """Activate every listed pending node whose dependencies have all completed (a node of a
-    conditional graph may end skipped instead; see the ``activate_ready`` query)."""
+    conditional graph may end skipped instead; see the ``activate_candidates`` fragment)."""
     pairs = sorted(set(run_nodes))
-    if not pairs:
-        return
-    rows = tx.rows(
-        Q.activate_ready, run_ids=[run for run, _ in pairs], nodes=[node for _, node in pairs]
-    )
+    if pairs:
+        _activated(tx, Q.activate_ready, pairs, hooks)
+
+
+def after_completions(tx: Tx, completed: Sequence[Row], hooks: Hooks) -> None:
+    """Follow-ups of completed steps (rows with run_id, node, item_of, has_downstream)."""
+    items = [r for r in completed if r.get("item_of") is not None]
+    if items:
+        for hook in hooks.on_items_completed:
+            hook(tx, items, hooks)
+    with_downstream = [(r["run_id"], r["node"]) for r in completed if r.get("has_downstream")]
+    if with_downstream:
+        _activated(tx, Q.activate_dependents, with_downstream, hooks)
+    finish_if_done(tx, {r["run_id"] for r in completed if r.get("item_of") is None}, hooks)
+
+
+def _activated(
+    tx: Tx, query: LiteralString, pairs: Sequence[tuple[int, str]], hooks: Hooks
+) -> None:
+    """Run an activation query over (run id, node) pairs and follow up what it activated or
+    skipped."""
+    rows = tx.rows(query, run_ids=[run for run, _ in pairs], nodes=[node for _, node in pairs])
     if not rows:
         return
     started = [r for r in rows if not r["skipped"]]
@@ -81,23 +99,6 @@ def activate(tx: Tx, run_nodes: Iterable[tuple[int, str]], hooks: Hooks) -> None
         after_completions(
             tx, [{**r, "item_of": None, "has_downstream": True} for r in skipped], hooks
         )
-
-
-def after_completions(tx: Tx, completed: Sequence[Row], hooks: Hooks) -> None:
-    """Follow-ups of completed steps (rows with run_id, node, item_of, has_downstream)."""
-    items = [r for r in completed if r.get("item_of") is not None]
-    if items:
-        for hook in hooks.on_items_completed:
-            hook(tx, items, hooks)
-    with_downstream = [r for r in completed if r.get("has_downstream")]
-    if with_downstream:
-        downstream = tx.rows(
-            Q.downstream_nodes,
-            run_ids=[r["run_id"] for r in with_downstream],
-            nodes=[r["node"] for r in with_downstream],
-        )
-        activate(tx, ((d["run_id"], d["node"]) for d in downstream), hooks)
-    finish_if_done(tx, {r["run_id"] for r in completed if r.get("item_of") is None}, hooks)
 
 
 def finish_if_done(tx: Tx, run_ids: Iterable[int], hooks: Hooks) -> list[Row]:

@@ -36,9 +36,9 @@ class _Queries:
     lock_runs: LiteralString
     complete_steps: LiteralString
     fail_steps: LiteralString
-    downstream_nodes: LiteralString
     dependents_of_nodes: LiteralString
     activate_ready: LiteralString
+    activate_dependents: LiteralString
     finish_runs: LiteralString
     end_runs: LiteralString
     cancel_open_steps: LiteralString

@@ -98,19 +98,6 @@ failed AS (
 )
 SELECT id, run_id, node, state, queue, item_of, error, error_kind FROM failed
 
--- name: downstream_nodes
--- The direct dependents of the given nodes, with their failure policy.
--- The LATERAL probe (OFFSET 0 keeps it from being flattened into a join) reads
--- idx_deps_depnode per completed node; a join was planned as a scan of every edge.
-SELECT DISTINCT d.run_id, d.node, s.on_dep_failure
-FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[]) AS c(run_id, node)
-CROSS JOIN LATERAL (
-    SELECT e.run_id, e.node FROM cyclone_deps AS e
-    WHERE e.run_id = c.run_id AND e.dep_node = c.node
-    OFFSET 0
-) AS d
-JOIN cyclone_steps AS s ON s.run_id = d.run_id AND s.node = d.node
-
 -- name: dependents_of_nodes
 -- The direct dependents of each given node (dep_node), with their failure policy.
 SELECT c.node AS dep_node, d.node, s.on_dep_failure
@@ -122,15 +109,16 @@ CROSS JOIN LATERAL (
 ) AS d
 JOIN cyclone_steps AS s ON s.run_id = c.run_id AND s.node = d.node
 
--- name: activate_ready
--- Activate the pending nodes whose dependencies all completed, by kind and run state. A
--- node of a conditional definition (a row in cyclone_ext_guards) is judged first: it is
--- skipped (completed, output NULL, error_kind 'skipped') when every dependency was skipped
--- and its on_skip is 'skip', or when its condition does not hold on the outputs it reads.
--- Nodes of other definitions find no guard row, and the CASE reads nothing more for them.
-WITH ready AS (
+-- fragment: activate_candidates
+-- Activate the pending nodes of CTE candidates(run_id, node) whose dependencies all
+-- completed, by kind and run state. A node of a conditional definition (a row in
+-- cyclone_ext_guards) is judged first: it is skipped (completed, output NULL, error_kind
+-- 'skipped') when every dependency was skipped and its on_skip is 'skip', or when its
+-- condition does not hold on the outputs it reads. Nodes of other definitions find no
+-- guard row, and the CASE reads nothing more for them.
+ready AS (
     SELECT s.id, s.run_id, s.node
-    FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[]) AS c(run_id, node)
+    FROM candidates AS c
     JOIN cyclone_steps AS s ON s.run_id = c.run_id AND s.node = c.node
     WHERE s.state = 'pending' AND s.item_of IS NULL
       AND NOT EXISTS (
@@ -182,6 +170,26 @@ WHERE s.id = j.id
 RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.fan_out_parallel,
           s.child_workflow, j.skip AS skipped
 
+-- name: activate_ready
+-- Activate the given pending nodes whose dependencies all completed (activate_candidates).
+WITH candidates(run_id, node) AS (
+    SELECT * FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[])
+), {{activate_candidates}}
+
+-- name: activate_dependents
+-- Activate the direct dependents of the given completed nodes that are now ready
+-- (activate_candidates): finding them and activating them is one round trip. The LATERAL
+-- probe (OFFSET 0 keeps it from being flattened into a join) reads idx_deps_depnode per
+-- completed node; a join was planned as a scan of every edge.
+WITH candidates(run_id, node) AS (
+    SELECT DISTINCT d.run_id, d.node
+    FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[]) AS c(run_id, node)
+    CROSS JOIN LATERAL (
+        SELECT e.run_id, e.node FROM cyclone_deps AS e
+        WHERE e.run_id = c.run_id AND e.dep_node = c.node
+        OFFSET 0
+    ) AS d
+), {{activate_candidates}}
 
 -- name: finish_runs
 -- Complete the runs whose every step is terminal. The state guard is written as a CASE so

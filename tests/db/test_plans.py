@@ -24,7 +24,7 @@ from cyclone_dsl.sql import Q
 #: turn into index probes as the tables grow, which the cost-growth benchmark measures.)
 BIG_TABLES = ("cyclone_runs", "cyclone_steps")
 #: Statements that must not scan a smaller table either (each ran once per completion).
-ALSO = {"downstream_nodes": ("cyclone_deps",)}
+ALSO = {"activate_dependents": ("cyclone_deps",)}
 #: Plan nodes a statement must not use: the gated claim looks steps up by primary key, never
 #: by walking every available step of the queue for each gated one; the main claim probes
 #: the gates per row, never as an anti-join, which reads every available step before the
@@ -84,8 +84,8 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
         ),
         "release_steps": (Q.release_steps, {"ids": ids, "generations": generations}),
         "assemble_inputs": (Q.assemble_inputs, {"ids": ids}),
-        "downstream_nodes": (
-            Q.downstream_nodes,
+        "activate_dependents": (
+            Q.activate_dependents,
             {"run_ids": [r["run_id"] for r in steps], "nodes": [r["node"] for r in steps]},
         ),
         "activate_ready": (
@@ -161,7 +161,7 @@ HOT_STATEMENTS = [
     "heartbeat_steps",
     "release_steps",
     "assemble_inputs",
-    "downstream_nodes",
+    "activate_dependents",
     "activate_ready",
     "claim_gated_steps",
     "expired_leases",
