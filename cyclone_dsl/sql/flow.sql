@@ -124,9 +124,12 @@ needs AS (
     UNION ALL
     SELECT c.id, c.run_scope, c.run_key, 1, c.run_id
     FROM cands AS c JOIN limited AS l ON l.scope = c.run_scope
-    WHERE NOT EXISTS (SELECT 1 FROM cyclone_ext_slots AS h
-                      WHERE h.scope = c.run_scope AND h.key = c.run_key
-                        AND h.holder = c.run_id)
+    -- A scalar subquery, probed per candidate through the slots' key: written as NOT
+    -- EXISTS it became an anti-join that hashed every slot of every limit (a rate limit of
+    -- 50,000 a second has 50,000 slots).
+    WHERE (SELECT 1 FROM cyclone_ext_slots AS h
+           WHERE h.scope = c.run_scope AND h.key = c.run_key AND h.holder = c.run_id
+           LIMIT 1) IS NULL
     UNION ALL
     SELECT c.id, c.rate_scope, c.rate_key, c.rate_units, NULL
     FROM cands AS c JOIN limited AS l ON l.scope = c.rate_scope
@@ -204,13 +207,21 @@ free AS (
     FROM locked_free
 ),
 -- Slots numbered beyond a lowered limit whose holder still runs: they count against it.
+-- Counted only for a share whose last slot lies beyond its limit (read backwards through
+-- the primary key): a join was planned as a sort of every slot of every limit, and a count
+-- of slot > max_count could walk every slot of the share by another index.
 excess AS (
-    SELECT sl.scope, sl.key, count(*) AS n
-    FROM cyclone_ext_slots AS sl
-    JOIN limited AS l ON l.scope = sl.scope
-    WHERE (sl.scope, sl.key) IN (SELECT scope, key FROM wanted)
-      AND sl.slot > l.max_count AND {{slot_in_use}}
-    GROUP BY sl.scope, sl.key
+    SELECT w.scope, w.key, x.n
+    FROM wanted AS w
+    JOIN limited AS l ON l.scope = w.scope
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM cyclone_ext_slots AS sl
+        WHERE sl.scope = w.scope AND sl.key = w.key AND sl.slot > l.max_count
+          AND {{slot_in_use}}
+    ) AS x
+    WHERE (SELECT sl.slot FROM cyclone_ext_slots AS sl
+           WHERE sl.scope = w.scope AND sl.key = w.key
+           ORDER BY sl.slot DESC LIMIT 1) > l.max_count
 ),
 free_count AS (
     SELECT f.scope, f.key, count(*) - coalesce(max(e.n), 0) AS n

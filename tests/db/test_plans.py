@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from cyclone_dsl import Client, Concurrency, step, workflow
+from cyclone_dsl import Client, Concurrency, RateLimit, step, workflow
 from cyclone_dsl.sql import Q
 
 #: The tables that grow with every run. (Small joins against cyclone_deps and
@@ -24,7 +24,12 @@ from cyclone_dsl.sql import Q
 #: turn into index probes as the tables grow, which the cost-growth benchmark measures.)
 BIG_TABLES = ("cyclone_runs", "cyclone_steps")
 #: Statements that must not scan a smaller table either (each ran once per completion).
-ALSO = {"activate_dependents": ("cyclone_deps",)}
+ALSO = {
+    "activate_dependents": ("cyclone_deps",),
+    # A rate limit has a slot per unit of its window (20,000 here): the claim reads the
+    # shares it needs through their key, never every slot of every limit.
+    "claim_gated_steps_rated": ("cyclone_ext_slots",),
+}
 #: Plan nodes a statement must not use: the gated claim looks steps up by primary key, never
 #: by walking every available step of the queue for each gated one; the main claim probes
 #: the gates per row, never as an anti-join, which reads every available step before the
@@ -39,6 +44,11 @@ def noop(x: object) -> object:
 
 @step(name="plan_keyed", concurrency=Concurrency(key="k", limit=5))
 def keyed(x: object) -> object:
+    return x
+
+
+@step(name="plan_rated", rate_limit=RateLimit(limit=20_000, per=timedelta(seconds=1)))
+def rated(x: object) -> object:
     return x
 
 
@@ -107,6 +117,21 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
                 "capped": False,
             },
         ),
+        "claim_gated_steps_rated": (
+            Q.claim_gated_steps,
+            {
+                "owner": "w",
+                "queue": "default",
+                "kinds": ["plan_rated"],
+                "workflows": ["plan_rated"],
+                "versions": ["standalone"],
+                "limit": 100,
+                "lease": lease,
+                "after_key": "",
+                "max_keys": 100,
+                "capped": False,
+            },
+        ),
         # Scanner passes: each runs every second on the pass's leader.
         "expired_leases": (Q.expired_leases, {"after_id": 0, "limit": 500}),
         "timed_out_steps": (
@@ -135,6 +160,7 @@ def loaded(cyclone_admin_dsn: str) -> Any:
         for start in range(0, 6_000, 2_000):
             client.submit_many(chain, list(range(start, start + 2_000)))
         client.enqueue_many(keyed, [{"k": f"k{i % 20}"} for i in range(5_000)])
+        client.enqueue_many(rated, list(range(1_000)))
     yield dsn
     drop_schema(cyclone_admin_dsn, name)
 
@@ -164,6 +190,7 @@ HOT_STATEMENTS = [
     "activate_dependents",
     "activate_ready",
     "claim_gated_steps",
+    "claim_gated_steps_rated",
     "expired_leases",
     "timed_out_steps",
     "due_timers",
@@ -207,9 +234,10 @@ def test_hot_statements_stay_below_the_jit_threshold(loaded: str, name: str, mod
 
 
 @pytest.mark.parametrize("name", ["claim_steps", "claim_gated_steps"])
-def test_a_claim_probes_the_runs_of_its_steps_by_key(cyclone_admin_dsn: str, name: str) -> None:
-    """On a small, analyzed table the planner found hashing every run cheaper than a
-    claim's worth of probes: that scan cost more than the rest of the claim."""
+def test_a_claim_probes_its_runs_and_steps_by_key(cyclone_admin_dsn: str, name: str) -> None:
+    """On a small, analyzed table the planner found hashing every run (and, to lease the
+    chosen steps, every step) cheaper than a claim's worth of probes: those scans cost
+    more than the rest of the claim."""
     from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
 
     schema = create_schema(cyclone_admin_dsn)
@@ -225,3 +253,4 @@ def test_a_claim_probes_the_runs_of_its_steps_by_key(cyclone_admin_dsn: str, nam
         drop_schema(cyclone_admin_dsn, schema)
     plan = "\n".join(r["QUERY PLAN"] for r in rows)
     assert "Seq Scan on cyclone_runs " not in plan, plan
+    assert "Seq Scan on cyclone_steps " not in plan, plan
