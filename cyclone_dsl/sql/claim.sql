@@ -16,8 +16,10 @@ chosen AS (
     FROM cyclone_steps AS s
     WHERE {{claimable}}
       -- A scalar subquery, probed per row: written as NOT EXISTS it became an anti-join
-      -- that read every available step of the queue before the LIMIT could stop it.
-      AND (SELECT 1 FROM cyclone_ext_gates AS g WHERE g.step_id = s.id) IS NULL
+      -- that read every available step of the queue before the LIMIT could stop it. As a
+      -- boolean rather than IS NULL, whose default selectivity (0.5%%) made the planner
+      -- expect to walk most of the queue for a claim: a cost above jit_above_cost.
+      AND coalesce((SELECT false FROM cyclone_ext_gates AS g WHERE g.step_id = s.id), true)
     ORDER BY s.priority DESC, s.scheduled_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
@@ -43,14 +45,16 @@ CASE WHEN s.state = 'available' AND s.queue = %(queue)s THEN {{claimable_rest}}
 -- The claimable conditions beyond state and queue.
 s.kind = ANY(%(kinds)s::text[])
       AND s.scheduled_at <= now() + %(shift)s::interval
-      -- Only runs whose definition this worker has: (workflow, def_version) it serves.
-      AND EXISTS (
-            SELECT 1 FROM cyclone_runs AS r
-            WHERE r.id = s.run_id
-              AND (r.workflow, r.def_version) IN (
-                  SELECT v.workflow, v.def_version
-                  FROM unnest(%(workflows)s::text[], %(versions)s::text[])
-                      AS v(workflow, def_version)))
+      -- Only runs whose definition this worker has: (workflow, def_version) it serves. A
+      -- scalar subquery, probed per step by the run's key: as EXISTS it became a semi-join
+      -- that hashed every run of those definitions whenever the runs table looked small.
+      AND (SELECT 1 FROM cyclone_runs AS r
+           WHERE r.id = s.run_id
+             AND (r.workflow, r.def_version) IN (
+                 SELECT v.workflow, v.def_version
+                 FROM unnest(%(workflows)s::text[], %(versions)s::text[])
+                     AS v(workflow, def_version))
+           LIMIT 1) IS NOT NULL
       AND (s.sequence_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM cyclone_steps AS h
             WHERE h.sequence_key = s.sequence_key
@@ -140,8 +144,9 @@ SELECT c.id, {{step_input}} AS input, {{no_input}} AS no_input
 FROM (SELECT s.id, s.run_id, s.node, s.input, s.input_from,
              EXISTS (SELECT 1 FROM cyclone_step_inputs AS i
                      WHERE i.run_id = s.run_id AND i.node = s.node) AS has_slots
-      FROM unnest(%(ids)s::bigint[]) AS t(id)
-      JOIN cyclone_steps AS s ON s.id = t.id) AS c
+      FROM cyclone_steps AS s
+      -- = ANY: a primary-key lookup; a join with unnest() hashed every step on small tables.
+      WHERE s.id = ANY(%(ids)s::bigint[])) AS c
 
 -- fragment: step_input
 -- The handler input of step c (columns run_id, node, input, input_from, has_slots):

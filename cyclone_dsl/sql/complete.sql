@@ -25,8 +25,8 @@ FOR NO KEY UPDATE
 -- name: lock_runs_of_steps
 -- Lock the runs of these steps and their ancestor runs, in id order, before any step row.
 WITH RECURSIVE mine(id) AS (
-    SELECT DISTINCT s.run_id
-    FROM unnest(%(ids)s::bigint[]) AS t(id) JOIN cyclone_steps AS s ON s.id = t.id
+    -- = ANY: a primary-key lookup; a join with unnest() hashed every step on small tables.
+    SELECT DISTINCT s.run_id FROM cyclone_steps AS s WHERE s.id = ANY(%(ids)s::bigint[])
 ), {{lock_runs_and_ancestors}}
 
 -- name: lock_runs

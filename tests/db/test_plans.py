@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from cyclone_dsl import Client, Concurrency, RateLimit, step, workflow
@@ -150,10 +151,20 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
 
 @pytest.fixture(scope="module")
 def loaded(cyclone_admin_dsn: str) -> Any:
+    yield from _loaded(cyclone_admin_dsn, analyzed=False)
+
+
+@pytest.fixture(scope="module")
+def loaded_analyzed(cyclone_admin_dsn: str) -> Any:
+    """The same rows with statistics, as autovacuum soon gives a production table."""
+    yield from _loaded(cyclone_admin_dsn, analyzed=True)
+
+
+def _loaded(admin: str, *, analyzed: bool) -> Any:
     from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
 
-    name = create_schema(cyclone_admin_dsn)
-    dsn = with_search_path(cyclone_admin_dsn, name)
+    name = create_schema(admin)
+    dsn = with_search_path(admin, name)
     with Client(dsn) as client:
         for start in range(0, 30_000, 5_000):
             client.enqueue_many(noop, list(range(start, start + 5_000)))
@@ -161,8 +172,38 @@ def loaded(cyclone_admin_dsn: str) -> Any:
             client.submit_many(chain, list(range(start, start + 2_000)))
         client.enqueue_many(keyed, [{"k": f"k{i % 20}"} for i in range(5_000)])
         client.enqueue_many(rated, list(range(1_000)))
+    if analyzed:
+        analyze(dsn)
+    yield dsn
+    drop_schema(admin, name)
+
+
+@pytest.fixture(scope="module")
+def small(cyclone_admin_dsn: str) -> Any:
+    """A few thousand rows, analyzed: the planner may hash a whole table it finds small."""
+    from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
+
+    name = create_schema(cyclone_admin_dsn)
+    dsn = with_search_path(cyclone_admin_dsn, name)
+    with Client(dsn) as client:
+        client.enqueue_many(noop, list(range(5_000)))
+        client.submit_many(chain, list(range(300)))
+        client.enqueue_many(keyed, [{"k": f"k{i % 10}"} for i in range(2_000)])
+        client.enqueue_many(rated, list(range(1_000)))
+    analyze(dsn)
     yield dsn
     drop_schema(cyclone_admin_dsn, name)
+
+
+def analyze(dsn: str) -> None:
+    """ANALYZE the tables of this schema only (a bare ANALYZE would change the plans other
+    tests see in their own schemas)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+        ).fetchall()
+        for (table,) in tables:
+            conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
 
 
 def explain(dsn: str, name: str, mode: str, how: str = "") -> list[dict[str, Any]]:
@@ -214,6 +255,22 @@ def test_hot_statements_never_scan_a_big_table(loaded: str, name: str, mode: str
         assert index not in plan, plan
 
 
+#: The gated claims still join slots to their holder steps and runs, locking both: the
+#: planner hashes the holders of small analyzed tables (well under a millisecond at 9,000
+#: steps), and with statistics it expects to walk much of the queue's gates, an estimate
+#: above the JIT threshold (Cyclone's own sessions run with jit=off). Those joins carry
+#: the slots' locking protocol, so they are left as they are for now.
+SMALL_TABLE_EXCEPTIONS = {"claim_gated_steps", "claim_gated_steps_rated"}
+
+
+@pytest.mark.parametrize("name", [n for n in HOT_STATEMENTS if n not in SMALL_TABLE_EXCEPTIONS])
+def test_hot_statements_probe_small_analyzed_tables_by_key(small: str, name: str) -> None:
+    rows = explain(small, name, "auto")
+    plan = "\n".join(r["QUERY PLAN"] for r in rows)
+    scans = [t for t in (*BIG_TABLES, *ALSO.get(name, ())) if f"Seq Scan on {t} " in plan]
+    assert scans == [], plan
+
+
 #: PostgreSQL JIT-compiles a statement whose estimated cost reaches ``jit_above_cost``
 #: (100000 by default, on every server built with LLVM: most packaged and managed ones).
 #: Compiling takes milliseconds, on every execution: a completion batch that cost 1 ms
@@ -233,6 +290,17 @@ def test_hot_statements_stay_below_the_jit_threshold(loaded: str, name: str, mod
     assert cost < JIT_ABOVE_COST, f"{name}: estimated cost {cost:,.0f}"
 
 
+@pytest.mark.parametrize("name", [n for n in HOT_STATEMENTS if n not in SMALL_TABLE_EXCEPTIONS])
+def test_hot_statements_stay_below_the_jit_threshold_on_analyzed_tables(
+    loaded_analyzed: str, name: str
+) -> None:
+    """With statistics, a claim's gate check written as ``IS NULL`` got the default
+    selectivity of 0.5%: the planner expected to walk most of the queue for 100 steps."""
+    (row,) = explain(loaded_analyzed, name, "auto", "(FORMAT JSON)")
+    cost = row["QUERY PLAN"][0]["Plan"]["Total Cost"]
+    assert cost < JIT_ABOVE_COST, f"{name}: estimated cost {cost:,.0f}"
+
+
 @pytest.mark.parametrize("name", ["claim_steps", "claim_gated_steps"])
 def test_a_claim_probes_its_runs_and_steps_by_key(cyclone_admin_dsn: str, name: str) -> None:
     """On a small, analyzed table the planner found hashing every run (and, to lease the
@@ -246,8 +314,7 @@ def test_a_claim_probes_its_runs_and_steps_by_key(cyclone_admin_dsn: str, name: 
         with Client(dsn) as client:
             client.enqueue_many(noop, list(range(5_000)))
             client.enqueue_many(keyed, [{"k": f"k{i % 10}"} for i in range(2_000)])
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("ANALYZE")
+        analyze(dsn)
         rows = explain(dsn, name, "auto")
     finally:
         drop_schema(cyclone_admin_dsn, schema)
