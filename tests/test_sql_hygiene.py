@@ -122,3 +122,31 @@ def test_only_the_engine_and_the_migrator_write() -> None:
             ):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} Q.{node.attr}")
     assert offenders == []
+
+
+def test_comments_and_indentation_are_not_sent_but_quoted_text_is() -> None:
+    from cyclone_dsl.sql._loader import _compact
+
+    body = """
+    SELECT 'a --  b',   "odd--name",  -- a comment
+           'it''s -- kept' AS x
+    -- a line of comment
+    FROM t  -- trailing
+    """
+    assert _compact(body) == "SELECT 'a --  b', \"odd--name\",\n'it''s -- kept' AS x\nFROM t"
+
+
+#: psycopg converts a query's text once and caches it only up to this length (its
+#: MAX_CACHED_STATEMENT_LENGTH): a longer statement is parsed again in Python on every
+#: execution. The claims of flow-controlled queues are the statements over it.
+PSYCOPG_CACHED_LENGTH = 4096
+
+
+def test_hot_statements_fit_psycopg_query_cache() -> None:
+    from psycopg import _queries
+
+    assert PSYCOPG_CACHED_LENGTH <= _queries.MAX_CACHED_STATEMENT_LENGTH
+    too_long = {
+        name for name, text in QUERIES.items() if len(text.encode()) > PSYCOPG_CACHED_LENGTH
+    }
+    assert too_long == {"claim_gated_steps", "claim_capped_steps"}

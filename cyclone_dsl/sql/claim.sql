@@ -15,16 +15,20 @@ chosen AS (
     SELECT s.id
     FROM cyclone_steps AS s
     WHERE {{claimable}}
-      -- A scalar subquery, probed per row: written as NOT EXISTS it became an anti-join
-      -- that read every available step of the queue before the LIMIT could stop it. As a
-      -- boolean rather than IS NULL, whose default selectivity (0.5%%) made the planner
-      -- expect to walk most of the queue for a claim: a cost above jit_above_cost.
-      AND coalesce((SELECT false FROM cyclone_ext_gates AS g WHERE g.step_id = s.id), true)
+      AND {{ungated}}
     ORDER BY s.priority DESC, s.scheduled_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 {{claim_chosen}}
+
+-- fragment: ungated
+-- Step s has no limit (no row in cyclone_ext_gates). A scalar subquery, probed per row:
+-- written as NOT EXISTS it became an anti-join that read every available step of the
+-- queue before the LIMIT could stop it. A boolean rather than IS NULL, whose default
+-- selectivity (0.5%) made the planner expect to walk most of the queue for a claim: on
+-- analyzed tables, an estimate above jit_above_cost.
+coalesce((SELECT false FROM cyclone_ext_gates AS g WHERE g.step_id = s.id), true)
 
 -- fragment: claimable
 -- Step s may be claimed now by this worker: available and due in %(queue)s, of one of its

@@ -322,9 +322,7 @@ cands AS (
     SELECT s.id
     FROM cyclone_steps AS s
     WHERE {{claimable}}
-      -- A scalar subquery, probed per row: written as NOT EXISTS it became an anti-join
-      -- that read every available step of the queue before the LIMIT could stop it.
-      AND (SELECT 1 FROM cyclone_ext_gates AS g WHERE g.step_id = s.id) IS NULL
+      AND {{ungated}}
     ORDER BY s.priority DESC, s.scheduled_at
     LIMIT greatest(0, least(%(limit)s, (SELECT count(*) FROM locked_free) - (SELECT n FROM excess)))
     FOR NO KEY UPDATE SKIP LOCKED
