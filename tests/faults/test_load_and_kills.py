@@ -74,20 +74,28 @@ ORDER BY c.relkind DESC, c.relname
 
 
 class ClaimPathProbe(threading.Thread):
-    """Times the claim's index path every 100 ms while the load runs."""
+    """Runs the claim's index path every 100 ms while the load runs, noting the server's
+    execution time (seconds) and the pages it read."""
 
     def __init__(self, dsn: str) -> None:
         super().__init__(daemon=True)
         self.dsn = dsn
         self.samples: list[float] = []
+        self.pages: list[int] = []
         self.done = threading.Event()
 
     def run(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while not self.done.wait(0.1):
-                started = time.perf_counter()
-                conn.execute(CLAIM_PATH_PROBE).fetchall()
-                self.samples.append(time.perf_counter() - started)
+                row = conn.execute(
+                    "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) " + CLAIM_PATH_PROBE
+                ).fetchone()
+                assert row is not None
+                plan = row[0][0]
+                self.samples.append(plan["Execution Time"] / 1000)
+                self.pages.append(
+                    plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
+                )
 
 
 def report_bloat(dsn: str, record_property: Callable[[str, object], None]) -> None:
@@ -161,11 +169,20 @@ def test_load_with_repeated_sigkills_loses_nothing(
 
     third = len(probe.samples) // 3
     assert third >= 3, "the load ended before the probe could sample it"
-    early = statistics.median(probe.samples[:third])
-    late = statistics.median(probe.samples[-third:])
-    print(f"claim path: median {early * 1000:.2f} ms early, {late * 1000:.2f} ms late")
+    # The fastest sample of each third: the suite's other tests share the machine, and a
+    # median taken while they ran failed this bound with nothing wrong in the claim path.
+    early = min(probe.samples[:third])
+    late = min(probe.samples[-third:])
+    pages_early = statistics.median(probe.pages[:third])
+    pages_late = statistics.median(probe.pages[-third:])
+    print(
+        f"claim path: fastest {early * 1000:.2f} ms early, {late * 1000:.2f} ms late; "
+        f"median {pages_early} pages read early, {pages_late} late"
+    )
     record_property("claim_path_ms_early", round(early * 1000, 3))
     record_property("claim_path_ms_late", round(late * 1000, 3))
+    record_property("claim_path_pages_early", pages_early)
+    record_property("claim_path_pages_late", pages_late)
     # Flat: a claim path that scanned dead entries would grow with every completed step.
-    assert late <= 3 * early + 0.002
+    assert late <= 3 * early + 0.0005
     report_bloat(cyclone_dsn, record_property)
