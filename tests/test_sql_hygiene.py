@@ -25,7 +25,7 @@ def test_every_query_prepares_on_a_migrated_schema(cyclone_dsn: str, name: str) 
         numbers.setdefault(match.group(1), len(numbers) + 1)
         return f"${numbers[match.group(1)]}"
 
-    body = re.sub(r"%\((\w+)\)s", placeholder, QUERIES[name])
+    body = re.sub(r"%\((\w+)\)[sb]", placeholder, QUERIES[name])
     with psycopg.connect(cyclone_dsn) as conn:
         conn.execute(f"PREPARE probe AS {body}".encode())
 

@@ -1,19 +1,19 @@
 -- fragment: bulk_match
 -- Run r matches a bulk operation's filter: one of %(states)s, created at or before the
 -- operation started (id up to %(up_to)s); each other criterion is skipped when NULL.
-r.state = ANY(%(states)s::text[])
+r.state = ANY(%(states)b::text[])
   AND r.id <= %(up_to)s
-  AND (%(workflows)s::text[] IS NULL OR r.workflow = ANY(%(workflows)s::text[]))
+  AND (%(workflows)b::text[] IS NULL OR r.workflow = ANY(%(workflows)b::text[]))
   AND (%(since)s::timestamptz IS NULL OR r.created_at >= %(since)s::timestamptz)
   AND (%(until)s::timestamptz IS NULL OR r.created_at < %(until)s::timestamptz)
   AND (%(ended_since)s::timestamptz IS NULL OR r.finished_at >= %(ended_since)s::timestamptz)
   AND (%(ended_until)s::timestamptz IS NULL OR r.finished_at < %(ended_until)s::timestamptz)
-  AND (%(queues)s::text[] IS NULL OR EXISTS (
+  AND (%(queues)b::text[] IS NULL OR EXISTS (
         SELECT 1 FROM cyclone_steps AS q
-        WHERE q.run_id = r.id AND q.queue = ANY(%(queues)s::text[])))
-  AND (%(error_kinds)s::text[] IS NULL OR EXISTS (
+        WHERE q.run_id = r.id AND q.queue = ANY(%(queues)b::text[])))
+  AND (%(error_kinds)b::text[] IS NULL OR EXISTS (
         SELECT 1 FROM cyclone_steps AS e
-        WHERE e.run_id = r.id AND e.error_kind = ANY(%(error_kinds)s::text[])))
+        WHERE e.run_id = r.id AND e.error_kind = ANY(%(error_kinds)b::text[])))
 
 -- name: bulk_bound
 -- The newest run id now: a bulk operation acts on runs up to it, never on later ones.

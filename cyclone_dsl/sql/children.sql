@@ -10,14 +10,14 @@ SET state = CASE WHEN c.state = 'completed' THEN 'completed' ELSE 'discarded' EN
     error_kind = CASE WHEN c.state <> 'completed' THEN 'child_failed' END,
     completed_at = now() + %(shift)s::interval
 FROM cyclone_runs AS c
-WHERE c.id = ANY(%(child_ids)s::bigint[])
+WHERE c.id = ANY(%(child_ids)b::bigint[])
   AND p.run_id = c.parent_run_id AND p.node = c.parent_node_id AND p.state = 'waiting_child'
 RETURNING p.id, p.run_id, p.node, p.item_of, p.state, true AS has_downstream, p.error
 
 -- name: open_descendants
 -- The non-terminal runs below these runs (children, grandchildren, ...).
 WITH RECURSIVE down(id) AS (
-    SELECT c.id FROM cyclone_runs AS c WHERE c.parent_run_id = ANY(%(run_ids)s::bigint[])
+    SELECT c.id FROM cyclone_runs AS c WHERE c.parent_run_id = ANY(%(run_ids)b::bigint[])
     UNION
     SELECT c.id FROM cyclone_runs AS c JOIN down ON c.parent_run_id = down.id
 )
@@ -39,7 +39,7 @@ JOIN cyclone_runs AS r ON r.id = s.run_id
 WHERE s.state = 'waiting_child' AND s.kind = '@child'
   AND (r.workflow, r.def_version) IN (
       SELECT v.workflow, v.def_version
-      FROM unnest(%(workflows)s::text[], %(versions)s::text[]) AS v(workflow, def_version))
+      FROM unnest(%(workflows)b::text[], %(versions)b::text[]) AS v(workflow, def_version))
   AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS c
                   WHERE c.parent_run_id = s.run_id AND c.parent_node_id = s.node)
 ORDER BY s.id
@@ -50,7 +50,7 @@ LIMIT %(limit)s
 -- takes).
 SELECT s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.fan_out_parallel, s.child_workflow
 FROM cyclone_steps AS s
-WHERE s.id = ANY(%(ids)s::bigint[]) AND s.state = 'waiting_child'
+WHERE s.id = ANY(%(ids)b::bigint[]) AND s.state = 'waiting_child'
 ORDER BY s.id
 
 -- name: ended_children_of_waiting_nodes
@@ -68,6 +68,6 @@ LIMIT %(limit)s
 -- name: open_child_runs_of_nodes
 -- The child runs, not ended, of some child nodes of a run, in id order.
 SELECT c.id FROM cyclone_runs AS c
-WHERE c.parent_run_id = %(run_id)s AND c.parent_node_id = ANY(%(nodes)s::text[])
+WHERE c.parent_run_id = %(run_id)s AND c.parent_node_id = ANY(%(nodes)b::text[])
   AND c.state IN ('running', 'paused')
 ORDER BY c.id

@@ -47,7 +47,7 @@ CASE WHEN s.state = 'available' AND s.queue = %(queue)s THEN {{claimable_rest}}
 
 -- fragment: claimable_rest
 -- The claimable conditions beyond state and queue.
-s.kind = ANY(%(kinds)s::text[])
+s.kind = ANY(%(kinds)b::text[])
       AND s.scheduled_at <= now() + %(shift)s::interval
       -- Only runs whose definition this worker has: (workflow, def_version) it serves. A
       -- scalar subquery, probed per step by the run's key: as EXISTS it became a semi-join
@@ -56,7 +56,7 @@ s.kind = ANY(%(kinds)s::text[])
            WHERE r.id = s.run_id
              AND (r.workflow, r.def_version) IN (
                  SELECT v.workflow, v.def_version
-                 FROM unnest(%(workflows)s::text[], %(versions)s::text[])
+                 FROM unnest(%(workflows)b::text[], %(versions)b::text[])
                      AS v(workflow, def_version))
            LIMIT 1) IS NOT NULL
       AND (s.sequence_key IS NULL OR NOT EXISTS (
@@ -122,7 +122,7 @@ WITH {{lock_listed_steps}}
 UPDATE cyclone_steps AS s
 SET lease_expiry = now() + %(shift)s::interval + %(lease)s::interval,
     heartbeat_at = now() + %(shift)s::interval
-FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS h(id, generation)
+FROM unnest(%(ids)b::bigint[], %(generations)b::bigint[]) AS h(id, generation)
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.id = h.id AND s.lease_generation = h.generation
   AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
@@ -135,7 +135,7 @@ UPDATE cyclone_steps AS s
 SET state = CASE WHEN r.state = 'paused' THEN 'paused' ELSE 'available' END,
     lease_owner = NULL, lease_expiry = NULL, heartbeat_at = NULL, started_at = NULL,
     scheduled_at = now() + %(shift)s::interval
-FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS h(id, generation), cyclone_runs AS r
+FROM unnest(%(ids)b::bigint[], %(generations)b::bigint[]) AS h(id, generation), cyclone_runs AS r
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.id = h.id AND s.lease_generation = h.generation
   AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
@@ -150,7 +150,7 @@ FROM (SELECT s.id, s.run_id, s.node, s.input, s.input_from,
                      WHERE i.run_id = s.run_id AND i.node = s.node) AS has_slots
       FROM cyclone_steps AS s
       -- = ANY: a primary-key lookup; a join with unnest() hashed every step on small tables.
-      WHERE s.id = ANY(%(ids)s::bigint[])) AS c
+      WHERE s.id = ANY(%(ids)b::bigint[])) AS c
 
 -- fragment: step_input
 -- The handler input of step c (columns run_id, node, input, input_from, has_slots):
@@ -183,7 +183,7 @@ END
 -- their locks in id order, so a heartbeat and a completion never deadlock.
 listed AS (
     SELECT s.id FROM cyclone_steps AS s
-    WHERE s.id = ANY(%(ids)s::bigint[])
+    WHERE s.id = ANY(%(ids)b::bigint[])
     ORDER BY s.id
     FOR NO KEY UPDATE
 )
@@ -191,4 +191,4 @@ listed AS (
 -- name: lease_states
 -- The state and generation of steps whose heartbeat found no lease (cancelled, or taken).
 SELECT s.id, s.state, s.lease_generation FROM cyclone_steps AS s
-WHERE s.id = ANY(%(ids)s::bigint[])
+WHERE s.id = ANY(%(ids)b::bigint[])

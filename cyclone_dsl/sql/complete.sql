@@ -26,13 +26,13 @@ FOR NO KEY UPDATE
 -- Lock the runs of these steps and their ancestor runs, in id order, before any step row.
 WITH RECURSIVE mine(id) AS (
     -- = ANY: a primary-key lookup; a join with unnest() hashed every step on small tables.
-    SELECT DISTINCT s.run_id FROM cyclone_steps AS s WHERE s.id = ANY(%(ids)s::bigint[])
+    SELECT DISTINCT s.run_id FROM cyclone_steps AS s WHERE s.id = ANY(%(ids)b::bigint[])
 ), {{lock_runs_and_ancestors}}
 
 -- name: lock_runs
 -- Lock runs and their ancestor runs (a child's end changes its parent), in id order.
 WITH RECURSIVE mine(id) AS (
-    SELECT unnest(%(run_ids)s::bigint[])
+    SELECT unnest(%(run_ids)b::bigint[])
 ), {{lock_runs_and_ancestors}}
 
 -- name: complete_steps
@@ -46,7 +46,7 @@ SET state = 'completed', output = c.output::jsonb,
     lease_expiry = NULL,
     -- A completed step has no error: its failed attempts are in the attempt history.
     error = NULL, error_kind = NULL, panic_stack = NULL
-FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(outputs)s::text[])
+FROM unnest(%(ids)b::bigint[], %(generations)b::bigint[], %(outputs)b::text[])
     AS c(id, generation, output)
 -- The CASE keeps the partial index on running steps from driving the plan (see finish_runs).
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
@@ -76,9 +76,9 @@ failed AS (
             ELSE now() + %(shift)s::interval END,
         error = f.error, error_kind = f.error_kind, panic_stack = f.panic_stack,
         lease_owner = NULL, lease_expiry = NULL
-    FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(retry)s::bool[],
-                %(delays)s::float8[], %(errors)s::text[], %(error_kinds)s::text[],
-                %(stacks)s::text[])
+    FROM unnest(%(ids)b::bigint[], %(generations)b::bigint[], %(retry)b::bool[],
+                %(delays)b::float8[], %(errors)b::text[], %(error_kinds)b::text[],
+                %(stacks)b::text[])
             AS f(id, generation, retry, delay_s, error, error_kind, panic_stack),
          cyclone_runs AS r, cyclone_steps AS cur
     WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
@@ -101,7 +101,7 @@ SELECT id, run_id, node, state, queue, item_of, error, error_kind FROM failed
 -- name: dependents_of_nodes
 -- The direct dependents of each given node (dep_node), with their failure policy.
 SELECT c.node AS dep_node, d.node, s.on_dep_failure
-FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[]) AS c(run_id, node)
+FROM unnest(%(run_ids)b::bigint[], %(nodes)b::text[]) AS c(run_id, node)
 CROSS JOIN LATERAL (
     SELECT e.node FROM cyclone_deps AS e
     WHERE e.run_id = c.run_id AND e.dep_node = c.node
@@ -173,7 +173,7 @@ RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.fan_out_parallel,
 -- name: activate_ready
 -- Activate the given pending nodes whose dependencies all completed (activate_candidates).
 WITH candidates(run_id, node) AS (
-    SELECT * FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[])
+    SELECT * FROM unnest(%(run_ids)b::bigint[], %(nodes)b::text[])
 ), {{activate_candidates}}
 
 -- name: activate_dependents
@@ -183,7 +183,7 @@ WITH candidates(run_id, node) AS (
 -- completed node; a join was planned as a scan of every edge.
 WITH candidates(run_id, node) AS (
     SELECT DISTINCT d.run_id, d.node
-    FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[]) AS c(run_id, node)
+    FROM unnest(%(run_ids)b::bigint[], %(nodes)b::text[]) AS c(run_id, node)
     CROSS JOIN LATERAL (
         SELECT e.run_id, e.node FROM cyclone_deps AS e
         WHERE e.run_id = c.run_id AND e.dep_node = c.node
@@ -199,7 +199,7 @@ WITH candidates(run_id, node) AS (
 UPDATE cyclone_runs AS r
 SET state = 'completed', finished_at = now() + %(shift)s::interval, updated_at = now()
 -- = ANY: a primary-key lookup; a join with unnest() was planned as a scan of every run.
-WHERE r.id = ANY(%(run_ids)s::bigint[])
+WHERE r.id = ANY(%(run_ids)b::bigint[])
   AND CASE WHEN r.state IN ('running', 'paused') THEN true ELSE false END
   -- A scalar subquery, probed per run through (run_id, node): written as NOT EXISTS it
   -- became an anti-join that scanned every open step of every run.
@@ -212,7 +212,7 @@ RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.f
 -- Fail or cancel runs that are not terminal yet.
 UPDATE cyclone_runs AS r
 SET state = %(state)s, finished_at = now() + %(shift)s::interval, updated_at = now()
-WHERE r.id = ANY(%(run_ids)s::bigint[])
+WHERE r.id = ANY(%(run_ids)b::bigint[])
   AND CASE WHEN r.state IN ('running', 'paused') THEN true ELSE false END
 RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.finished_at
 
@@ -220,7 +220,7 @@ RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.f
 -- Cancel every non-terminal step of these runs (a late completion is then fenced).
 WITH listed AS (
     SELECT s.id, s.state FROM cyclone_steps AS s
-    WHERE s.run_id = ANY(%(run_ids)s::bigint[])
+    WHERE s.run_id = ANY(%(run_ids)b::bigint[])
       AND s.state NOT IN ('completed', 'discarded', 'cancelled')
     ORDER BY s.id
     FOR NO KEY UPDATE
@@ -229,7 +229,7 @@ UPDATE cyclone_steps AS s
 SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
     error = coalesce(s.error, %(error)s), error_kind = coalesce(s.error_kind, %(error_kind)s),
     lease_owner = NULL, lease_expiry = NULL
-FROM unnest(%(run_ids)s::bigint[]) AS t(run_id)
+FROM unnest(%(run_ids)b::bigint[]) AS t(run_id)
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.run_id = t.run_id
   AND s.state NOT IN ('completed', 'discarded', 'cancelled')
@@ -240,7 +240,7 @@ RETURNING s.run_id, s.node, s.kind,
 -- Cancel the whole downstream branch of the given nodes of one run.
 WITH RECURSIVE down(node) AS (
     SELECT d.node FROM cyclone_deps AS d
-    WHERE d.run_id = %(run_id)s AND d.dep_node = ANY(%(nodes)s::text[])
+    WHERE d.run_id = %(run_id)s AND d.dep_node = ANY(%(nodes)b::text[])
     UNION
     SELECT d.node FROM cyclone_deps AS d JOIN down ON d.dep_node = down.node
     WHERE d.run_id = %(run_id)s

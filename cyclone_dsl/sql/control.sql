@@ -27,7 +27,7 @@ WHERE r.id = %(run_id)s
 SELECT r.id, r.state, r.parent_run_id, r.parent_node_id,
        coalesce(r.deadline_at <= now() + %(shift)s::interval, false) AS past_deadline
 FROM cyclone_runs AS r
-WHERE r.parent_run_id = %(run_id)s AND r.parent_node_id = ANY(%(nodes)s::text[])
+WHERE r.parent_run_id = %(run_id)s AND r.parent_node_id = ANY(%(nodes)b::text[])
 ORDER BY r.id
 
 -- name: retry_steps
@@ -49,7 +49,7 @@ SELECT node, dep_node FROM cyclone_deps WHERE run_id = %(run_id)s
 -- attempt budget and reclaim count. lease_generation is kept: it fences stale workers.
 WITH listed AS (
     SELECT s.id FROM cyclone_steps AS s
-    WHERE s.run_id = %(run_id)s AND s.node = ANY(%(nodes)s::text[]) AND s.item_of IS NULL
+    WHERE s.run_id = %(run_id)s AND s.node = ANY(%(nodes)b::text[]) AND s.item_of IS NULL
       AND s.state IN ('discarded', 'cancelled')
     ORDER BY s.id
     FOR NO KEY UPDATE
@@ -67,7 +67,7 @@ RETURNING s.node
 -- pending (completed items keep their outputs), reset like retry_reset_steps.
 WITH listed AS (
     SELECT s.id FROM cyclone_steps AS s
-    WHERE s.run_id = %(run_id)s AND s.item_of = ANY(%(nodes)s::text[])
+    WHERE s.run_id = %(run_id)s AND s.item_of = ANY(%(nodes)b::text[])
       AND s.state IN ('discarded', 'cancelled')
     ORDER BY s.id
     FOR NO KEY UPDATE
@@ -95,7 +95,7 @@ RETURNING id
 -- workers.
 WITH listed AS (
     SELECT s.id FROM cyclone_steps AS s
-    WHERE s.run_id = %(run_id)s AND s.node = ANY(%(nodes)s::text[]) AND s.item_of IS NULL
+    WHERE s.run_id = %(run_id)s AND s.node = ANY(%(nodes)b::text[]) AND s.item_of IS NULL
       AND s.state IN ('completed', 'discarded', 'cancelled', 'pending')
     ORDER BY s.id
     FOR NO KEY UPDATE
@@ -121,7 +121,7 @@ SELECT node FROM reset
 -- Operator replay: the item tasks of these fan-out nodes go; the fan-out expands again
 -- from its (new) input when it is activated.
 DELETE FROM cyclone_steps
-WHERE run_id = %(run_id)s AND item_of = ANY(%(nodes)s::text[])
+WHERE run_id = %(run_id)s AND item_of = ANY(%(nodes)b::text[])
 RETURNING id
 
 -- name: fork_source
@@ -140,7 +140,7 @@ WHERE s.run_id = %(run_id)s AND s.item_of IS NULL
 -- the fork is recorded with where it came from.
 WITH src AS (
     SELECT s.node, s.output, s.error_kind FROM cyclone_steps AS s
-    WHERE s.run_id = %(source_run_id)s AND s.node = ANY(%(nodes)s::text[])
+    WHERE s.run_id = %(source_run_id)s AND s.node = ANY(%(nodes)b::text[])
 ), copied AS (
     UPDATE cyclone_steps AS s
     SET output = src.output, completed_at = now() + %(shift)s::interval,
@@ -150,7 +150,7 @@ WITH src AS (
     RETURNING s.node
 ), recorded AS (
     INSERT INTO cyclone_ext_forks (run_id, source_run_id, from_node, copied)
-    VALUES (%(run_id)s, %(source_run_id)s, %(from_node)s, %(nodes)s::text[])
+    VALUES (%(run_id)s, %(source_run_id)s, %(from_node)s, %(nodes)b::text[])
 )
 SELECT node FROM copied
 

@@ -48,7 +48,7 @@ FROM step CROSS JOIN relaxed LEFT JOIN recorded ON true
 -- its snapshot sees every event those executions committed.
 UPDATE cyclone_ext_events AS e
 SET fenced = true
-FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS f(id, generation)
+FROM unnest(%(ids)b::bigint[], %(generations)b::bigint[]) AS f(id, generation)
 WHERE e.step_id = f.id AND e.lease_generation = f.generation AND NOT e.fenced
 
 -- name: run_events_after

@@ -8,7 +8,7 @@ WITH f AS (
            coalesce(u.output, s.input) AS items
     FROM cyclone_steps AS s
     LEFT JOIN cyclone_steps AS u ON u.run_id = s.run_id AND u.node = s.input_from
-    WHERE s.id = ANY(%(ids)s::bigint[]) AND s.state = 'pending'
+    WHERE s.id = ANY(%(ids)b::bigint[]) AND s.state = 'pending'
       AND jsonb_typeof(coalesce(u.output, s.input)) = 'array'
 )
 INSERT INTO cyclone_steps (run_id, node, kind, state, input, queue, priority, max_attempts,
@@ -34,7 +34,7 @@ SELECT s.id, s.run_id, s.node, s.fan_out_max_bytes, l.max_items,
 FROM cyclone_steps AS s
 LEFT JOIN cyclone_steps AS u ON u.run_id = s.run_id AND u.node = s.input_from
 LEFT JOIN cyclone_ext_fan_out_limits AS l ON l.run_id = s.run_id AND l.node = s.node
-WHERE s.id = ANY(%(ids)s::bigint[])
+WHERE s.id = ANY(%(ids)b::bigint[])
 
 -- name: activate_next_items
 -- Make the next pending items of a fan-out available, up to its max_parallel.

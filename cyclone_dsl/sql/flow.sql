@@ -1,7 +1,7 @@
 -- name: upsert_limits
 -- Record the limit of each scope (the latest submitted definition's), with its window.
 INSERT INTO cyclone_ext_limits (scope, max_count, per)
-SELECT * FROM unnest(%(scopes)s::text[], %(max_counts)s::int[], %(pers)s::interval[])
+SELECT * FROM unnest(%(scopes)b::text[], %(max_counts)b::int[], %(pers)b::interval[])
 ON CONFLICT (scope) DO UPDATE
 SET max_count = EXCLUDED.max_count, per = EXCLUDED.per, updated_at = now()
 WHERE (cyclone_ext_limits.max_count, cyclone_ext_limits.per)
@@ -11,7 +11,7 @@ WHERE (cyclone_ext_limits.max_count, cyclone_ext_limits.per)
 -- Make sure each (scope, key) has its limit's slot rows (1 .. max_count).
 INSERT INTO cyclone_ext_slots (scope, key, slot)
 SELECT k.scope, k.key, n.slot
-FROM (SELECT DISTINCT * FROM unnest(%(scopes)s::text[], %(keys)s::text[]) AS t(scope, key)) AS k
+FROM (SELECT DISTINCT * FROM unnest(%(scopes)b::text[], %(keys)b::text[]) AS t(scope, key)) AS k
 JOIN cyclone_ext_limits AS l ON l.scope = k.scope
 CROSS JOIN LATERAL generate_series(1, l.max_count) AS n(slot)
 ORDER BY 1, 2, 3
@@ -24,10 +24,10 @@ INSERT INTO cyclone_ext_gates (step_id, run_id, queue, priority, fair_key, step_
                                rate_units)
 SELECT s.id, s.run_id, s.queue, s.priority, g.fair_key, g.step_scope, g.step_key,
        g.run_scope, g.run_key, g.rate_scope, g.rate_key, g.rate_units
-FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[], %(fair_keys)s::text[],
-            %(step_scopes)s::text[], %(step_keys)s::text[], %(run_scopes)s::text[],
-            %(run_keys)s::text[], %(rate_scopes)s::text[], %(rate_keys)s::text[],
-            %(rate_units)s::int[])
+FROM unnest(%(run_ids)b::bigint[], %(nodes)b::text[], %(fair_keys)b::text[],
+            %(step_scopes)b::text[], %(step_keys)b::text[], %(run_scopes)b::text[],
+            %(run_keys)b::text[], %(rate_scopes)b::text[], %(rate_keys)b::text[],
+            %(rate_units)b::int[])
     AS g(run_id, node, fair_key, step_scope, step_key, run_scope, run_key, rate_scope,
          rate_key, rate_units)
 JOIN cyclone_steps AS s ON s.run_id = g.run_id AND s.node = g.node
@@ -42,7 +42,7 @@ SELECT i.id, i.run_id, i.queue, i.priority, g.fair_key, g.step_scope, g.step_key
 FROM cyclone_ext_gates AS g
 JOIN cyclone_steps AS f ON f.id = g.step_id
 JOIN cyclone_steps AS i ON i.run_id = f.run_id AND i.item_of = f.node
-WHERE g.step_id = ANY(%(ids)s::bigint[])
+WHERE g.step_id = ANY(%(ids)b::bigint[])
 ON CONFLICT (step_id) DO NOTHING
 
 -- name: claim_gated_steps
@@ -376,7 +376,7 @@ SELECT (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM page) AS s
 UPDATE cyclone_ext_gates AS g SET queue = ''
 WHERE g.step_id = ANY(ARRAY(
     SELECT l.step_id FROM cyclone_ext_gates AS l
-    WHERE l.step_id = ANY(%(ids)s::bigint[]) AND l.queue <> ''
+    WHERE l.step_id = ANY(%(ids)b::bigint[]) AND l.queue <> ''
     ORDER BY l.step_id
     FOR NO KEY UPDATE SKIP LOCKED))
 
@@ -392,7 +392,7 @@ WHERE g.run_id = %(run_id)s AND g.queue = '' AND s.id = g.step_id
 -- budget's least recently used slots count as used now, so later starts wait for them.
 WITH wanted AS (
     SELECT g.rate_scope AS scope, g.rate_key AS key, sum(e.extra)::int AS extra
-    FROM unnest(%(ids)s::bigint[], %(extra)s::int[]) AS e(step_id, extra)
+    FROM unnest(%(ids)b::bigint[], %(extra)b::int[]) AS e(step_id, extra)
     JOIN cyclone_ext_gates AS g ON g.step_id = e.step_id
     WHERE g.rate_scope IS NOT NULL AND e.extra > 0
     GROUP BY 1, 2
@@ -532,7 +532,7 @@ WITH unstarted AS (
         scheduled_at = CASE WHEN s.state = 'available'
                             THEN now() + %(shift)s::interval + %(delay)s::interval
                             ELSE s.scheduled_at END
-    FROM unstarted, unnest(%(nodes)s::text[], %(inputs)s::text[]) AS n(node, input)
+    FROM unstarted, unnest(%(nodes)b::text[], %(inputs)b::text[]) AS n(node, input)
     WHERE s.run_id = unstarted.id AND s.node = n.node
       AND s.lease_generation = 0 AND s.state IN ('available', 'pending')
     RETURNING s.id

@@ -3,7 +3,7 @@
 -- A child run is kept while its parent exists and has not completed.
 WITH doomed AS (
     SELECT r.id FROM cyclone_runs AS r
-    WHERE r.state = ANY(%(states)s::text[])
+    WHERE r.state = ANY(%(states)b::text[])
       AND r.finished_at < now() + %(shift)s::interval - %(older_than)s::interval
       AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS p
                       WHERE p.id = r.parent_run_id AND p.state <> 'completed')
@@ -47,7 +47,7 @@ FROM cyclone_v_kinds ORDER BY kind, state
 -- name: count_purgeable
 -- How many runs a purge with these states and cutoff would delete now (a dry run).
 SELECT count(*) AS runs FROM cyclone_runs AS r
-WHERE r.state = ANY(%(states)s::text[])
+WHERE r.state = ANY(%(states)b::text[])
   AND r.finished_at < now() + %(shift)s::interval - %(older_than)s::interval
   AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS p
                   WHERE p.id = r.parent_run_id AND p.state <> 'completed')

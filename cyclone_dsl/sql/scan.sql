@@ -34,10 +34,10 @@ reclaimed AS (
                 THEN now() + %(shift)s::interval END,
         scheduled_at = now() + %(shift)s::interval,
         lease_owner = NULL, lease_expiry = NULL
-    FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS e(id, generation)
+    FROM unnest(%(ids)b::bigint[], %(generations)b::bigint[]) AS e(id, generation)
     JOIN cyclone_steps AS cur ON cur.id = e.id
     JOIN cyclone_runs AS r ON r.id = cur.run_id
-    LEFT JOIN unnest(%(kinds)s::text[], %(limits)s::int[]) AS l(kind, max_reclaims)
+    LEFT JOIN unnest(%(kinds)b::text[], %(limits)b::int[]) AS l(kind, max_reclaims)
         ON l.kind = cur.kind
     WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
       AND s.id = e.id AND s.lease_generation = e.generation AND s.state = 'running'

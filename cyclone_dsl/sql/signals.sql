@@ -12,7 +12,7 @@ FOR NO KEY UPDATE
 -- Unconsumed mailbox rows for the given names of a run.
 SELECT count(*) AS buffered
 FROM cyclone_signals
-WHERE run_id = %(run_id)s AND name = ANY(%(names)s::text[]) AND consumed_by IS NULL
+WHERE run_id = %(run_id)s AND name = ANY(%(names)b::text[]) AND consumed_by IS NULL
 
 -- name: insert_signal
 -- Store one delivery in the mailbox, consumed at once or buffered.
@@ -25,7 +25,7 @@ RETURNING id
 -- Consume up to %(limit)s buffered deliveries for a wait, oldest first.
 WITH taken AS (
     SELECT id FROM cyclone_signals
-    WHERE run_id = %(run_id)s AND name = ANY(%(names)s::text[]) AND consumed_by IS NULL
+    WHERE run_id = %(run_id)s AND name = ANY(%(names)b::text[]) AND consumed_by IS NULL
     ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE

@@ -51,7 +51,7 @@ WITH run AS (
 -- The data-modifying WITH parts run whether or not they are read.
 SELECT run.id AS run_id,
        (SELECT count(pg_notify('cyclone_work', q))
-        FROM unnest(%(wake)s::text[]) AS q) AS woken
+        FROM unnest(%(wake)b::text[]) AS q) AS woken
 FROM run
 
 -- name: find_run_by_submit_key
@@ -66,16 +66,16 @@ WHERE kind = %(kind)s AND unique_key = %(unique_key)s
 
 -- name: notify_queues
 -- Wake idle workers of these queues (the payload is only the queue name).
-SELECT pg_notify('cyclone_work', q) FROM unnest(%(queues)s::text[]) AS q
+SELECT pg_notify('cyclone_work', q) FROM unnest(%(queues)b::text[]) AS q
 
 -- name: notify_runs_finished
 -- Wake RunHandle.wait() callers: one notification per batch of run ids, comma-separated.
-SELECT pg_notify('cyclone_run_done', p) FROM unnest(%(payloads)s::text[]) AS p
+SELECT pg_notify('cyclone_run_done', p) FROM unnest(%(payloads)b::text[]) AS p
 
 -- name: notify_steps_cancelled
 -- Tell workers that running steps of these runs were cancelled (comma-separated run ids):
 -- each checks its leases of those runs at once instead of at its next heartbeat.
-SELECT pg_notify('cyclone_cancel', p) FROM unnest(%(payloads)s::text[]) AS p
+SELECT pg_notify('cyclone_cancel', p) FROM unnest(%(payloads)b::text[]) AS p
 
 -- name: ping
 -- A round trip that shows a dead connection.
@@ -87,7 +87,7 @@ SELECT 1 AS ok
 WITH r AS MATERIALIZED (
     SELECT nextval((SELECT pg_get_serial_sequence('cyclone_runs', 'id'))::regclass) AS id,
            nullif(t.input::jsonb, 'null'::jsonb) AS input, t.ord
-    FROM unnest(%(run_inputs)s::text[]) WITH ORDINALITY AS t(input, ord)
+    FROM unnest(%(run_inputs)b::text[]) WITH ORDINALITY AS t(input, ord)
 ), runs AS (
     INSERT INTO cyclone_runs (id, workflow, def_version, input, state, deadline_at, result_node,
                               has_fan_out)
@@ -137,12 +137,12 @@ WITH r AS MATERIALIZED (
 -- The data-modifying WITH parts run whether or not they are read.
 SELECT (SELECT array_agg(id ORDER BY ord) FROM r) AS ids,
        (SELECT count(pg_notify('cyclone_work', q))
-        FROM unnest(%(wake)s::text[]) AS q) AS woken
+        FROM unnest(%(wake)b::text[]) AS q) AS woken
 
 -- name: insert_fan_out_limits
 -- Record the max_items guard of fan-out nodes that set one (extension track).
 INSERT INTO cyclone_ext_fan_out_limits (run_id, node, max_items)
-SELECT * FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[], %(max_items)s::int[])
+SELECT * FROM unnest(%(run_ids)b::bigint[], %(nodes)b::text[], %(max_items)b::int[])
 
 -- name: record_guards
 -- The nodes a conditional definition's activations judge (extension track): written by

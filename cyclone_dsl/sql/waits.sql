@@ -23,7 +23,7 @@ LIMIT %(limit)s
 -- Complete due timers (guarded: still waiting, still due).
 UPDATE cyclone_steps AS s
 SET state = 'completed', completed_at = now() + %(shift)s::interval
-FROM unnest(%(ids)s::bigint[]) AS t(id)
+FROM unnest(%(ids)b::bigint[]) AS t(id)
 WHERE s.id = t.id AND s.state = 'waiting_timer'
   AND s.scheduled_at <= now() + %(shift)s::interval
 RETURNING s.id, s.run_id, s.node, s.item_of, true AS has_downstream
@@ -35,7 +35,7 @@ SET state = 'discarded', completed_at = now() + %(shift)s::interval,
     error = 'no signal ' || coalesce(quote_literal(s.signal_name), 'of ' || array_to_string(s.signal_names, ', '))
             || ' arrived within ' || s.wait_for::text,
     error_kind = 'signal_timeout'
-FROM unnest(%(ids)s::bigint[]) AS t(id)
+FROM unnest(%(ids)b::bigint[]) AS t(id)
 WHERE s.id = t.id AND s.state = 'waiting_signal'
   AND s.wait_for IS NOT NULL AND s.scheduled_at <= now() + %(shift)s::interval
 RETURNING s.id, s.run_id, s.node, s.item_of, s.error
@@ -50,7 +50,7 @@ LIMIT %(limit)s
 
 -- name: runs_past_deadline
 -- Of these locked runs, those still running and past their deadline.
-SELECT r.id FROM unnest(%(run_ids)s::bigint[]) AS t(id)
+SELECT r.id FROM unnest(%(run_ids)b::bigint[]) AS t(id)
 JOIN cyclone_runs AS r ON r.id = t.id
 WHERE r.state = 'running'
   AND r.deadline_at < now() + %(shift)s::interval

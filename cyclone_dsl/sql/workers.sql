@@ -6,7 +6,7 @@ SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(current_schema()))
 -- name: handler_conflicts
 -- Live workers (other than this one) that serve one of these kinds with another handler.
 SELECT h.kind, mine.identity AS mine, h.identity AS theirs, w.id AS worker_id
-FROM unnest(%(kinds)s::text[], %(identities)s::text[]) AS mine(kind, identity)
+FROM unnest(%(kinds)b::text[], %(identities)b::text[]) AS mine(kind, identity)
 JOIN cyclone_ext_worker_handlers AS h ON h.kind = mine.kind AND h.identity <> mine.identity
 JOIN cyclone_ext_workers AS w ON w.id = h.worker_id
 WHERE w.id <> %(worker_id)s AND w.stopped_at IS NULL
@@ -19,7 +19,7 @@ ORDER BY h.kind, w.id
 WITH worker AS (
     INSERT INTO cyclone_ext_workers (id, host, pid, queues, concurrency, package_version,
                                      started_at, heartbeat_at)
-    VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s::text[], %(concurrency)s,
+    VALUES (%(id)s, %(host)s, %(pid)s, %(queues)b::text[], %(concurrency)s,
             %(package_version)s, now() + %(shift)s::interval, now() + %(shift)s::interval)
     ON CONFLICT (id) DO UPDATE
         SET heartbeat_at = excluded.heartbeat_at, stopped_at = NULL, queues = excluded.queues,
@@ -28,13 +28,13 @@ WITH worker AS (
 ), handlers AS (
     INSERT INTO cyclone_ext_worker_handlers (worker_id, kind, identity)
     SELECT worker.id, h.kind, h.identity
-    FROM worker, unnest(%(kinds)s::text[], %(identities)s::text[]) AS h(kind, identity)
+    FROM worker, unnest(%(kinds)b::text[], %(identities)b::text[]) AS h(kind, identity)
     ON CONFLICT (worker_id, kind) DO UPDATE SET identity = excluded.identity
     RETURNING 1
 ), versions AS (
     INSERT INTO cyclone_ext_worker_versions (worker_id, workflow, def_version)
     SELECT worker.id, v.workflow, v.def_version
-    FROM worker, unnest(%(workflows)s::text[], %(versions)s::text[]) AS v(workflow, def_version)
+    FROM worker, unnest(%(workflows)b::text[], %(versions)b::text[]) AS v(workflow, def_version)
     ON CONFLICT DO NOTHING
     RETURNING 1
 )
@@ -97,7 +97,7 @@ WITH live AS (
     JOIN cyclone_runs AS r ON r.id = s.run_id
     WHERE s.state = 'available'
       AND s.scheduled_at <= now() + %(shift)s::interval
-      AND (%(queues)s::text[] IS NULL OR s.queue = ANY(%(queues)s::text[]))
+      AND (%(queues)b::text[] IS NULL OR s.queue = ANY(%(queues)b::text[]))
     LIMIT %(sample)s
 )
 SELECT d.queue, d.kind, d.workflow, d.def_version, count(*) AS steps,
