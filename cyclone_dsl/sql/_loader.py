@@ -2,7 +2,9 @@
 
 A file holds queries, each opened by a header line ``-- name: verb_object``
 followed by an optional comment line describing it. Placeholders are
-psycopg's named ``%(name)s``. Names are unique across all files.
+psycopg's named ``%(name)s``, and ``%(name)b`` for arrays (sent in binary format,
+which psycopg dumps without escaping each element in Python). Names are unique
+across all files.
 
 A block opened by ``-- fragment: name`` is not a query but a piece of SQL that
 queries of any file include with ``{{name}}`` (an expression two queries share).
