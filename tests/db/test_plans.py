@@ -58,6 +58,22 @@ def chain(x):  # type: ignore[no-untyped-def]
     return noop.named("c")(noop.named("b")(noop.named("a")(x)))
 
 
+def gated_claim(kind: str) -> dict[str, object]:
+    """The parameters of a gated claim of 100 standalone steps of ``kind``."""
+    return {
+        "owner": "w",
+        "queue": "default",
+        "kinds": [kind],
+        "workflows": [kind],
+        "versions": ["standalone"],
+        "limit": 100,
+        "lease": timedelta(seconds=30),
+        "after_key": "",
+        "max_keys": 100,
+        "capped": False,
+    }
+
+
 def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str, object]]]:
     """Each hot statement with parameters taken from the loaded rows (100 of each)."""
     steps = conn.execute(
@@ -103,36 +119,8 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
             Q.activate_ready,
             {"run_ids": [r["run_id"] for r in steps], "nodes": ["b"] * len(steps)},
         ),
-        "claim_gated_steps": (
-            Q.claim_gated_steps,
-            {
-                "owner": "w",
-                "queue": "default",
-                "kinds": ["plan_keyed"],
-                "workflows": ["plan_keyed"],
-                "versions": ["standalone"],
-                "limit": 100,
-                "lease": lease,
-                "after_key": "",
-                "max_keys": 100,
-                "capped": False,
-            },
-        ),
-        "claim_gated_steps_rated": (
-            Q.claim_gated_steps,
-            {
-                "owner": "w",
-                "queue": "default",
-                "kinds": ["plan_rated"],
-                "workflows": ["plan_rated"],
-                "versions": ["standalone"],
-                "limit": 100,
-                "lease": lease,
-                "after_key": "",
-                "max_keys": 100,
-                "capped": False,
-            },
-        ),
+        "claim_gated_steps": (Q.claim_gated_steps, gated_claim("plan_keyed")),
+        "claim_gated_steps_rated": (Q.claim_gated_steps, gated_claim("plan_rated")),
         # Scanner passes: each runs every second on the pass's leader.
         "expired_leases": (Q.expired_leases, {"after_id": 0, "limit": 500}),
         "timed_out_steps": (
