@@ -318,14 +318,21 @@ excess AS (
     WHERE sl.scope = 'queue:' || %(queue)s AND sl.key = '' AND sl.slot > l.max_count
       AND EXISTS (SELECT 1 FROM cyclone_steps AS x WHERE x.id = sl.holder AND x.state = 'running')
 ),
+-- As many steps as there are free slots. The inner LIMIT is what the planner sizes the
+-- claim by (a LIMIT it cannot evaluate counts as a tenth of the queue: on a large queue,
+-- an estimate above jit_above_cost); the outer one stops pulling rows, so no more steps
+-- are locked than it takes.
 cands AS (
-    SELECT s.id
-    FROM cyclone_steps AS s
-    WHERE {{claimable}}
-      AND {{ungated}}
-    ORDER BY s.priority DESC, s.scheduled_at
+    SELECT c.id FROM (
+        SELECT s.id
+        FROM cyclone_steps AS s
+        WHERE {{claimable}}
+          AND {{ungated}}
+        ORDER BY s.priority DESC, s.scheduled_at
+        LIMIT %(limit)s
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS c
     LIMIT greatest(0, least(%(limit)s, (SELECT count(*) FROM locked_free) - (SELECT n FROM excess)))
-    FOR NO KEY UPDATE SKIP LOCKED
 ),
 ranked AS (
     SELECT id, row_number() OVER (ORDER BY id) AS rank FROM cands

@@ -119,6 +119,18 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
             Q.activate_ready,
             {"run_ids": [r["run_id"] for r in steps], "nodes": ["b"] * len(steps)},
         ),
+        "claim_capped_steps": (
+            Q.claim_capped_steps,
+            {
+                "owner": "w",
+                "queue": "default",
+                "kinds": ["plan_noop"],
+                "workflows": ["plan_noop"],
+                "versions": ["standalone"],
+                "limit": 100,
+                "lease": lease,
+            },
+        ),
         "claim_gated_steps": (Q.claim_gated_steps, gated_claim("plan_keyed")),
         "claim_gated_steps_rated": (Q.claim_gated_steps, gated_claim("plan_rated")),
         # Scanner passes: each runs every second on the pass's leader.
@@ -218,6 +230,7 @@ HOT_STATEMENTS = [
     "assemble_inputs",
     "activate_dependents",
     "activate_ready",
+    "claim_capped_steps",
     "claim_gated_steps",
     "claim_gated_steps_rated",
     "expired_leases",
@@ -278,13 +291,14 @@ def test_hot_statements_stay_below_the_jit_threshold(loaded: str, name: str, mod
     assert cost < JIT_ABOVE_COST, f"{name}: estimated cost {cost:,.0f}"
 
 
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 @pytest.mark.parametrize("name", [n for n in HOT_STATEMENTS if n not in SMALL_TABLE_EXCEPTIONS])
 def test_hot_statements_stay_below_the_jit_threshold_on_analyzed_tables(
-    loaded_analyzed: str, name: str
+    loaded_analyzed: str, name: str, mode: str
 ) -> None:
     """With statistics, a claim's gate check written as ``IS NULL`` got the default
     selectivity of 0.5%: the planner expected to walk most of the queue for 100 steps."""
-    (row,) = explain(loaded_analyzed, name, "auto", "(FORMAT JSON)")
+    (row,) = explain(loaded_analyzed, name, mode, "(FORMAT JSON)")
     cost = row["QUERY PLAN"][0]["Plan"]["Total Cost"]
     assert cost < JIT_ABOVE_COST, f"{name}: estimated cost {cost:,.0f}"
 

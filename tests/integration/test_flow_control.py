@@ -166,6 +166,22 @@ def test_a_queue_cap_holds_across_workers(
     assert [r for r in client.stats()["limits"] if r["scope"] == "queue:fc_capped"] == []
 
 
+def test_a_capped_queue_gives_its_free_slots_to_the_highest_priorities(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    client.set_queue_limit("fc_capped", 2)
+    priorities = [0, 5, 1, 9, 3, 7]
+    handles = [client.enqueue(capped, p, priority=p) for p in priorities]
+    start_worker(capped, queues=["fc_capped"], concurrency=10)
+    for handle in handles:
+        handle.result(timeout=30)
+    started = [value for _, key, value in tracker.starts if key == "queue"]
+    # Six due steps, two slots: the first claim takes the two highest priorities.
+    assert set(started[:2]) == {9, 7}
+    assert tracker.peak["queue"] == 2
+    client.set_queue_limit("fc_capped", None)
+
+
 def test_a_worker_queue_limit_holds_in_that_worker(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
