@@ -166,13 +166,16 @@ empty_slots AS (
         FOR UPDATE OF sl SKIP LOCKED
     ) AS f
 ),
+-- The holder is joined by = ANY(ARRAY[...]), which cannot be hashed: as x.id = sl.holder
+-- the planner hashed every step (or run) that was not running whenever the table looked
+-- small; now each slot's holder is probed by key.
 slots_of_ended_steps AS (
     SELECT f.* FROM wanted AS w
     JOIN limited AS l ON l.scope = w.scope
     CROSS JOIN LATERAL (
         SELECT sl.scope, sl.key, sl.slot
         FROM cyclone_ext_slots AS sl
-        JOIN cyclone_steps AS x ON x.id = sl.holder
+        JOIN cyclone_steps AS x ON x.id = ANY(ARRAY[sl.holder])
         WHERE sl.scope = w.scope AND sl.key = w.key AND sl.slot <= l.max_count
           AND l.per IS NULL AND w.scope NOT LIKE 'run:%%' AND x.state <> 'running'
         ORDER BY sl.used_at NULLS FIRST, sl.slot
@@ -187,7 +190,7 @@ slots_of_ended_runs AS (
     CROSS JOIN LATERAL (
         SELECT sl.scope, sl.key, sl.slot
         FROM cyclone_ext_slots AS sl
-        JOIN cyclone_runs AS x ON x.id = sl.holder
+        JOIN cyclone_runs AS x ON x.id = ANY(ARRAY[sl.holder])
         WHERE sl.scope = w.scope AND sl.key = w.key AND sl.slot <= l.max_count
           AND l.per IS NULL AND w.scope LIKE 'run:%%'
           AND x.state NOT IN ('running', 'paused')
@@ -296,7 +299,7 @@ slots_of_ended_steps AS (
     SELECT sl.slot
     FROM cyclone_ext_slots AS sl
     JOIN cyclone_ext_limits AS l ON l.scope = sl.scope
-    JOIN cyclone_steps AS x ON x.id = sl.holder
+    JOIN cyclone_steps AS x ON x.id = ANY(ARRAY[sl.holder])  -- probed (slots_of_ended_steps)
     WHERE sl.scope = 'queue:' || %(queue)s AND sl.key = '' AND sl.slot <= l.max_count
       AND x.state <> 'running'
     ORDER BY sl.slot
