@@ -12,15 +12,19 @@ WITH relaxed AS (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
 ),
 chosen AS (
-    SELECT s.id
-    FROM cyclone_steps AS s
-    WHERE {{claimable}}
-      AND {{ungated}}
-    ORDER BY s.priority DESC, s.scheduled_at
-    LIMIT %(limit)s
-    FOR NO KEY UPDATE SKIP LOCKED
+    {{next_ungated_steps}}
 ),
 {{claim_chosen}}
+
+-- fragment: next_ungated_steps
+-- Up to %(limit)s claimable steps that no limit applies to, in claim order, locked.
+SELECT s.id
+FROM cyclone_steps AS s
+WHERE {{claimable}}
+  AND {{ungated}}
+ORDER BY s.priority DESC, s.scheduled_at
+LIMIT %(limit)s
+FOR NO KEY UPDATE SKIP LOCKED
 
 -- fragment: ungated
 -- Step s has no limit (no row in cyclone_ext_gates). A scalar subquery, probed per row:

@@ -326,15 +326,7 @@ excess AS (
 -- an estimate above jit_above_cost); the outer one stops pulling rows, so no more steps
 -- are locked than it takes.
 cands AS (
-    SELECT c.id FROM (
-        SELECT s.id
-        FROM cyclone_steps AS s
-        WHERE {{claimable}}
-          AND {{ungated}}
-        ORDER BY s.priority DESC, s.scheduled_at
-        LIMIT %(limit)s
-        FOR NO KEY UPDATE SKIP LOCKED
-    ) AS c
+    SELECT c.id FROM ({{next_ungated_steps}}) AS c
     LIMIT greatest(0, least(%(limit)s, (SELECT count(*) FROM locked_free) - (SELECT n FROM excess)))
 ),
 ranked AS (
