@@ -9,6 +9,8 @@ statements end up with (generic) are checked.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -149,50 +151,57 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
     }
 
 
-@pytest.fixture(scope="module")
-def loaded(cyclone_admin_dsn: str) -> Any:
-    yield from _loaded(cyclone_admin_dsn, analyzed=False)
-
-
-@pytest.fixture(scope="module")
-def loaded_analyzed(cyclone_admin_dsn: str) -> Any:
-    """The same rows with statistics, as autovacuum soon gives a production table."""
-    yield from _loaded(cyclone_admin_dsn, analyzed=True)
-
-
-def _loaded(admin: str, *, analyzed: bool) -> Any:
+@contextmanager
+def filled_schema(admin: str, fill: Callable[[Client], None], *, analyzed: bool) -> Iterator[str]:
+    """A schema of its own, filled by ``fill`` (and analyzed); dropped afterwards."""
     from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
 
     name = create_schema(admin)
-    dsn = with_search_path(admin, name)
-    with Client(dsn) as client:
-        for start in range(0, 30_000, 5_000):
-            client.enqueue_many(noop, list(range(start, start + 5_000)))
-        for start in range(0, 6_000, 2_000):
-            client.submit_many(chain, list(range(start, start + 2_000)))
-        client.enqueue_many(keyed, [{"k": f"k{i % 20}"} for i in range(5_000)])
-        client.enqueue_many(rated, list(range(1_000)))
-    if analyzed:
-        analyze(dsn)
-    yield dsn
-    drop_schema(admin, name)
+    try:
+        dsn = with_search_path(admin, name)
+        with Client(dsn) as client:
+            fill(client)
+        if analyzed:
+            analyze(dsn)
+        yield dsn
+    finally:
+        drop_schema(admin, name)
+
+
+def fill_large(client: Client) -> None:
+    for start in range(0, 30_000, 5_000):
+        client.enqueue_many(noop, list(range(start, start + 5_000)))
+    for start in range(0, 6_000, 2_000):
+        client.submit_many(chain, list(range(start, start + 2_000)))
+    client.enqueue_many(keyed, [{"k": f"k{i % 20}"} for i in range(5_000)])
+    client.enqueue_many(rated, list(range(1_000)))
+
+
+def fill_small(client: Client) -> None:
+    client.enqueue_many(noop, list(range(5_000)))
+    client.submit_many(chain, list(range(300)))
+    client.enqueue_many(keyed, [{"k": f"k{i % 10}"} for i in range(2_000)])
+    client.enqueue_many(rated, list(range(1_000)))
 
 
 @pytest.fixture(scope="module")
-def small(cyclone_admin_dsn: str) -> Any:
-    """A few thousand rows, analyzed: the planner may hash a whole table it finds small."""
-    from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
+def loaded(cyclone_admin_dsn: str) -> Iterator[str]:
+    with filled_schema(cyclone_admin_dsn, fill_large, analyzed=False) as dsn:
+        yield dsn
 
-    name = create_schema(cyclone_admin_dsn)
-    dsn = with_search_path(cyclone_admin_dsn, name)
-    with Client(dsn) as client:
-        client.enqueue_many(noop, list(range(5_000)))
-        client.submit_many(chain, list(range(300)))
-        client.enqueue_many(keyed, [{"k": f"k{i % 10}"} for i in range(2_000)])
-        client.enqueue_many(rated, list(range(1_000)))
-    analyze(dsn)
-    yield dsn
-    drop_schema(cyclone_admin_dsn, name)
+
+@pytest.fixture(scope="module")
+def loaded_analyzed(cyclone_admin_dsn: str) -> Iterator[str]:
+    """The same rows with statistics, as autovacuum soon gives a production table."""
+    with filled_schema(cyclone_admin_dsn, fill_large, analyzed=True) as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="module")
+def small(cyclone_admin_dsn: str) -> Iterator[str]:
+    """A few thousand rows, analyzed: the planner may hash a whole table it finds small."""
+    with filled_schema(cyclone_admin_dsn, fill_small, analyzed=True) as dsn:
+        yield dsn
 
 
 def analyze(dsn: str) -> None:
@@ -311,18 +320,13 @@ def test_a_claim_probes_its_runs_and_steps_by_key(cyclone_admin_dsn: str, name: 
     """On a small, analyzed table the planner found hashing every run (and, to lease the
     chosen steps, every step) cheaper than a claim's worth of probes: those scans cost
     more than the rest of the claim."""
-    from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
 
-    schema = create_schema(cyclone_admin_dsn)
-    try:
-        dsn = with_search_path(cyclone_admin_dsn, schema)
-        with Client(dsn) as client:
-            client.enqueue_many(noop, list(range(5_000)))
-            client.enqueue_many(keyed, [{"k": f"k{i % 10}"} for i in range(2_000)])
-        analyze(dsn)
+    def fill(client: Client) -> None:
+        client.enqueue_many(noop, list(range(5_000)))
+        client.enqueue_many(keyed, [{"k": f"k{i % 10}"} for i in range(2_000)])
+
+    with filled_schema(cyclone_admin_dsn, fill, analyzed=True) as dsn:
         rows = explain(dsn, name, "auto")
-    finally:
-        drop_schema(cyclone_admin_dsn, schema)
     plan = "\n".join(r["QUERY PLAN"] for r in rows)
     assert "Seq Scan on cyclone_runs " not in plan, plan
     assert "Seq Scan on cyclone_steps " not in plan, plan
