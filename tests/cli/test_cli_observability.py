@@ -41,6 +41,10 @@ def test_worker_serves_metrics_and_prints_json_lines(cyclone_dsn: str, client: C
             "json",
             "--grace",
             "5",
+            # One process: each worker process serves its own /metrics, and the step must
+            # be counted on the port read below (the default is a process per core).
+            "--processes",
+            "1",
         ],
         cwd=ROOT,
         stderr=subprocess.PIPE,
