@@ -45,6 +45,7 @@ PHASES = {
 }
 #: Width of the plot (px), height of a row and of a bar in it.
 WIDTH, ROW_H, BAR_H = 760, 24, 14
+MIN_W = 2.0  # the narrowest segment drawn, in px
 #: Item rows drawn under an expanded fan-out (the nodes table lists them all).
 MAX_ITEM_ROWS = 100
 #: Slices of the density strip.
@@ -327,6 +328,15 @@ def _detail(row: Row, bar: Bar) -> str:
     return "\n".join(lines)
 
 
+def _extent(x0: float, x1: float) -> tuple[float, float]:
+    """Where a segment is drawn: at least ``MIN_W`` wide so that it shows, widened to the
+    left so that it still ends where it ended (the next attempt's bar starts there)."""
+    if x1 - x0 >= MIN_W:
+        return x0, round(x1 - x0, 1)
+    start = max(min(x0, x1 - MIN_W), 0.0)
+    return round(start, 1), round(max(x1 - start, MIN_W), 1)
+
+
 def _bar(row: Row, bar: Bar, scale: Scale, index: int) -> str:
     y = (ROW_H - BAR_H) / 2
     detail = escape(_detail(row, bar))
@@ -341,11 +351,10 @@ def _bar(row: Row, bar: Bar, scale: Scale, index: int) -> str:
         attrs_ += f' data-worker="{escape(bar.worker)}"'
     parts = [f"<g {attrs_}><title>{detail}</title>"]
     for segment in bar.segments:
-        x0, x1 = scale.x(segment.start), scale.x(segment.end)
-        width = max(x1 - x0, 2.0)
+        x0, width = _extent(scale.x(segment.start), scale.x(segment.end))
         parts.append(
             f'<rect class="seg {segment.phase}" data-phase="{segment.phase}" x="{x0}" '
-            f'y="{y}" width="{round(width, 1)}" height="{BAR_H}" '
+            f'y="{y}" width="{width}" height="{BAR_H}" '
             f'fill="{PHASES[segment.phase]}"/>'
         )
     if bar.error or bar.outcome in ("failed", "discarded", "reclaimed", "cancelled"):

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from starlette.testclient import TestClient
 
 from cyclone_dsl import Client, Worker
 from cyclone_dsl.ui import app as ui_app
+from cyclone_dsl.ui import timeline
 from cyclone_dsl.ui.app import create_app
 from tests.ui import tour
 from tests.ui.test_ui_api import csrf_of, echo, waits
@@ -144,3 +146,36 @@ def test_the_runs_list_filters_by_text_and_pages_by_key(
     assert following is not None and "q=acme" in following.group(1)
     second = web.get("/runs?" + following.group(1).replace("&amp;", "&")).text
     assert re.findall(r'data-run="(\d+)"', second) == [str(ids[1]), str(ids[0])]
+
+
+def test_a_short_attempt_is_widened_into_its_own_bar_not_into_the_next() -> None:
+    """A bar too short to see is drawn 2 px wide, ending where the attempt ended: the
+    retry's bar, which starts there, is never overlapped."""
+    t0 = datetime(2026, 12, 4, 10, 0, 0, tzinfo=UTC)
+    at = lambda ms: t0 + timedelta(milliseconds=ms)  # noqa: E731
+    failed = timeline.Bar(
+        "attempt 1/3",
+        "retried",
+        (timeline.Segment("queued", at(0), at(300)), timeline.Segment("running", at(300), at(301))),
+        error="boom",
+    )
+    retry = timeline.Bar(
+        "attempt 2/3",
+        "completed",
+        (
+            timeline.Segment("backoff", at(301), at(900)),
+            timeline.Segment("running", at(900), at(901)),
+        ),
+    )
+    row = timeline.Row("flaky", "task", "completed", (failed, retry))
+    html = timeline._row_html(row, timeline.Scale(t0, at(1000)))
+    first, second = (
+        [
+            (float(x), float(w))
+            for x, w in re.findall(r'<rect[^>]* x="([\d.]+)"[^>]* width="([\d.]+)"', g)
+        ]
+        for g in html.split('<g class="bar')[1:]
+    )
+    assert max(x + w for x, w in first) <= min(x for x, _ in second)
+    assert all(w >= 2.0 for _, w in first + second)
+    assert max(x + w for x, w in second) == pytest.approx(901 / 1000 * timeline.WIDTH, abs=0.1)
