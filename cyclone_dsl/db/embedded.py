@@ -29,6 +29,10 @@ from cyclone_dsl.errors import EmbeddedServerError
 ENV_URL = "CYCLONE_DATABASE_URL"
 ENV_DATA_DIR = "CYCLONE_DATA_DIR"
 SERVICE_USER = "cyclonepg"
+#: How long pg_ctl waits for a start or a stop. A stop waits for the shutdown checkpoint,
+#: which syncs every file written since the last one: after a test suite (tens of
+#: thousands of files) on a busy disk that took 108 s, over pg_ctl's default of 60.
+PG_CTL_WAIT_S = 600
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; leave room for ".s.PGSQL.NNNNN"
 
 
@@ -110,7 +114,7 @@ class EmbeddedServer:
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (``fast`` rolls back open sessions; ``immediate`` is a crash)."""
         if self.is_running():
-            self._run(self._bin / "pg_ctl", "-D", str(self.data_dir), "-m", mode, "-w", "stop")
+            self._pg_ctl_stop(mode)
         self.started_here = False
 
     def acquire(self) -> str:
@@ -129,9 +133,7 @@ class EmbeddedServer:
             users.discard(os.getpid())
             self._write_users(users)
             if not users and self.is_running():
-                self._run(
-                    self._bin / "pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop"
-                )
+                self._pg_ctl_stop("fast")
         self.started_here = False
 
     def _users_file(self) -> Path:
@@ -230,7 +232,7 @@ class EmbeddedServer:
             options,
             "-w",
             "-t",
-            "60",
+            str(PG_CTL_WAIT_S),
             "start",
         )
         deadline = time.monotonic() + 30
@@ -238,6 +240,19 @@ class EmbeddedServer:
             if time.monotonic() > deadline:
                 raise EmbeddedServerError(f"the server in {self.data_dir} did not start")
             time.sleep(0.05)
+
+    def _pg_ctl_stop(self, mode: str) -> None:
+        self._run(
+            self._bin / "pg_ctl",
+            "-D",
+            str(self.data_dir),
+            "-m",
+            mode,
+            "-w",
+            "-t",
+            str(PG_CTL_WAIT_S),
+            "stop",
+        )
 
     def _give_to_service_user(self, path: Path) -> None:
         if self._user is None:
@@ -282,7 +297,7 @@ class EmbeddedServer:
                 group=self._user,
                 extra_groups=[] if self._user else None,
                 cwd=self.data_dir.parent,
-                timeout=120,
+                timeout=PG_CTL_WAIT_S + 60,
             )
         except subprocess.CalledProcessError as exc:
             log = self.data_dir / "server.log"
