@@ -106,15 +106,29 @@ class EmbeddedServer:
         with self._lock():
             if not (self.data_dir / "PG_VERSION").exists():
                 self._initdb()
+            if self.is_stopping():
+                # The last user left and its stop is still under way (a stop can be
+                # killed before it ends, e.g. with a test process): let it end.
+                self._wait_stopped()
             if not self.is_running():
                 self._pg_ctl_start()
                 self.started_here = True
         return self.url
 
-    def stop(self, mode: str = "fast") -> None:
-        """Stop the server (``fast`` rolls back open sessions; ``immediate`` is a crash)."""
+    def is_stopping(self) -> bool:
+        """Whether the server is shutting down: it refuses new sessions until it is gone."""
+        try:
+            lines = (self.data_dir / "postmaster.pid").read_text().split("\n")
+        except OSError:
+            return False
+        # The postmaster's status, on the 8th line of its lock file.
+        return len(lines) > 7 and lines[7].strip() == "stopping" and self.is_running()
+
+    def stop(self, mode: str = "fast", *, wait: bool = True) -> None:
+        """Stop the server (``fast`` rolls back open sessions; ``immediate`` is a crash;
+        ``smart`` waits for the sessions to end). ``wait=False`` only asks it to stop."""
         if self.is_running():
-            self._pg_ctl_stop(mode)
+            self._pg_ctl_stop(mode, wait=wait)
         self.started_here = False
 
     def acquire(self) -> str:
@@ -241,18 +255,16 @@ class EmbeddedServer:
                 raise EmbeddedServerError(f"the server in {self.data_dir} did not start")
             time.sleep(0.05)
 
-    def _pg_ctl_stop(self, mode: str) -> None:
-        self._run(
-            self._bin / "pg_ctl",
-            "-D",
-            str(self.data_dir),
-            "-m",
-            mode,
-            "-w",
-            "-t",
-            str(PG_CTL_WAIT_S),
-            "stop",
-        )
+    def _pg_ctl_stop(self, mode: str, *, wait: bool = True) -> None:
+        waiting = ("-w", "-t", str(PG_CTL_WAIT_S)) if wait else ("-W",)
+        self._run(self._bin / "pg_ctl", "-D", str(self.data_dir), "-m", mode, *waiting, "stop")
+
+    def _wait_stopped(self) -> None:
+        deadline = time.monotonic() + PG_CTL_WAIT_S
+        while self.is_running():
+            if time.monotonic() > deadline:
+                raise EmbeddedServerError(f"the server in {self.data_dir} did not stop")
+            time.sleep(0.05)
 
     def _give_to_service_user(self, path: Path) -> None:
         if self._user is None:

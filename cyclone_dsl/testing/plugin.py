@@ -23,6 +23,7 @@ Fixtures:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Generator, Iterator
 
 import pytest
@@ -45,9 +46,14 @@ def pytest_runtest_makereport(
 
 
 @pytest.fixture(scope="session")
-def cyclone_admin_dsn() -> Iterator[str]:
-    with embedded_database() as url:
-        yield url
+def cyclone_admin_dsn(pytestconfig: pytest.Config) -> str:
+    # The server is released when pytest ends, not in the last test's teardown: stopping it
+    # waits for its shutdown checkpoint, which took minutes on a busy disk after a suite,
+    # and the last test's timeout would count that wait.
+    stack = contextlib.ExitStack()
+    url = stack.enter_context(embedded_database())
+    pytestconfig.add_cleanup(stack.close)
+    return url
 
 
 @pytest.fixture(scope="session")

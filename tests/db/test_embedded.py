@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 import psycopg
@@ -10,6 +11,7 @@ import pytest
 
 from cyclone_dsl.db import embedded
 from cyclone_dsl.db.embedded import EmbeddedServer, embedded_database
+from tests.waiting import wait_until
 
 
 def test_start_reuse_and_stop(tmp_path: Path) -> None:
@@ -52,5 +54,25 @@ def test_falls_back_to_pg_ctl_on_path(tmp_path: Path, monkeypatch: pytest.Monkey
         with psycopg.connect(url) as conn:
             version = conn.execute("SHOW server_version").fetchone()
         assert version is not None
+    finally:
+        server.stop()
+
+
+def test_a_start_during_a_shutdown_waits_for_it_and_starts_again(tmp_path: Path) -> None:
+    """A process that starts using the server while the last one leaves (its stop still
+    waiting for sessions or for the shutdown checkpoint) gets a server that takes
+    connections, not one that answers "the database system is shutting down"."""
+    server = EmbeddedServer(tmp_path / "pg")
+    url = server.start()
+    holder = psycopg.connect(url)  # a smart shutdown waits for this session
+    server.stop("smart", wait=False)
+    wait_until(server.is_stopping, what="the server to begin its shutdown")
+    threading.Timer(1.0, holder.close).start()
+    try:
+        again = EmbeddedServer(tmp_path / "pg")
+        assert again.start() == url
+        assert again.started_here
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
     finally:
         server.stop()
