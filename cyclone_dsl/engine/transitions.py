@@ -75,19 +75,23 @@ def after_completions(tx: Tx, completed: Sequence[Row], hooks: Hooks) -> None:
         for hook in hooks.on_items_completed:
             hook(tx, items, hooks)
     with_downstream = [(r["run_id"], r["node"]) for r in completed if r.get("has_downstream")]
-    if with_downstream:
-        _activated(tx, Q.activate_dependents, with_downstream, hooks)
-    finish_if_done(tx, {r["run_id"] for r in completed if r.get("item_of") is None}, hooks)
+    # A run that just started a node is not done: only the others can have ended. (A hook
+    # that ends a started node at once, such as an empty fan-out, follows it up itself.)
+    going_on = _activated(tx, Q.activate_dependents, with_downstream, hooks)
+    ended = {r["run_id"] for r in completed if r.get("item_of") is None} - going_on
+    finish_if_done(tx, ended, hooks)
 
 
 def _activated(
     tx: Tx, query: LiteralString, pairs: Sequence[tuple[int, str]], hooks: Hooks
-) -> None:
+) -> set[int]:
     """Run an activation query over (run id, node) pairs and follow up what it activated or
-    skipped."""
+    skipped; return the runs of the nodes it started."""
+    if not pairs:
+        return set()
     rows = tx.rows(query, run_ids=[run for run, _ in pairs], nodes=[node for _, node in pairs])
     if not rows:
-        return
+        return set()
     started = [r for r in rows if not r["skipped"]]
     notify.wake_queues(tx, (r["queue"] for r in started if r["state"] == StepState.AVAILABLE))
     if started:
@@ -99,6 +103,7 @@ def _activated(
         after_completions(
             tx, [{**r, "item_of": None, "has_downstream": True} for r in skipped], hooks
         )
+    return {r["run_id"] for r in started}
 
 
 def finish_if_done(tx: Tx, run_ids: Iterable[int], hooks: Hooks) -> list[Row]:
