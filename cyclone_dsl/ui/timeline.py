@@ -328,12 +328,13 @@ def _detail(row: Row, bar: Bar) -> str:
     return "\n".join(lines)
 
 
-def _extent(x0: float, x1: float) -> tuple[float, float]:
-    """Where a segment is drawn: at least ``MIN_W`` wide so that it shows, widened to the
-    left so that it still ends where it ended (the next attempt's bar starts there)."""
+def _extent(x0: float, x1: float, floor: float) -> tuple[float, float]:
+    """Where a segment is drawn (x, width): at least ``MIN_W`` wide so that it shows,
+    widened to the left, so that its bar still ends where the attempt ended (the next
+    attempt's bar starts there), but not left of ``floor`` (where its bar is drawn from)."""
     if x1 - x0 >= MIN_W:
         return x0, round(x1 - x0, 1)
-    start = max(min(x0, x1 - MIN_W), 0.0)
+    start = max(min(x0, x1 - MIN_W), floor, 0.0)
     return round(start, 1), round(max(x1 - start, MIN_W), 1)
 
 
@@ -350,8 +351,11 @@ def _bar(row: Row, bar: Bar, scale: Scale, index: int) -> str:
     if bar.worker:
         attrs_ += f' data-worker="{escape(bar.worker)}"'
     parts = [f"<g {attrs_}><title>{detail}</title>"]
+    # A bar starts where its attempt started, unless it is too short to see: then it is
+    # MIN_W wide, ending where the attempt ended.
+    floor = min(scale.x(bar.start), scale.x(bar.end) - MIN_W)
     for segment in bar.segments:
-        x0, width = _extent(scale.x(segment.start), scale.x(segment.end))
+        x0, width = _extent(scale.x(segment.start), scale.x(segment.end), floor)
         parts.append(
             f'<rect class="seg {segment.phase}" data-phase="{segment.phase}" x="{x0}" '
             f'y="{y}" width="{width}" height="{BAR_H}" '

@@ -148,9 +148,11 @@ def test_the_runs_list_filters_by_text_and_pages_by_key(
     assert re.findall(r'data-run="(\d+)"', second) == [str(ids[1]), str(ids[0])]
 
 
-def test_a_short_attempt_is_widened_into_its_own_bar_not_into_the_next() -> None:
-    """A bar too short to see is drawn 2 px wide, ending where the attempt ended: the
-    retry's bar, which starts there, is never overlapped."""
+@pytest.mark.parametrize("backoff_ms", [599, 1], ids=["backoff", "immediate retry"])
+def test_short_segments_are_widened_inside_their_own_bar(backoff_ms: int) -> None:
+    """A segment too short to see is drawn 2 px wide without reaching into another bar: a
+    failure that took 1 ms still ends where the retry's bar starts, and a retry's short
+    backoff does not start before the failure ended."""
     t0 = datetime(2026, 12, 4, 10, 0, 0, tzinfo=UTC)
     at = lambda ms: t0 + timedelta(milliseconds=ms)  # noqa: E731
     failed = timeline.Bar(
@@ -159,11 +161,13 @@ def test_a_short_attempt_is_widened_into_its_own_bar_not_into_the_next() -> None
         (timeline.Segment("queued", at(0), at(300)), timeline.Segment("running", at(300), at(301))),
         error="boom",
     )
+    due = 301 + backoff_ms
     retry = timeline.Bar(
         "attempt 2/3",
         "completed",
         (
-            timeline.Segment("backoff", at(301), at(900)),
+            timeline.Segment("backoff", at(301), at(due)),
+            timeline.Segment("queued", at(due), at(900)),
             timeline.Segment("running", at(900), at(901)),
         ),
     )
@@ -176,6 +180,31 @@ def test_a_short_attempt_is_widened_into_its_own_bar_not_into_the_next() -> None
         ]
         for g in html.split('<g class="bar')[1:]
     )
-    assert max(x + w for x, w in first) <= min(x for x, _ in second)
+    px = timeline.WIDTH / 1000  # per ms
+    assert max(x + w for x, w in first) == pytest.approx(301 * px, abs=0.1)
+    assert min(x for x, _ in second) == pytest.approx(301 * px, abs=0.1)
+    assert max(x + w for x, w in second) == pytest.approx(901 * px, abs=0.1)
     assert all(w >= 2.0 for _, w in first + second)
-    assert max(x + w for x, w in second) == pytest.approx(901 / 1000 * timeline.WIDTH, abs=0.1)
+
+
+def test_a_bar_too_short_to_see_is_widened_to_the_left() -> None:
+    """An attempt shorter than 2 px in all is drawn 2 px wide, ending where it ended."""
+    t0 = datetime(2026, 12, 4, 10, 0, 0, tzinfo=UTC)
+    at = lambda ms: t0 + timedelta(milliseconds=ms)  # noqa: E731
+    tiny = timeline.Bar(
+        "attempt 1/1",
+        "completed",
+        (
+            timeline.Segment("queued", at(500), at(500.5)),
+            timeline.Segment("running", at(500.5), at(501)),
+        ),
+    )
+    html = timeline._row_html(
+        timeline.Row("quick", "task", "completed", (tiny,)), timeline.Scale(t0, at(1000))
+    )
+    rects = [
+        (float(x), float(w)) for x, w in re.findall(r' x="([\d.]+)"[^>]* width="([\d.]+)"', html)
+    ]
+    end = 501 * timeline.WIDTH / 1000
+    assert min(x for x, _ in rects) == pytest.approx(end - 2.0, abs=0.1)
+    assert max(x + w for x, w in rects) == pytest.approx(end, abs=0.1)
