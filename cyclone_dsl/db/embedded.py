@@ -109,7 +109,7 @@ class EmbeddedServer:
             if self.is_stopping():
                 # The last user left and its stop is still under way (a stop can be
                 # killed before it ends, e.g. with a test process): let it end.
-                self._wait_stopped()
+                self._wait_until_running(False, within_s=PG_CTL_WAIT_S)
             if not self.is_running():
                 self._pg_ctl_start()
                 self.started_here = True
@@ -249,21 +249,18 @@ class EmbeddedServer:
             str(PG_CTL_WAIT_S),
             "start",
         )
-        deadline = time.monotonic() + 30
-        while not self.is_running():
-            if time.monotonic() > deadline:
-                raise EmbeddedServerError(f"the server in {self.data_dir} did not start")
-            time.sleep(0.05)
+        self._wait_until_running(True, within_s=30)
 
     def _pg_ctl_stop(self, mode: str, *, wait: bool = True) -> None:
         waiting = ("-w", "-t", str(PG_CTL_WAIT_S)) if wait else ("-W",)
         self._run(self._bin / "pg_ctl", "-D", str(self.data_dir), "-m", mode, *waiting, "stop")
 
-    def _wait_stopped(self) -> None:
-        deadline = time.monotonic() + PG_CTL_WAIT_S
-        while self.is_running():
+    def _wait_until_running(self, running: bool, *, within_s: float) -> None:
+        deadline = time.monotonic() + within_s
+        while self.is_running() != running:
             if time.monotonic() > deadline:
-                raise EmbeddedServerError(f"the server in {self.data_dir} did not stop")
+                what = "start" if running else "stop"
+                raise EmbeddedServerError(f"the server in {self.data_dir} did not {what}")
             time.sleep(0.05)
 
     def _give_to_service_user(self, path: Path) -> None:

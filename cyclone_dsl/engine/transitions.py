@@ -63,9 +63,7 @@ def lock_run(tx: Tx, run_id: int) -> Row | None:
 def activate(tx: Tx, run_nodes: Iterable[tuple[int, str]], hooks: Hooks) -> None:
     """Activate every listed pending node whose dependencies have all completed (a node of a
     conditional graph may end skipped instead; see the ``activate_candidates`` fragment)."""
-    pairs = sorted(set(run_nodes))
-    if pairs:
-        _activated(tx, Q.activate_ready, pairs, hooks)
+    _activated(tx, Q.activate_ready, sorted(set(run_nodes)), hooks)
 
 
 def after_completions(tx: Tx, completed: Sequence[Row], hooks: Hooks) -> None:
