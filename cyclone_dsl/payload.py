@@ -54,11 +54,18 @@ def check(value: object, *, path: str = "$", depth: int = 0) -> None:
         if isinstance(item, dict):
             for key, v in item.items():
                 if not isinstance(key, str):
-                    raise InvalidPayload(where, f"object key {key!r} is not a string")
+                    raise InvalidPayload(where, f"object key {_shown(key)} is not a string")
                 _check_text(key, f"{where}.{key}")
                 stack.append((v, f"{where}.{key}", level + 1))
             continue
         raise InvalidPayload(where, f"a {type(item).__name__} is not JSON")
+
+
+def _shown(key: object) -> str:
+    try:
+        return repr(key)
+    except Exception:  # noqa: BLE001 - a user type's broken __repr__ must not hide the error
+        return f"of type {type(key).__name__}"
 
 
 def _check_text(text: str, where: str) -> None:

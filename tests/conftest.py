@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
+import pkgutil
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+import cyclone_dsl
 from cyclone_dsl import Client, Worker
 from cyclone_dsl.testing.failpoints import armed, disarm
+
+# Every module of the package is imported now, on the main thread, before a test starts
+# threads. pytest rewrites the modules of a plugin's distribution (ours has the pytest11 entry
+# point) when they are first imported, with ast.parse; on CPython 3.11.0-3.11.7 a parse that
+# overlaps another thread's (a worker formatting a traceback parses too) can fail with
+# "SystemError: AST constructor recursion depth mismatch". A lazy import in a test did, in CI.
+for _module in pkgutil.walk_packages(cyclone_dsl.__path__, "cyclone_dsl."):
+    if not _module.name.endswith(".__main__"):
+        with contextlib.suppress(ImportError):  # an integration whose extra is missing
+            importlib.import_module(_module.name)
 
 settings.register_profile(
     "ci",

@@ -29,15 +29,35 @@ def call_arguments(serving: Serving, fn: Callable[..., Any], step: Claimed) -> l
     return arguments(call, step.input)
 
 
+# Turning a handler's end into an outcome never raises: if it did, the step would stay in
+# flight, its lease renewed by the worker, and its run would wait for ever. User objects
+# (an exception's ``__str__``, an output's methods) can raise anything.
+
+
 def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    message = text[0] if text else ""
     name = type(exc).__name__
+    try:
+        text = str(exc).strip().splitlines()
+    except Exception as broken:  # noqa: BLE001 - see above
+        text = [f"<str() raised {type(broken).__name__}>"]
+    message = text[0] if text else ""
     return payload.sanitize_text(f"{name}: {message}" if message else name, limit=2000)
 
 
+def stack_text(exc: BaseException) -> str:
+    """The exception's traceback; a plain frame list when the formatter itself fails
+    (CPython 3.11.0-3.11.7 can raise ``SystemError`` in it when threads parse code at once)."""
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:  # noqa: BLE001 - see above
+        frames = traceback.extract_tb(exc.__traceback__)
+        lines = [f'  File "{f.filename}", line {f.lineno}, in {f.name}\n' for f in frames]
+        text = "Traceback (most recent call last):\n" + "".join(lines) + one_line(exc) + "\n"
+    return payload.sanitize_text(text, limit=64 * 1024)
+
+
 def failure_from_exception(step: Claimed, exc: BaseException, *, kind: ErrorKind) -> Failure:
-    stack = payload.sanitize_text("".join(traceback.format_exception(exc)), limit=64 * 1024)
+    stack = stack_text(exc)
     permanent = isinstance(exc, Permanent)
     return Failure(
         step_id=step.id,
@@ -76,15 +96,22 @@ def success_from_result(
             step.id, step.generation, str(exc), ErrorKind.OUTPUT_LIMIT.value, retry=False
         )
     except InvalidPayload as exc:
-        return Failure(
-            step.id,
-            step.generation,
-            f"the handler returned a value that is not JSON: {exc}",
-            ErrorKind.INVALID_OUTPUT.value,
-            panic_stack=None,
-            retry=False,
-        )
+        return _invalid_output(step, f"the handler returned a value that is not JSON: {exc}")
+    except Exception as exc:  # noqa: BLE001 - the output's own methods raised while read
+        reason = f"the handler's output raised while it was encoded: {one_line(exc)}"
+        return _invalid_output(step, reason)
     return Success(step.id, step.generation, text, extra_units)
+
+
+def _invalid_output(step: Claimed, reason: str) -> Failure:
+    return Failure(
+        step.id,
+        step.generation,
+        reason,
+        ErrorKind.INVALID_OUTPUT.value,
+        panic_stack=None,
+        retry=False,
+    )
 
 
 def extra_units(ctx: StepContext, reserved: int) -> int:

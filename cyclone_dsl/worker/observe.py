@@ -5,12 +5,13 @@ no-op here: an observer overrides the ones it needs. A worker given no observer 
 none of them (it checks once per call site), so observing costs nothing when unused.
 
 Methods are called from the worker's threads (the fetch loop, handler threads, the event
-loop, completers, the heartbeater, the listener, the scanner): they must be quick,
-thread-safe and never raise.
+loop, completers, the heartbeater, the listener, the scanner): they must be quick and
+thread-safe. One that raises is logged and skipped (see :class:`Observers`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 import attrs
 
 from cyclone_dsl.engine import Claimed
+
+log = logging.getLogger("cyclone.worker")
 
 
 @attrs.frozen
@@ -85,51 +88,60 @@ class WorkerObserver:
 
 
 class Observers(WorkerObserver):
-    """Several observers as one, called in order."""
+    """Several observers as one, called in order.
+
+    An observer that raises is logged (once per observer and method) and the others are
+    still called: the worker calls observers on its outcome paths, where an exception
+    would leave a step held or stop an internal thread.
+    """
 
     def __init__(self, observers: Sequence[WorkerObserver]) -> None:
         self.observers = list(observers)
+        self._reported: set[tuple[int, str]] = set()
+
+    def _each(self, method: str, *args: Any, **kwargs: Any) -> None:
+        for observer in self.observers:
+            try:
+                getattr(observer, method)(*args, **kwargs)
+            except Exception:
+                key = (id(observer), method)
+                if key not in self._reported:  # a set's add is atomic under the GIL
+                    self._reported.add(key)
+                    log.exception(
+                        "observer %s raised in %s (logged once; it is skipped each time)",
+                        type(observer).__name__,
+                        method,
+                    )
 
     def on_claimed(self, steps: Sequence[Claimed]) -> None:
-        for o in self.observers:
-            o.on_claimed(steps)
+        self._each("on_claimed", steps)
 
     def on_started(self, step: Claimed, claim_to_start_s: float) -> None:
-        for o in self.observers:
-            o.on_started(step, claim_to_start_s)
+        self._each("on_started", step, claim_to_start_s)
 
     def on_failure(self, step: Claimed, error_kind: str, error: str) -> None:
-        for o in self.observers:
-            o.on_failure(step, error_kind, error)
+        self._each("on_failure", step, error_kind, error)
 
     def on_finished(self, step: Claimed, outcome: str, duration_s: float) -> None:
-        for o in self.observers:
-            o.on_finished(step, outcome, duration_s)
+        self._each("on_finished", step, outcome, duration_s)
 
     def on_completed(self, step_ids: Collection[int]) -> None:
-        for o in self.observers:
-            o.on_completed(step_ids)
+        self._each("on_completed", step_ids)
 
     def on_failed(self, step_ids: Collection[int], *, retried: bool) -> None:
-        for o in self.observers:
-            o.on_failed(step_ids, retried=retried)
+        self._each("on_failed", step_ids, retried=retried)
 
     def on_fenced(self, step_ids: Collection[int]) -> None:
-        for o in self.observers:
-            o.on_fenced(step_ids)
+        self._each("on_fenced", step_ids)
 
     def on_released(self, step_ids: Collection[int]) -> None:
-        for o in self.observers:
-            o.on_released(step_ids)
+        self._each("on_released", step_ids)
 
     def on_runs_ended(self, runs: Sequence[EndedRun]) -> None:
-        for o in self.observers:
-            o.on_runs_ended(runs)
+        self._each("on_runs_ended", runs)
 
     def on_reclaimed(self, count: int) -> None:
-        for o in self.observers:
-            o.on_reclaimed(count)
+        self._each("on_reclaimed", count)
 
     def on_listener(self, connected: bool) -> None:
-        for o in self.observers:
-            o.on_listener(connected)
+        self._each("on_listener", connected)

@@ -346,9 +346,7 @@ class Worker:
         if tracing is not None and tracing is not False:
             self._tracing = self._tracing_observer(tracing)
             watching.append(self._tracing)
-        self._observer: WorkerObserver | None = (
-            None if not watching else watching[0] if len(watching) == 1 else Observers(watching)
-        )
+        self._observer: WorkerObserver | None = Observers(watching) if watching else None
         self._engine = Engine(
             compile_child=runs.child_compiler(self.registry, also=self._also),
             compile_schedule=runs.compiler_for(self.registry),

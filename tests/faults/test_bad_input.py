@@ -38,6 +38,11 @@ def flow(x):  # type: ignore[no-untyped-def]
     return echo(x)
 
 
+class UnreprKey:
+    def __repr__(self) -> str:
+        raise RuntimeError("__repr__ is broken")
+
+
 def deep(levels: int) -> object:
     value: object = 1
     for _ in range(levels):
@@ -51,6 +56,7 @@ HOSTILE_INPUTS: list[tuple[object, type[Exception]]] = [
     ({"a": "nul\x00byte"}, InvalidPayload),
     ("lone \ud800 surrogate", InvalidPayload),
     ({1: "non-string key"}, InvalidPayload),
+    ({UnreprKey(): "a key whose repr raises"}, InvalidPayload),
     ({"when": object()}, InvalidPayload),
     ({"bytes": b"raw"}, InvalidPayload),
     ({"set": {1, 2}}, InvalidPayload),
