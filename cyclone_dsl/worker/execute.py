@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from cyclone_dsl import payload
 from cyclone_dsl.engine import Claimed, Failure, Success, backoff_seconds
@@ -34,6 +34,22 @@ def call_arguments(serving: Serving, fn: Callable[..., Any], step: Claimed) -> l
 # (an exception's ``__str__``, an output's methods) can raise anything.
 
 
+T = TypeVar("T")
+
+
+class Exited(Exception):
+    """A ``SystemExit`` or ``KeyboardInterrupt`` an async handler raised (its ``__cause__``),
+    carried out of its task as an ordinary failure: raised out of a task, asyncio lets them
+    stop the event loop, and with it the worker."""
+
+
+async def contained(awaitable: Awaitable[T]) -> T:
+    try:
+        return await awaitable
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise Exited() from exc
+
+
 def one_line(exc: BaseException) -> str:
     name = type(exc).__name__
     try:
@@ -57,6 +73,8 @@ def stack_text(exc: BaseException) -> str:
 
 
 def failure_from_exception(step: Claimed, exc: BaseException, *, kind: ErrorKind) -> Failure:
+    if isinstance(exc, Exited) and exc.__cause__ is not None:
+        exc = exc.__cause__
     stack = stack_text(exc)
     permanent = isinstance(exc, Permanent)
     return Failure(

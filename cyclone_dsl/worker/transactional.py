@@ -180,7 +180,7 @@ class TransactionalRunner:
                     async with conn.transaction():
                         call.ctx._connection = conn
                         result = await asyncio.wait_for(
-                            call.fn(*call.args, **call.kwargs), timeout_s
+                            execute.contained(call.fn(*call.args, **call.kwargs)), timeout_s
                         )
                         outcome = self._decided_outcome(call, result)
                         if not await asyncio.to_thread(self._engine.complete, tx, [outcome]):

@@ -1,9 +1,11 @@
-"""What a handler raises or returns never leaves its step held.
+"""What a handler raises or returns never leaves its step held, nor stops its worker.
 
 A worker turns each handler's end into a completion or a failure. If building that outcome
 raised (an exception whose ``str()`` raises, an output whose walk raises something other than
-``InvalidPayload``), the step stayed in flight: the worker kept renewing its lease and the run
-waited for ever. Every such handler now fails its step, for good when retrying cannot help.
+``InvalidPayload``, an observer told about it that raises), the step stayed in flight: the
+worker kept renewing its lease and the run waited for ever. A ``SystemExit`` raised by an async
+handler stopped the worker's event loop, and the worker. Every such handler now fails its
+step, for good when retrying cannot help, and the worker goes on.
 """
 
 from __future__ import annotations
@@ -148,3 +150,48 @@ def test_an_observer_that_raises_is_logged_and_the_runs_go_on(
     assert reported, "the observer's errors are logged"
     # once per method, not once per call
     assert len(reported) == len({r.getMessage() for r in reported})
+
+
+@step(name="ho_exit_sync", max_attempts=2)
+def exit_sync(n: int) -> int:
+    raise SystemExit(3)
+
+
+@step(name="ho_exit_async", max_attempts=2)
+async def exit_async(n: int) -> int:
+    await asyncio.sleep(0)
+    raise SystemExit(3)
+
+
+@step(name="ho_interrupt_async", max_attempts=2)
+async def interrupt_async(n: int) -> int:
+    raise KeyboardInterrupt
+
+
+@step(name="ho_exit_async_tx", max_attempts=2, transactional=True)
+async def exit_async_tx(n: int, *, ctx: StepContext) -> int:
+    raise SystemExit(3)
+
+
+@step(name="ho_exit_sync_tx", max_attempts=2, transactional=True)
+def exit_sync_tx(n: int, *, ctx: StepContext) -> int:
+    raise SystemExit(3)
+
+
+EXITING = [exit_sync, exit_async, interrupt_async, exit_async_tx, exit_sync_tx]
+
+
+@pytest.mark.parametrize("handler", EXITING, ids=lambda h: h.name)
+def test_a_handler_that_raises_systemexit_fails_its_step_and_the_worker_goes_on(
+    client: Client, start_worker: Callable[..., Worker], handler: object
+) -> None:
+    start_worker(handler, ok_async)
+    handle = client.enqueue(handler, 1)  # type: ignore[call-overload]
+    with pytest.raises(RunFailed):
+        handle.result(timeout=15)
+    row = handle.get().steps[0]
+    assert row.attempt == 2
+    assert row.error is not None
+    assert row.error.split(":")[0] in {"SystemExit", "KeyboardInterrupt"}
+    # the worker (and its event loop) still serves
+    assert client.enqueue(ok_async, 1).result(timeout=15) == 3
