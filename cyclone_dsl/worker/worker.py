@@ -1258,9 +1258,7 @@ class Worker:
         logs.enter(entry.step)  # the task's own context: no reset
         if self._observer is not None:
             self._started(entry, self._observer)
-        return await asyncio.wait_for(
-            execute.contained(fn(*args, **kwargs)), entry.step.timeout_s
-        )
+        return await asyncio.wait_for(execute.contained(fn(*args, **kwargs)), entry.step.timeout_s)
 
     def _on_done(self, entry: _Inflight, future: Settled, keep_output: bool) -> None:
         """The handler returned (or raised, or its task was cancelled): record, free the slot."""
