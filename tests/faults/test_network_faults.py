@@ -112,6 +112,11 @@ def warm_up(net: Network, client: Client) -> None:
     wait_for(lambda: listener_ready(net.direct))
     assert start_delay(client.enqueue(echo, 0), timeout=10) < 2.0
     assert net.proxy.seen(LISTEN) == 1
+    # Let the fetch loop settle: a wake-up still pending (the listener's own when it
+    # connected can be taken late on a loaded machine) makes it claim once more, and that
+    # claim could find the test's next step without any notification. Once, on a busy
+    # machine, a step enqueued after the blackhole started 4 ms later.
+    time.sleep(1.0)
 
 
 def worker_threads(before: set[threading.Thread]) -> list[threading.Thread]:
