@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 from cyclone_dsl import payload
 from cyclone_dsl.errors import InvalidPayload, ScheduleError
 
 T = TypeVar("T")
 _PENDING_ATTR = "__cyclone_schedules__"
+_ANY_INSTANT = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 @attrs.frozen
@@ -34,6 +35,10 @@ class ScheduleSpec:
 def check_schedule(spec: ScheduleSpec) -> None:
     if not isinstance(spec.cron, str) or not croniter.is_valid(spec.cron):
         raise ScheduleError(f"{spec.cron!r} is not a valid cron expression")
+    try:  # from any fixed instant: whether some date matches, not when
+        croniter(spec.cron, _ANY_INSTANT).get_next(datetime)
+    except CroniterError as exc:  # February 30th: valid syntax, no date ever matches
+        raise ScheduleError(f"{spec.cron!r} never fires: {exc}") from None
     if spec.location is not None:
         try:
             ZoneInfo(spec.location)

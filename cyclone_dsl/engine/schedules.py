@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine.submit import insert_run
@@ -50,16 +50,22 @@ def zone(location: str | None) -> tzinfo:
 
 
 def next_slot(cron: str, location: str | None, after: datetime) -> datetime:
-    """The first slot strictly after ``after``."""
+    """The first slot strictly after ``after``; :class:`ScheduleError` if there is none."""
     local = after.astimezone(zone(location))
-    result: datetime = croniter(cron, local).get_next(datetime)
+    try:
+        result: datetime = croniter(cron, local).get_next(datetime)
+    except CroniterError as exc:  # a date that never comes (February 30th), or bad syntax
+        raise ScheduleError(f"{cron!r} never fires: {exc}") from None
     return result
 
 
 def latest_slot(cron: str, location: str | None, at: datetime) -> datetime:
-    """The last slot at or before ``at``."""
+    """The last slot at or before ``at``; :class:`ScheduleError` if there is none."""
     local = (at + timedelta(microseconds=1)).astimezone(zone(location))
-    result: datetime = croniter(cron, local).get_prev(datetime)
+    try:
+        result: datetime = croniter(cron, local).get_prev(datetime)
+    except CroniterError as exc:
+        raise ScheduleError(f"{cron!r} never fires: {exc}") from None
     return result
 
 
@@ -123,9 +129,15 @@ def fire(
     """Fire one leased schedule's due slot; return the run id (None if refused or deduplicated)."""
     cron, location = schedule["cron_spec"], schedule["location"]
     slot: datetime = schedule["next_run_at"]
-    if catch_up == "latest":
-        slot = max(slot, latest_slot(cron, location, schedule["now"]))
-    following = next_slot(cron, location, slot)
+    try:
+        if catch_up == "latest":
+            slot = max(slot, latest_slot(cron, location, schedule["now"]))
+        following = next_slot(cron, location, slot)
+    except ScheduleError as exc:
+        # A row this build would have refused (another implementation or a hand wrote it)
+        # can never fire here: it is disabled, not retried on every pass.
+        tx.run(Q.disable_failed_schedule, id=schedule["id"], owner=owner, error=f"disabled: {exc}")
+        return None
     try:
         compiled, local_version = compile_target(schedule["kind"], schedule["input"], schedule)
     except UnknownDefinition as exc:

@@ -148,6 +148,7 @@ class _Queries:
     record_fire: LiteralString
     schedule_fired: LiteralString
     schedule_failed: LiteralString
+    disable_failed_schedule: LiteralString
     schedule_refused: LiteralString
     set_schedule_enabled: LiteralString
     # signals.sql

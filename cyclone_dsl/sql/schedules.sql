@@ -78,6 +78,14 @@ SET last_error = %(error)s, consecutive_failures = consecutive_failures + 1,
     lease_owner = NULL, lease_expiry = NULL, updated_at = now()
 WHERE id = %(id)s AND lease_owner = %(owner)s
 
+-- name: disable_failed_schedule
+-- Disable a schedule that cannot fire (its cron or zone is refused): record why, release
+-- the lease.
+UPDATE cyclone_schedules
+SET enabled = false, last_error = %(error)s, consecutive_failures = consecutive_failures + 1,
+    lease_owner = NULL, lease_expiry = NULL, updated_at = now()
+WHERE id = %(id)s AND lease_owner = %(owner)s
+
 -- name: schedule_refused
 -- Leave the slot for a process with the pinned definition: record why, release the lease.
 UPDATE cyclone_schedules

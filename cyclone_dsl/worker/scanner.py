@@ -67,9 +67,25 @@ class Scanner:
             self.stopping.wait(self.interval)
 
     def scan_once(self) -> int:
-        """Run every pass once; return how many rows changed."""
+        """Run every pass once; return how many rows changed.
+
+        A pass that raises does not keep the later ones from running (one bad row must not
+        stop reclaims or timers): the first error is raised once every pass has run.
+        """
         engine = self.engine
-        reclaimed = self._paginate(
+        errors: list[Exception] = []
+
+        def guarded(run: Callable[[], int]) -> int:
+            try:
+                return run()
+            except Exception as exc:  # noqa: BLE001 - raised below, after the other passes
+                errors.append(exc)
+                return 0
+
+        def paged(name: str, page_fn: Callable[[Tx, int], Page]) -> int:
+            return guarded(lambda: self._paginate(name, page_fn))
+
+        reclaimed = paged(
             "leases",
             lambda tx, after: engine.reclaim_expired_leases(
                 tx,
@@ -82,24 +98,24 @@ class Scanner:
         if reclaimed and self.on_reclaimed is not None:
             self.on_reclaimed(reclaimed)
         changed = reclaimed
-        changed += self._paginate(
+        changed += paged(
             "timeouts",
             lambda tx, after: engine.fail_timed_out_steps(
                 tx, after_id=after, limit=PAGE, grace=self.timeout_grace
             ),
         )
-        changed += self._paginate(
+        changed += paged(
             "timers", lambda tx, after: engine.fire_timers(tx, after_id=after, limit=PAGE)
         )
-        changed += self._paginate(
+        changed += paged(
             "signal_timeouts",
             lambda tx, after: engine.time_out_signal_waits(tx, after_id=after, limit=PAGE),
         )
-        changed += self._paginate(
+        changed += paged(
             "deadlines",
             lambda tx, after: engine.fail_past_deadlines(tx, after_id=after, limit=PAGE),
         )
-        settled = self._paginate(
+        settled = paged(
             "children",
             lambda tx, after: engine.settle_ended_children(tx, after_id=after, limit=PAGE),
         )
@@ -107,18 +123,18 @@ class Scanner:
             log.warning("settled %d parent nodes whose child run had ended", settled)
         changed += settled
         if engine.fires_schedules:
-            changed += self.fire_schedules()
+            changed += guarded(self.fire_schedules)
         if self.retention is not None:
-            changed += self.expire_runs()
-        changed += self._paginate(
+            changed += guarded(self.expire_runs)
+        changed += paged(
             "gates", lambda tx, after: engine.park_ended_gates(tx, after_id=after, limit=PAGE)
         )
         if self.passes % SLOW_PASS_EVERY == 0:
-            changed += self._paginate(
-                "slots", lambda tx, _: (engine.clear_lost_slot_holders(tx), None)
-            )
-            changed += self._paginate("workers", lambda tx, _: (engine.prune_workers(tx), None))
+            changed += paged("slots", lambda tx, _: (engine.clear_lost_slot_holders(tx), None))
+            changed += paged("workers", lambda tx, _: (engine.prune_workers(tx), None))
         self.passes += 1
+        if errors:
+            raise errors[0]
         return changed
 
     def _paginate(self, name: str, page_fn: Callable[[Tx, int], Page]) -> int:
@@ -150,12 +166,18 @@ class Scanner:
             ),
         )
         fired = 0
+        error: Exception | None = None
         for row in due:
 
             def fire_one(tx: Tx, row: Row = row) -> int | None:
                 return self.engine.fire_schedule(tx, row, owner=self.owner, catch_up=self.catch_up)
 
-            fired += in_transaction(self.pool, fire_one) is not None
+            try:
+                fired += in_transaction(self.pool, fire_one) is not None
+            except Exception as exc:  # noqa: BLE001 - the others fire; raised below
+                error = error or exc
+        if error is not None:
+            raise error
         return fired
 
     def expire_runs(self) -> int:

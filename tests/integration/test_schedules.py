@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from croniter import croniter
 
-from cyclone_dsl import Client, Registry, child, step, workflow
+from cyclone_dsl import Client, Registry, child, schedule, step, workflow
 from cyclone_dsl.db.connect import make_pool
 from cyclone_dsl.dsl.runs import child_compiler, compiler_for
 from cyclone_dsl.engine import Engine, schedules
@@ -303,3 +303,55 @@ def test_a_workflow_schedule_applies_its_options_to_every_step_it_fires(
         for s in client.get_run(by_schedule["plain"]).steps
     }
     assert unchanged == {("sc_routed", "sc_own_queue", 9, 7), ("sc_tick", "default", 0, 5)}
+
+
+NEVER = "0 0 30 2 *"  # February 30th: croniter accepts it, and no date matches it
+
+
+def test_a_cron_that_never_fires_is_refused_and_nothing_is_written(client: Client) -> None:
+    with pytest.raises(ScheduleError, match="never"):
+        client.schedule(tick, NEVER, id="never")
+    assert client.list_schedules() == []
+    with pytest.raises(ScheduleError, match="never"):
+        schedule(NEVER)(tick)
+
+
+@pytest.mark.parametrize(("cron", "location"), [(NEVER, "UTC"), ("* * * * *", "Atlantis/Capital")])
+def test_a_stored_schedule_that_cannot_fire_is_disabled_and_the_others_fire(
+    client: Client, cyclone_dsn: str, scanners: list[Scanner], cron: str, location: str
+) -> None:
+    """A row this build would refuse (written by another implementation sharing the
+    database, or by hand) is disabled with its reason; the due schedules after it fire."""
+    good = client.schedule(tick, "* * * * *", id="z-good", location="UTC")
+    with psycopg.connect(cyclone_dsn) as conn:
+        conn.execute(
+            "INSERT INTO cyclone_schedules (id, kind, cron_spec, location, next_run_at) "
+            "VALUES ('a-bad', 'sc_tick', %s, %s, %s)",
+            (cron, location, good.next_run_at - timedelta(minutes=5)),
+        )
+    shift = good.next_run_at - datetime.now(UTC) + timedelta(seconds=30)
+    scanner = scanner_for(cyclone_dsn, Registry.from_objects([tick]), shift)
+    scanners.append(scanner)
+    assert scanner.fire_schedules() == 1
+    assert [f[0] for f in fires(cyclone_dsn)] == ["z-good"]
+    bad = next(s for s in client.list_schedules() if s.id == "a-bad")
+    assert bad.enabled is False
+    assert bad.last_error is not None and "disabled" in bad.last_error
+    assert scanner.fire_schedules() == 0  # and it stays out of the way
+
+
+def test_a_scan_pass_that_raises_does_not_keep_the_later_passes_from_running(
+    client: Client, cyclone_dsn: str, scanners: list[Scanner], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = client.schedule(tick, "* * * * *", id="after-the-timers", location="UTC")
+    shift = good.next_run_at - datetime.now(UTC) + timedelta(seconds=30)
+    scanner = scanner_for(cyclone_dsn, Registry.from_objects([tick]), shift)
+    scanners.append(scanner)
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("the timers pass has a bug")
+
+    monkeypatch.setattr(scanner.engine, "fire_timers", broken)
+    with pytest.raises(RuntimeError, match="timers pass"):
+        scanner.scan_once()
+    assert [f[0] for f in fires(cyclone_dsn)] == ["after-the-timers"]  # a later pass ran
