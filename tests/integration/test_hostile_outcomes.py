@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from cyclone_dsl import Client, RunFailed, StepContext, Worker, step, workflow
+from cyclone_dsl import Client, RunFailed, Step, StepContext, Worker, step, workflow
 from cyclone_dsl.worker.observe import WorkerObserver
 
 
@@ -78,15 +78,23 @@ RAISING = [raise_sync, raise_async, raise_tx]
 RETURNING = [unwalkable_sync, unwalkable_async, bad_key_sync, unwalkable_tx]
 
 
+def failed_step(
+    client: Client, start_worker: Callable[..., Worker], handler: object, *also: object
+) -> Step:
+    """Run ``handler`` as a standalone step on a new worker (serving ``also`` too); its
+    step's row once the run has failed."""
+    start_worker(handler, *also)
+    handle = client.enqueue(handler, 1)  # type: ignore[call-overload]
+    with pytest.raises(RunFailed):
+        handle.result(timeout=15)
+    return handle.get().steps[0]
+
+
 @pytest.mark.parametrize("handler", RAISING, ids=lambda h: h.name)
 def test_an_exception_whose_str_raises_fails_its_step_with_every_attempt(
     client: Client, start_worker: Callable[..., Worker], handler: object
 ) -> None:
-    start_worker(handler)
-    handle = client.enqueue(handler, 1)  # type: ignore[call-overload]
-    with pytest.raises(RunFailed):
-        handle.result(timeout=15)
-    row = handle.get().steps[0]
+    row = failed_step(client, start_worker, handler)
     assert row.attempt == 2  # an ordinary error: retried like any other
     assert row.error is not None and row.error.startswith("Unprintable")
     assert row.error_kind == "error"
@@ -96,11 +104,7 @@ def test_an_exception_whose_str_raises_fails_its_step_with_every_attempt(
 def test_an_output_that_raises_while_it_is_encoded_fails_its_step_for_good(
     client: Client, start_worker: Callable[..., Worker], handler: object
 ) -> None:
-    start_worker(handler)
-    handle = client.enqueue(handler, 1)  # type: ignore[call-overload]
-    with pytest.raises(RunFailed):
-        handle.result(timeout=15)
-    row = handle.get().steps[0]
+    row = failed_step(client, start_worker, handler)
     assert row.error_kind == "invalid_output"
     assert row.attempt == 1  # the same output would be returned again
 
@@ -185,11 +189,7 @@ EXITING = [exit_sync, exit_async, interrupt_async, exit_async_tx, exit_sync_tx]
 def test_a_handler_that_raises_systemexit_fails_its_step_and_the_worker_goes_on(
     client: Client, start_worker: Callable[..., Worker], handler: object
 ) -> None:
-    start_worker(handler, ok_async)
-    handle = client.enqueue(handler, 1)  # type: ignore[call-overload]
-    with pytest.raises(RunFailed):
-        handle.result(timeout=15)
-    row = handle.get().steps[0]
+    row = failed_step(client, start_worker, handler, ok_async)
     assert row.attempt == 2
     assert row.error is not None
     assert row.error.split(":")[0] in {"SystemExit", "KeyboardInterrupt"}
