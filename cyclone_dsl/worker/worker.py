@@ -36,6 +36,7 @@ import concurrent.futures
 import contextvars
 import functools
 import logging
+import math
 import os
 import queue
 import signal
@@ -120,6 +121,21 @@ _ENDED_RUNS: contextvars.ContextVar[list[EndedRun] | None] = contextvars.Context
 )
 
 
+def _check_seconds(option: str, seconds: object, *, positive: bool) -> None:
+    """A duration option in seconds: a finite number, > 0 (``positive``) or >= 0."""
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds < 0
+        or (positive and seconds == 0)
+    ):
+        bound = "> 0" if positive else ">= 0"
+        raise InvalidArgument(
+            f"{option} must be a finite number of seconds {bound}, not {seconds!r}"
+        )
+
+
 @attrs.define
 class _Inflight:
     step: Claimed
@@ -199,6 +215,11 @@ class Worker:
     store, across its attempts; handlers that emit share a pool of up to
     :data:`EVENT_CONNECTIONS` connections, opened at the first event.
 
+    Durations (``lease``, ``poll_interval``, ``scan_interval``, ``grace``) are finite
+    seconds, ``grace`` may be 0; ``max_reclaims`` (reclaims of a step whose worker died
+    before it is discarded) and ``max_output_bytes`` (the largest encoded output kept; 0:
+    no limit) are integers >= 0. Anything else raises :class:`InvalidArgument`.
+
     ``processes=N`` (N > 1) runs N worker processes under a supervisor in this process
     (see :mod:`cyclone_dsl.worker.processes`): each imports the handler modules by name
     and registers as ``<name>/<i>``; a dead one is restarted. The default is 1 (this
@@ -256,8 +277,19 @@ class Worker:
             )
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise InvalidArgument(f"batch_size must be an integer >= 1, not {batch_size!r}")
-        if lease <= 0 or poll_interval <= 0 or grace < 0:
-            raise InvalidArgument("lease and poll_interval must be > 0, grace >= 0")
+        for option, seconds, positive in (
+            ("lease", lease, True),
+            ("poll_interval", poll_interval, True),
+            ("scan_interval", scan_interval, True),
+            ("grace", grace, False),
+        ):
+            _check_seconds(option, seconds, positive=positive)
+        for option, count in (
+            ("max_reclaims", max_reclaims),
+            ("max_output_bytes", max_output_bytes),
+        ):
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise InvalidArgument(f"{option} must be an integer >= 0, not {count!r}")
         if not queues:
             raise InvalidArgument("a worker needs at least one queue")
         if (

@@ -209,3 +209,31 @@ def test_a_fifty_megabyte_output_fails_the_step_and_the_run(
     assert run.state == "failed"
     row = run.step("bi_huge_output")
     assert (row.state, row.error_kind, row.attempt) == ("discarded", "output_limit", 1)
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"lease": 0}, "lease"),
+        ({"lease": float("nan")}, "lease"),
+        ({"lease": "30"}, "lease"),
+        ({"poll_interval": -1}, "poll_interval"),
+        ({"poll_interval": float("inf")}, "poll_interval"),
+        ({"scan_interval": 0}, "scan_interval"),
+        ({"grace": -5}, "grace"),
+        ({"grace": float("nan")}, "grace"),
+        ({"max_reclaims": -1}, "max_reclaims"),
+        ({"max_reclaims": 1.5}, "max_reclaims"),
+        ({"max_output_bytes": -1}, "max_output_bytes"),
+        ({"batch_size": 0}, "batch_size"),
+    ],
+    ids=lambda v: repr(v) if isinstance(v, dict) else "",
+)
+def test_bad_worker_options_are_typed_errors(
+    cyclone_dsn: str, options: dict[str, object], fragment: str
+) -> None:
+    """Refused before the worker touches the database: a zero scan interval would have
+    hammered it, a negative output limit failed every step, an infinite poll interval
+    raised in the fetch thread."""
+    with pytest.raises(InvalidArgument, match=fragment):
+        Worker(cyclone_dsn, [echo], **options)  # type: ignore[arg-type]
