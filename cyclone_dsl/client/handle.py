@@ -3,6 +3,7 @@ or async driver)."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -77,7 +78,8 @@ class RunHandle:
         return self.client.get_run(self.id)
 
     def wait(self, timeout: float | None = None) -> Run:
-        """Block until the run is terminal and return it; ``TimeoutError`` after ``timeout`` s."""
+        """Block until the run is terminal and return it; ``TimeoutError`` after ``timeout``
+        seconds (None or infinity: no limit; a negative or NaN one: InvalidArgument)."""
         return self.client.wait(self.id, timeout)
 
     def result(self, timeout: float | None = None) -> JSONValue:
@@ -106,6 +108,21 @@ def wait_for_end(route: WaitRoute, run_id: int, timeout: float | None) -> str:
     )
 
 
+def deadline_of(timeout: object) -> float | None:
+    """The monotonic time a wait of ``timeout`` seconds ends (None, or infinity: never);
+    :class:`InvalidArgument` for a negative, NaN or non-numeric one."""
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or math.isnan(timeout)
+        or timeout < 0
+    ):
+        raise InvalidArgument(f"timeout must be a number of seconds >= 0 or None, not {timeout!r}")
+    return None if math.isinf(timeout) else time.monotonic() + timeout
+
+
 def run_end_plan(
     run_id: int, timeout: float | None, *, recheck: float = RECHECK_SECONDS
 ) -> Plan[str]:
@@ -116,7 +133,7 @@ def run_end_plan(
     A connection lost or left half-open while waiting is replaced, and every
     read is bounded, so ``timeout`` holds whatever the network does.
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = deadline_of(timeout)
     while True:
         try:
             yield Listen((RUN_DONE_CHANNEL,))
@@ -149,7 +166,7 @@ def events_plan(
     the next events in one snapshot: a terminal state there means no event is left.
     Raises :class:`RunNotFound`, or ``TimeoutError`` after ``timeout`` seconds.
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = deadline_of(timeout)
     cursor = after
     while True:
         try:

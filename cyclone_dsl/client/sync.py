@@ -90,6 +90,8 @@ class Client:
             raise InvalidArgument(
                 f"Client needs a DSN: pass one, or set {ENV_URL} (see embedded_database())"
             )
+        if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
+            raise InvalidArgument(f"pool_size must be an integer >= 1, not {pool_size!r}")
         self.dsn = resolved
         self.registry = registry if registry is not None else default_registry()
         self._tracing = tracing_of(tracing)

@@ -237,3 +237,21 @@ def test_bad_worker_options_are_typed_errors(
     raised in the fetch thread."""
     with pytest.raises(InvalidArgument, match=fragment):
         Worker(cyclone_dsn, [echo], **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1, "5"], ids=repr)
+def test_a_bad_wait_timeout_is_a_typed_error(client: Client, timeout: object) -> None:
+    """A NaN timeout waited for ever; a string raised a raw TypeError."""
+    handle = client.enqueue(echo, 1)  # no worker: the run stays open
+    with pytest.raises(InvalidArgument, match="timeout"):
+        handle.wait(timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="timeout"):
+        handle.result(timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="timeout"):
+        next(iter(handle.events(timeout=timeout)))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("size", [0, -1, 2.5], ids=repr)
+def test_a_bad_pool_size_is_a_typed_error(cyclone_dsn: str, size: object) -> None:
+    with pytest.raises(InvalidArgument, match="pool_size"):
+        Client(cyclone_dsn, pool_size=size)  # type: ignore[arg-type]
