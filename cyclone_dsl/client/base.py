@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from cyclone_dsl.durations import is_duration, refusal
 from cyclone_dsl.engine import LIVE_FOR
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.states import RunState
@@ -39,8 +40,8 @@ def checked_run_id(run_id: object) -> int:
 def check_deadline(deadline: timedelta | None) -> timedelta | None:
     if deadline is None:
         return None
-    if not isinstance(deadline, timedelta) or deadline <= timedelta(0):
-        raise InvalidArgument(f"deadline must be a positive timedelta, not {deadline!r}")
+    if not is_duration(deadline):
+        raise InvalidArgument(refusal("deadline", deadline))
     return deadline
 
 

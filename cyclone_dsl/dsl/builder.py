@@ -58,7 +58,10 @@ def duration(value: object, what: str) -> timedelta | object:
     if isinstance(value, timedelta):
         return value
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return timedelta(seconds=value)
+        try:
+            return timedelta(seconds=value)
+        except (ValueError, OverflowError):  # NaN, infinity, past timedelta's range
+            return value
     return value
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from cyclone_dsl.durations import is_duration, refusal
 from cyclone_dsl.errors import InvalidArgument
 
 #: How a limit's key is given: the whole scope (None), a field of the run input, or a callable.
@@ -86,8 +87,8 @@ class RateLimit:
         _check_key_spec("RateLimit", self.key)
         _check_count("RateLimit", "limit", self.limit)
         _check_count("RateLimit", "units", self.units)
-        if not isinstance(self.per, timedelta) or self.per <= timedelta(0):
-            raise InvalidArgument(f"RateLimit: per must be a positive timedelta, not {self.per!r}")
+        if not is_duration(self.per):
+            raise InvalidArgument(refusal("RateLimit: per", self.per))
         if self.units > self.limit:
             raise InvalidArgument(
                 f"RateLimit: units ({self.units}) over the limit ({self.limit}) could never start"
@@ -112,10 +113,8 @@ class Debounce:
 
     def __attrs_post_init__(self) -> None:
         _check_key_spec("Debounce", self.key)
-        if not isinstance(self.delay, timedelta) or self.delay <= timedelta(0):
-            raise InvalidArgument(
-                f"Debounce: delay must be a positive timedelta, not {self.delay!r}"
-            )
+        if not is_duration(self.delay):
+            raise InvalidArgument(refusal("Debounce: delay", self.delay))
 
 
 def key_of(owner: str, key: KeySpec, run_input: object) -> str:

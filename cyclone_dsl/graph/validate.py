@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import timedelta
 
+from cyclone_dsl.durations import is_duration, refusal
 from cyclone_dsl.errors import InvalidGraph
 from cyclone_dsl.graph import conditions
 from cyclone_dsl.graph.model import ArgKind, Binding, Graph, Node, NodeOptions
@@ -37,8 +37,8 @@ def check_options(options: NodeOptions) -> list[str]:
         )
     for name in ("timeout", "retention"):
         value = getattr(options, name)
-        if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
-            problems.append(f"{name} must be a positive duration, not {value!r}")
+        if value is not None and not is_duration(value):
+            problems.append(refusal(name, value))
     if not isinstance(options.on_dep_failure, str) or options.on_dep_failure not in {
         p.value for p in OnDepFailure
     }:
@@ -102,10 +102,8 @@ def _node_problems(node: Node, known: set[str]) -> list[str]:
         wait = node.wait
         if wait.count is not None and (not _is_int(wait.count) or wait.count < 1):
             problems.append(f"wait_n needs n >= 1, not {wait.count!r}")
-        if wait.duration is not None and (
-            not isinstance(wait.duration, timedelta) or wait.duration <= timedelta(0)
-        ):
-            problems.append(f"durations must be positive, not {wait.duration!r}")
+        if wait.duration is not None and not is_duration(wait.duration):
+            problems.append(refusal("a wait's timer or timeout", wait.duration))
         names = wait.signal_names or ((wait.signal_name,) if wait.signal_name is not None else ())
         if not wait.timer and not names:
             problems.append("a signal wait needs at least one signal name")

@@ -67,6 +67,7 @@ from cyclone_dsl.db.tx import ConnectionTx, Tx, in_autocommit, in_transaction
 from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.registry import Registry, default_registry
 from cyclone_dsl.dsl.step import StepDef
+from cyclone_dsl.durations import MAX_DURATION
 from cyclone_dsl.engine import (
     CANCEL_CHANNEL,
     CHILD_WAKE,
@@ -122,13 +123,15 @@ _ENDED_RUNS: contextvars.ContextVar[list[EndedRun] | None] = contextvars.Context
 
 
 def _check_seconds(option: str, seconds: object, *, positive: bool) -> None:
-    """A duration option in seconds: a finite number, > 0 (``positive``) or >= 0."""
+    """A duration option in seconds: a finite number up to a thousand years, > 0
+    (``positive``) or >= 0."""
     if (
         isinstance(seconds, bool)
         or not isinstance(seconds, int | float)
         or not math.isfinite(seconds)
         or seconds < 0
         or (positive and seconds == 0)
+        or seconds > MAX_DURATION.total_seconds()
     ):
         bound = "> 0" if positive else ">= 0"
         raise InvalidArgument(

@@ -9,7 +9,9 @@ import pytest
 
 from cyclone_dsl import (
     Client,
+    Debounce,
     InvalidArgument,
+    InvalidGraph,
     InvalidPayload,
     PayloadTooLarge,
     RunNotFound,
@@ -18,6 +20,7 @@ from cyclone_dsl import (
     Worker,
     step,
     wait_signal,
+    wait_timer,
     workflow,
 )
 from cyclone_dsl.errors import ScheduleError, SignalNotDeliverable
@@ -114,6 +117,12 @@ def test_hostile_names_are_stored_byte_for_byte(
         ({"timeout": -5}, "positive duration"),
         ({"timeout": "soon"}, "positive duration"),
         ({"retention": timedelta(seconds=-1)}, "positive duration"),
+        # Past what timestamp arithmetic holds: the scanner's timeout and retention passes
+        # failed for every run while one such step or run existed.
+        ({"timeout": float("inf")}, "positive duration"),
+        ({"timeout": float("nan")}, "positive duration"),
+        ({"timeout": 1e20}, "positive duration"),
+        ({"retention": timedelta(days=999_999_999)}, "positive duration"),
     ],
 )
 def test_bad_options_are_typed_errors(
@@ -255,3 +264,21 @@ def test_a_bad_wait_timeout_is_a_typed_error(client: Client, timeout: object) ->
 def test_a_bad_pool_size_is_a_typed_error(cyclone_dsn: str, size: object) -> None:
     with pytest.raises(InvalidArgument, match="pool_size"):
         Client(cyclone_dsn, pool_size=size)  # type: ignore[arg-type]
+
+
+@workflow(name="bi_timer")
+def long_timer(x):  # type: ignore[no-untyped-def]
+    return echo(wait_timer(timedelta(days=999_999_999)))
+
+
+def test_durations_past_a_thousand_years_are_refused(client: Client, cyclone_dsn: str) -> None:
+    """A deadline that far raised the database's DatetimeFieldOverflow."""
+    with pytest.raises(InvalidArgument, match="deadline"):
+        client.submit(flow, 1, deadline=timedelta(days=999_999_999))
+    with pytest.raises(InvalidArgument, match="delay"):
+        Debounce(delay=timedelta(days=999_999_999))
+    with pytest.raises(InvalidGraph, match="positive duration"):
+        client.submit(long_timer, 1)
+    with pytest.raises(InvalidArgument, match="lease"):
+        Worker(cyclone_dsn, [echo], lease=1e13)
+    assert client.list_runs() == []

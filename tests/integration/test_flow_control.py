@@ -254,7 +254,7 @@ def test_claims_take_keys_in_turn(client: Client, start_worker: Callable[..., Wo
 def test_limits_refuse_bad_values_at_definition() -> None:
     with pytest.raises(InvalidArgument, match="limit must be an integer >= 1"):
         Concurrency(key="tenant", limit=0)
-    with pytest.raises(InvalidArgument, match="per must be a positive timedelta"):
+    with pytest.raises(InvalidArgument, match="per must be a positive duration"):
         RateLimit(limit=5, per=timedelta(0))
     with pytest.raises(InvalidArgument, match="key must be None, a field name"):
         Concurrency(key=3)  # type: ignore[arg-type]

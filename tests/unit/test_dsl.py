@@ -199,7 +199,7 @@ def test_bad_wait_arguments() -> None:
 
     text = str(invalid(waits))
     assert "wait_n needs n >= 1" in text
-    assert "durations must be positive" in text
+    assert "timer or timeout must be a positive duration" in text
 
 
 def test_for_each_needs_a_step() -> None:
