@@ -17,12 +17,13 @@ RETURNING r.id
 -- name: expire_runs
 -- Delete a batch of terminal runs past their retention (the longest step override,
 -- else the default). A child run is kept while its parent exists and has not completed.
+-- Intervals are compared, not timestamps (see timed_out_steps).
 WITH doomed AS (
     SELECT r.id FROM cyclone_runs AS r
     WHERE r.state IN ('completed', 'failed', 'cancelled')
-      AND r.finished_at + coalesce(
+      AND now() + %(shift)s::interval - r.finished_at > coalesce(
             (SELECT max(s.retention) FROM cyclone_steps AS s WHERE s.run_id = r.id),
-            %(default_retention)s::interval) < now() + %(shift)s::interval
+            %(default_retention)s::interval)
       AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS p
                       WHERE p.id = r.parent_run_id AND p.state <> 'completed')
     ORDER BY r.id

@@ -355,3 +355,35 @@ def test_a_scan_pass_that_raises_does_not_keep_the_later_passes_from_running(
     with pytest.raises(RuntimeError, match="timers pass"):
         scanner.scan_once()
     assert [f[0] for f in fires(cyclone_dsn)] == ["after-the-timers"]  # a later pass ran
+
+
+def test_rows_with_durations_past_timestamp_range_do_not_break_the_scanner(
+    client: Client, cyclone_dsn: str, scanners: list[Scanner]
+) -> None:
+    """Rows this build refuses to write (another implementation or a hand may have):
+    ``started_at + timeout`` and ``finished_at + retention`` overflowed, and the timeout
+    and retention passes failed for every run."""
+    running, ended = client.enqueue(tick, 1), client.enqueue(tick, 2)
+    with psycopg.connect(cyclone_dsn) as conn:
+        conn.execute(
+            "UPDATE cyclone_steps SET state = 'running', started_at = now(), "
+            "lease_owner = 'elsewhere', lease_expiry = now() + interval '1 hour', "
+            "timeout = interval '100000000 years' WHERE run_id = %s",
+            (running.id,),
+        )
+        conn.execute(
+            "UPDATE cyclone_steps SET state = 'completed', completed_at = now(), "
+            "retention = interval '100000000 years' WHERE run_id = %s",
+            (ended.id,),
+        )
+        conn.execute(
+            "UPDATE cyclone_runs SET state = 'completed', finished_at = now() WHERE id = %s",
+            (ended.id,),
+        )
+    scanner = scanner_for(
+        cyclone_dsn, Registry.from_objects([tick]), timedelta(0), retention=timedelta(days=1)
+    )
+    scanners.append(scanner)
+    scanner.scan_once()  # raised DatetimeFieldOverflow
+    assert client.get_run(running.id).state is RunState.RUNNING
+    assert client.get_run(ended.id).state is RunState.COMPLETED
