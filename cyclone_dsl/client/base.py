@@ -37,6 +37,33 @@ def checked_run_id(run_id: object) -> int:
     raise InvalidArgument(f"expected a run id (an int), not {run_id!r}{hint}")
 
 
+def checked_text(name: str, value: object) -> str:
+    """``value`` if it is a non-empty string without NUL (which a text column refuses);
+    :class:`InvalidArgument` for anything else, before any statement is sent."""
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise InvalidArgument(
+            f"{name} must be a non-empty string without NUL characters, not {value!r}"
+        )
+    return value
+
+
+def checked_id(name: str, value: object) -> int:
+    """``value`` if it is an id (an int); :class:`InvalidArgument` for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise InvalidArgument(f"{name} must be an id (an int), not {value!r}")
+
+
+def checked_aware(name: str, value: object) -> datetime:
+    """``value`` if it is a timezone-aware datetime; :class:`InvalidArgument` otherwise."""
+    if isinstance(value, datetime) and value.utcoffset() is not None:
+        return value
+    raise InvalidArgument(
+        f"{name} must be a timezone-aware datetime (datetime.now(UTC), not datetime.now()), "
+        f"not {value!r}"
+    )
+
+
 def check_deadline(deadline: timedelta | None) -> timedelta | None:
     if deadline is None:
         return None

@@ -517,9 +517,21 @@ class Client:
         ``reclaimed``...). ``text`` reads every run it passes: narrow it with the
         other filters on a large table.
         """
-        if not 1 <= limit <= 10_000:
-            raise InvalidArgument("limit must be between 1 and 10000")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise InvalidArgument(f"limit must be an integer between 1 and 10000, not {limit!r}")
         state_value = base.run_state(state).value if state is not None else None
+        filters: dict[str, tuple[object, Callable[[str, object], object]]] = {
+            "workflow": (workflow, base.checked_text),
+            "text": (text, base.checked_text),
+            "error_kind": (error_kind, base.checked_text),
+            "before_id": (before_id, base.checked_id),
+            "parent_run_id": (parent_run_id, base.checked_id),
+            "since": (since, base.checked_aware),
+            "until": (until, base.checked_aware),
+        }
+        for name, (given, check) in filters.items():
+            if given is not None:
+                check(name, given)
         rows = self._db.transaction(
             lambda tx: tx.rows(
                 Q.list_runs,
@@ -725,6 +737,7 @@ class Client:
         See docs/concepts/runs-and-steps.md, "Retrying failed work".
         """
         run_id = base.checked_run_id(run_id)
+        node = base.checked_text("node", node)
         self._db.transaction(lambda tx: self._engine.retry(tx, run_id, node, force=force))
 
     def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:
@@ -909,8 +922,10 @@ class Client:
         parent exists and has not completed. Purging frees the runs' submit keys.
         """
         wanted = base.purge_states(states)
-        if older_than < timedelta(0) or batch_size < 1:
-            raise InvalidArgument("older_than must be >= 0 and batch_size >= 1")
+        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+            raise InvalidArgument(f"older_than must be a timedelta >= 0, not {older_than!r}")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise InvalidArgument(f"batch_size must be an integer >= 1, not {batch_size!r}")
         total = 0
         while True:
             deleted = self._db.transaction(

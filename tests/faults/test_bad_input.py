@@ -282,3 +282,21 @@ def test_durations_past_a_thousand_years_are_refused(client: Client, cyclone_dsn
     with pytest.raises(InvalidArgument, match="lease"):
         Worker(cyclone_dsn, [echo], lease=1e13)
     assert client.list_runs() == []
+
+
+def test_bad_arguments_of_operations_are_typed_errors(client: Client) -> None:
+    """Each raised a raw psycopg error (DataError, UndefinedFunction, InvalidTextRepresentation)
+    or a TypeError."""
+    handle = client.submit(flow, 1)
+    for node in ("a\x00b", 5, ""):
+        with pytest.raises(InvalidArgument, match="node"):
+            client.retry(handle.id, node)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="workflow"):
+        client.list_runs(workflow="a\x00b")
+    with pytest.raises(InvalidArgument, match="workflow"):
+        client.list_runs(workflow=5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="before_id"):
+        client.list_runs(before_id="x")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="older_than"):
+        client.purge(older_than=float("nan"))  # type: ignore[arg-type]
+    assert [r.id for r in client.list_runs()] == [handle.id]
