@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from cyclone_dsl.durations import is_duration, refusal
 from cyclone_dsl.engine import LIVE_FOR
 from cyclone_dsl.errors import InvalidArgument
+from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.states import RunState
 
 MAX_KEY_BYTES = 1024
@@ -35,6 +36,23 @@ def checked_run_id(run_id: object) -> int:
         return run_id
     hint = " (a handle's run id is handle.id)" if hasattr(run_id, "id") else ""
     raise InvalidArgument(f"expected a run id (an int), not {run_id!r}{hint}")
+
+
+def checked_inputs(inputs: object) -> list[JSONValue]:
+    """A bulk submit's inputs as a list, read once: any iterable of inputs but a string,
+    bytes or a mapping, which iterate as characters or keys (``submit_many(wf, "abc")``
+    would make three runs); :class:`InvalidArgument` for those and for a non-iterable."""
+    if isinstance(inputs, str | bytes | bytearray | Mapping) or not isinstance(inputs, Iterable):
+        raise InvalidArgument(
+            f"inputs must be a list (or another iterable) of run inputs, one per run, not "
+            f"{inputs!r:.80}"
+        )
+    return list(inputs)
+
+
+def check_older_than(older_than: object) -> None:
+    if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+        raise InvalidArgument(f"older_than must be a timedelta >= 0, not {older_than!r}")
 
 
 def checked_text(name: str, value: object) -> str:

@@ -223,6 +223,7 @@ class Client:
         deadline: timedelta | None = None,
     ) -> list[RunHandle]:
         """Start one run per input, all in one transaction (the graph is sent once): bulk loads."""
+        inputs = base.checked_inputs(inputs)
         template = runs.workflow_template(self.registry, workflow)
         texts = [encode(value, what="the run input") for value in inputs]
         flows = runs.workflow_flows(self.registry, workflow, inputs)
@@ -443,6 +444,7 @@ class Client:
         retention: timedelta | float | None = None,
     ) -> list[RunHandle]:
         """Enqueue one standalone step per input, in one transaction (no unique/sequence keys)."""
+        inputs = base.checked_inputs(inputs)
         template = runs.standalone_template(
             self.registry,
             step,
@@ -922,8 +924,7 @@ class Client:
         parent exists and has not completed. Purging frees the runs' submit keys.
         """
         wanted = base.purge_states(states)
-        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
-            raise InvalidArgument(f"older_than must be a timedelta >= 0, not {older_than!r}")
+        base.check_older_than(older_than)
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise InvalidArgument(f"batch_size must be an integer >= 1, not {batch_size!r}")
         total = 0
@@ -965,8 +966,7 @@ class Client:
     ) -> int:
         """How many runs :meth:`purge` with these arguments would delete now (a dry run)."""
         wanted = base.purge_states(states)
-        if older_than < timedelta(0):
-            raise InvalidArgument("older_than must be >= 0")
+        base.check_older_than(older_than)
         return self._db.transaction(
             lambda tx: self._engine.count_purgeable(tx, states=wanted, older_than=older_than),
             one_statement=True,

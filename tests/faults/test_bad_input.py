@@ -299,4 +299,6 @@ def test_bad_arguments_of_operations_are_typed_errors(client: Client) -> None:
         client.list_runs(before_id="x")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="older_than"):
         client.purge(older_than=float("nan"))  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="older_than"):
+        client.count_purgeable(older_than=3600)  # type: ignore[arg-type]
     assert [r.id for r in client.list_runs()] == [handle.id]

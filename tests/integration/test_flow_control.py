@@ -397,3 +397,24 @@ def test_a_completed_step_no_longer_stands_in_its_queues_gates(
             "SELECT count(*) FILTER (WHERE queue <> ''), count(*) FROM cyclone_ext_gates"
         ).fetchone()
     assert row == (0, 60)
+
+
+def test_bulk_submits_apply_limits_when_the_inputs_are_a_generator(client: Client) -> None:
+    """The inputs were read twice (encoded, then keyed): a generator gave no second pass,
+    and its runs were written without their limits."""
+    client.enqueue_many(keyed, ({"tenant": f"s{i}", "n": i} for i in range(2)))
+    client.submit_many(per_tenant, ({"tenant": f"w{i}", "n": i} for i in range(2)))
+    keys = {r["key"] for r in client.stats()["limits"]}
+    assert {"s0", "s1", "w0", "w1"} <= keys, keys
+
+
+@pytest.mark.parametrize("inputs", ["abc", {"tenant": "t"}, 5, None], ids=repr)
+def test_bulk_submits_refuse_inputs_that_are_not_a_collection_of_inputs(
+    client: Client, inputs: object
+) -> None:
+    """A string or a dict is iterable: submit_many("abc") made three runs, of "a", "b", "c"."""
+    with pytest.raises(InvalidArgument, match="inputs"):
+        client.submit_many(per_tenant, inputs)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="inputs"):
+        client.enqueue_many(keyed, inputs)  # type: ignore[arg-type]
+    assert client.list_runs() == []
