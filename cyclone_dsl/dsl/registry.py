@@ -9,7 +9,18 @@ from typing import Any
 
 from cyclone_dsl.dsl.step import StepDef
 from cyclone_dsl.dsl.workflow import WorkflowDef
-from cyclone_dsl.errors import RegistryConflict, UnknownKind, UnknownWorkflow
+from cyclone_dsl.errors import InvalidArgument, RegistryConflict, UnknownKind, UnknownWorkflow
+
+
+def object_list(objects: Iterable[object]) -> list[object]:
+    """Modules, module names or definitions, read once into a list; a string alone (which
+    would be read as one name per character) raises :class:`InvalidArgument`."""
+    if isinstance(objects, str | bytes):
+        raise InvalidArgument(
+            f"give a list of modules, module names or definitions: [{objects!r}], not "
+            f"{objects!r} (a string is read as one name per character)"
+        )
+    return list(objects)
 
 
 class Registry:
@@ -53,7 +64,7 @@ class Registry:
     def from_objects(cls, objects: Iterable[object]) -> Registry:
         """A registry of modules (or dotted module names) and definitions."""
         registry = cls()
-        for obj in objects:
+        for obj in object_list(objects):
             for definition in _definitions(obj):
                 if isinstance(definition, WorkflowDef):
                     registry.add_workflow_tree(definition)

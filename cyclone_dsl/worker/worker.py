@@ -65,7 +65,7 @@ from cyclone_dsl.db.listen import listen, ping
 from cyclone_dsl.db.pool import PooledDatabase
 from cyclone_dsl.db.tx import ConnectionTx, Tx, in_autocommit, in_transaction
 from cyclone_dsl.dsl import runs
-from cyclone_dsl.dsl.registry import Registry, default_registry
+from cyclone_dsl.dsl.registry import Registry, default_registry, object_list
 from cyclone_dsl.dsl.step import StepDef
 from cyclone_dsl.durations import MAX_DURATION
 from cyclone_dsl.engine import (
@@ -312,6 +312,7 @@ class Worker:
                 raise InvalidArgument(
                     f"queue_limits[{limited!r}] must be an integer >= 1, not {cap!r}"
                 )
+        objects = object_list(objects)  # read once: the registry and the processes' spec
         self.registry = registry if registry is not None else Registry.from_objects(objects)
         self.handlers = dict(self.registry.handlers())
         if not self.handlers:

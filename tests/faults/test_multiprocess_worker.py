@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cyclone_dsl import Client, Worker
+from cyclone_dsl import Client, InvalidArgument, Worker
 from cyclone_dsl.states import RunState
 from tests.faults import handlers
 from tests.faults.conftest import ROOT, read_log, wait_for
@@ -183,3 +183,18 @@ def test_cli_processes_flag(cyclone_dsn: str, client: Client) -> None:
         _, errors = proc.communicate(timeout=30)
     assert proc.returncode == 0, errors
     assert all(gone(pid) for pid in pids.values())
+
+
+def test_worker_processes_get_the_modules_of_a_generator(cyclone_dsn: str, client: Client) -> None:
+    """The objects were read twice (this process's registry, then the processes' spec): a
+    generator left the worker processes with no module to import, hence no handler."""
+    from tests.cli import flows
+
+    with Worker(cyclone_dsn, (m for m in [flows]), processes=2, grace=5):
+        assert client.submit(flows.flow, 41).result(timeout=30) == 42
+
+
+def test_a_module_name_given_alone_is_refused() -> None:
+    """A string is iterable: Worker(dsn, "myapp.flows") looked for modules "m", "y"..."""
+    with pytest.raises(InvalidArgument, match="list"):
+        Worker("postgresql://unused", "tests.cli.flows")  # type: ignore[arg-type]
