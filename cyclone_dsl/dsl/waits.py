@@ -86,7 +86,15 @@ def wait_any(
 ) -> NodeRef[dict[str, Any]]:
     """Wait for the first of several signals; the output is ``{"name": ..., "payload": ...}``."""
     builder = require_builder("wait_any")
-    listed: tuple[Any, ...] = (names,) if isinstance(names, Ref) else tuple(names)
+    if isinstance(names, str):  # iterable: it would wait for one signal per character
+        builder.problems.append(
+            (
+                None,
+                f"wait_any takes a list of signal names: wait_any([{names!r}]), or "
+                f"wait_signal({names!r}) for one, not wait_any({names!r})",
+            )
+        )
+    listed: tuple[Any, ...] = (names,) if isinstance(names, Ref | str) else tuple(names)
     spec = WaitSpec(signal_names=listed, duration=_timeout(timeout))
     default_id = "any_" + "_".join(_id_of(n) for n in listed)
     return builder.add(

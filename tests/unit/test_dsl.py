@@ -266,3 +266,14 @@ def test_schedule_metadata_is_validated_and_stored() -> None:
         schedule("not a cron")
     with pytest.raises(ScheduleError, match="time zone"):
         schedule("* * * * *", location="Mars/Base")
+
+
+def test_wait_any_refuses_one_name_given_as_a_string() -> None:
+    """A string is iterable: wait_any("go") waited for a signal "g" or a signal "o"."""
+    from cyclone_dsl import wait_any
+
+    @workflow(name="u_any_string")
+    def waits(x):  # type: ignore[no-untyped-def]
+        return wait_any("go")
+
+    assert "wait_any takes a list of signal names" in str(invalid(waits))
