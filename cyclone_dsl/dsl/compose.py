@@ -98,6 +98,10 @@ def for_each(
     output is the children's results in item order (none if it defines none).
     """
     builder = require_builder("for_each")
+    if not isinstance(over, Ref | list | tuple):  # a literal string or dict: each run fails
+        builder.problems.append(
+            (None, f"for_each over= takes a list or a reference to one, not {over!r}")
+        )
     if isinstance(handler, WorkflowDef):
         return _for_each_child(
             handler, over, max_parallel, max_bytes, max_items, after=after, options=options

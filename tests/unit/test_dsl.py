@@ -277,3 +277,19 @@ def test_wait_any_refuses_one_name_given_as_a_string() -> None:
         return wait_any("go")
 
     assert "wait_any takes a list of signal names" in str(invalid(waits))
+
+
+@step(name="u_fe_item")
+def fe_item(x: object) -> object:
+    return x
+
+
+@pytest.mark.parametrize("over", ["abc", {"a": 1}, 5], ids=repr)
+def test_for_each_over_a_literal_that_is_not_a_list_is_refused(over: object) -> None:
+    """It validated, and each run's fan-out failed when it started."""
+
+    @workflow(name=f"u_fe_literal_{type(over).__name__}")
+    def fans(x):  # type: ignore[no-untyped-def]
+        return for_each(fe_item, over=over)
+
+    assert "for_each over= takes a list" in str(invalid(fans))
