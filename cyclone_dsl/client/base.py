@@ -10,6 +10,7 @@ from typing import Any
 from cyclone_dsl.durations import is_duration, refusal
 from cyclone_dsl.engine import LIVE_FOR
 from cyclone_dsl.errors import InvalidArgument
+from cyclone_dsl.graph.validate import queue_problem
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.states import RunState
 
@@ -128,8 +129,9 @@ def check_key(what: str, key: object) -> None:
 
 
 def check_queue_limit(queue: object, limit: object) -> None:
-    if not isinstance(queue, str) or not queue or len(queue.encode()) > 256 or "\x00" in queue:
-        raise InvalidArgument(f"queue must be a non-empty name of at most 256 bytes: {queue!r}")
+    wrong = queue_problem(queue)
+    if wrong is not None:
+        raise InvalidArgument(wrong)
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise InvalidArgument(f"a queue limit must be an integer >= 1 or None, not {limit!r}")
 

@@ -17,18 +17,24 @@ INT32_MAX = 2**31 - 1
 Problem = tuple[str | None, str]
 
 
+def queue_problem(queue: object) -> str | None:
+    """What is wrong with a queue name, or None: a non-empty string of at most
+    :data:`MAX_QUEUE_BYTES` bytes, without NUL."""
+    if not isinstance(queue, str) or not queue:
+        return f"queue must be a non-empty string, not {queue!r}"
+    if len(queue.encode("utf-8")) > MAX_QUEUE_BYTES:
+        return f"queue name is {len(queue.encode('utf-8'))} bytes; the limit is {MAX_QUEUE_BYTES}"
+    if "\x00" in queue:
+        return "queue name must not contain NUL characters"
+    return None
+
+
 def check_options(options: NodeOptions) -> list[str]:
     """Problems with one node's options (empty when they are fine)."""
     problems: list[str] = []
-    queue = options.queue
-    if not isinstance(queue, str) or not queue:
-        problems.append(f"queue must be a non-empty string, not {queue!r}")
-    elif len(queue.encode("utf-8")) > MAX_QUEUE_BYTES:
-        problems.append(
-            f"queue name is {len(queue.encode('utf-8'))} bytes; the limit is {MAX_QUEUE_BYTES}"
-        )
-    elif "\x00" in queue:
-        problems.append("queue name must not contain NUL characters")
+    queue_wrong = queue_problem(options.queue)
+    if queue_wrong is not None:
+        problems.append(queue_wrong)
     if not _is_int(options.priority) or abs(options.priority) > INT32_MAX:
         problems.append(f"priority must be a 32-bit integer, not {options.priority!r}")
     if not _is_int(options.max_attempts) or not 1 <= options.max_attempts <= INT32_MAX:

@@ -81,6 +81,7 @@ from cyclone_dsl.engine import (
     run_ids_of,
 )
 from cyclone_dsl.errors import InvalidArgument, WorkerCrashed
+from cyclone_dsl.graph.validate import queue_problem
 from cyclone_dsl.migrate import check_database
 from cyclone_dsl.observability import logs
 from cyclone_dsl.states import ErrorKind, RunState
@@ -293,8 +294,17 @@ class Worker:
         ):
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 raise InvalidArgument(f"{option} must be an integer >= 0, not {count!r}")
+        if isinstance(queues, str | bytes):
+            raise InvalidArgument(
+                f"queues takes a list of queue names: queues=[{queues!r}], not {queues!r}"
+            )
+        queues = list(dict.fromkeys(queues))
         if not queues:
             raise InvalidArgument("a worker needs at least one queue")
+        for served in queues:
+            wrong = queue_problem(served)
+            if wrong is not None:
+                raise InvalidArgument(wrong)
         if (
             isinstance(max_events_per_step, bool)
             or not isinstance(max_events_per_step, int)

@@ -235,6 +235,12 @@ def test_a_fifty_megabyte_output_fails_the_step_and_the_run(
         ({"max_reclaims": 1.5}, "max_reclaims"),
         ({"max_output_bytes": -1}, "max_output_bytes"),
         ({"batch_size": 0}, "batch_size"),
+        # A string is iterable: the worker served queues "c", "r", "i"...
+        ({"queues": "critical"}, "list of queue names"),
+        ({"queues": [""]}, "queue"),
+        ({"queues": [5]}, "queue"),
+        ({"queues": ["a\x00b"]}, "queue"),
+        ({"queues": ["q" * 257]}, "queue"),
     ],
     ids=lambda v: repr(v) if isinstance(v, dict) else "",
 )
