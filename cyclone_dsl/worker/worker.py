@@ -317,6 +317,12 @@ class Worker:
         self._events_db: PooledDatabase | None = None
         self._events_lock = threading.Lock()
         self.queue_limits = dict(queue_limits or {})
+        strays = [repr(q) for q in self.queue_limits if q not in queues]
+        if strays:
+            raise InvalidArgument(
+                f"queue_limits names queues this worker does not serve: {', '.join(strays)} "
+                f"(it serves {queues})"
+            )
         for limited, cap in self.queue_limits.items():
             if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
                 raise InvalidArgument(

@@ -241,6 +241,8 @@ def test_a_fifty_megabyte_output_fails_the_step_and_the_run(
         ({"queues": [5]}, "queue"),
         ({"queues": ["a\x00b"]}, "queue"),
         ({"queues": ["q" * 257]}, "queue"),
+        # A limit on a queue the worker does not serve (a typo) held nothing back.
+        ({"queue_limits": {"defualt": 2}}, "does not serve"),
     ],
     ids=lambda v: repr(v) if isinstance(v, dict) else "",
 )
