@@ -29,11 +29,6 @@ def call_arguments(serving: Serving, fn: Callable[..., Any], step: Claimed) -> l
     return arguments(call, step.input)
 
 
-# Turning a handler's end into an outcome never raises: if it did, the step would stay in
-# flight, its lease renewed by the worker, and its run would wait for ever. User objects
-# (an exception's ``__str__``, an output's methods) can raise anything.
-
-
 T = TypeVar("T")
 
 
@@ -48,6 +43,11 @@ async def contained(awaitable: Awaitable[T]) -> T:
         return await awaitable
     except (SystemExit, KeyboardInterrupt) as exc:
         raise Exited() from exc
+
+
+# Turning a handler's end into an outcome never raises: if it did, the step would stay in
+# flight, its lease renewed by the worker, and its run would wait for ever. User objects
+# (an exception's ``__str__``, an output's methods) can raise anything.
 
 
 def one_line(exc: BaseException) -> str:
