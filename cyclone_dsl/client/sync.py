@@ -113,10 +113,8 @@ class Client:
         """Run a submit's write, in a span when this client traces."""
         if self._tracing is None:
             return write()
-        with self._tracing.span(operation, workflow) as span:
-            result = write()
-            self._tracing.note_runs(span, run_ids_of(result))
-            return result
+        result: T = self._tracing.around(operation, workflow, write, run_ids_of)
+        return result
 
     def close(self) -> None:
         """Close the connection pool; later calls raise :class:`ClientClosed`."""

@@ -296,7 +296,7 @@ def insert_runs(
     assert row is not None
     ids: list[int] = row["ids"]
     if hooks.tracing is not None:
-        tracecontext.record(tx, ids, hooks.tracing.current())
+        tracecontext.on_insert_many(tx, hooks.tracing, ids)
     _record_fan_out_limits(tx, ids, text)
     if flows is not None and any(flow is not None for flow in flows):
         gates.record(tx, ids, flows)

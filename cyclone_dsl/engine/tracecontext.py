@@ -8,11 +8,15 @@ engine reads and writes nothing here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.sql import Q
+
+log = logging.getLogger("cyclone.engine")
+T = TypeVar("T")
 
 #: A W3C trace context: ``traceparent`` and, when there is one, ``tracestate``.
 Carrier = Mapping[str, str]
@@ -32,6 +36,16 @@ class TraceHook(Protocol):
 
     def reclaimed(self, steps: Sequence[Row], contexts: Mapping[int, Carrier]) -> None:
         """These steps' leases expired and were taken back (``contexts``: by run id)."""
+
+
+def _asked(what: str, call: Callable[[], T]) -> T | None:
+    """A trace hook's answer, or None when it raised: it runs inside the engine's
+    transactions, and tracing must never fail a submit, a completion or a scan."""
+    try:
+        return call()
+    except Exception:
+        log.exception("the trace hook failed (%s); the work goes on without it", what)
+        return None
 
 
 def record(tx: Tx, run_ids: Sequence[int], carrier: Carrier | None) -> None:
@@ -65,20 +79,29 @@ def on_insert(
     """A run was inserted: carry the submitter's trace context with it, or for a child run
     the context of its parent node's span (none when the parent run is not traced)."""
     if parent is None:
-        record(tx, [run_id], hook.current())
+        record(tx, [run_id], _asked("a submit", hook.current))
         return
     parent_context = read(tx, [parent[0]]).get(parent[0])
     if parent_context is not None:
-        carrier = hook.child_run(
-            parent_context,
-            run_id=parent[0],
-            node=parent[1],
-            child_run_id=run_id,
-            child_workflow=workflow,
+        carrier = _asked(
+            "a child run",
+            lambda: hook.child_run(
+                parent_context,
+                run_id=parent[0],
+                node=parent[1],
+                child_run_id=run_id,
+                child_workflow=workflow,
+            ),
         )
         record(tx, [run_id], carrier)
 
 
+def on_insert_many(tx: Tx, hook: TraceHook, run_ids: Sequence[int]) -> None:
+    """Runs of one bulk submit were inserted: carry the submitter's trace context."""
+    record(tx, run_ids, _asked("a submit", hook.current))
+
+
 def on_reclaim(tx: Tx, hook: TraceHook, rows: Sequence[Row]) -> None:
     if rows:
-        hook.reclaimed(rows, read(tx, [r["run_id"] for r in rows]))
+        contexts = read(tx, [r["run_id"] for r in rows])
+        _asked("a reclaim", lambda: hook.reclaimed(rows, contexts))

@@ -11,9 +11,11 @@ OpenTelemetry.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
+from typing import TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -23,6 +25,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from cyclone_dsl._version import __version__
 from cyclone_dsl.db.tx import Row
 from cyclone_dsl.engine import Carrier
+
+log = logging.getLogger("cyclone.tracing")
+T = TypeVar("T")
 
 #: The instrumentation scope of Cyclone's spans.
 TRACER_NAME = "cyclone_dsl"
@@ -67,6 +72,18 @@ def ns(moment: datetime | None) -> int | None:
     return None if moment is None else int(moment.timestamp() * 1_000_000_000)
 
 
+def _exit_quietly(
+    manager: AbstractContextManager[trace.Span], exc: BaseException | None, operation: str
+) -> None:
+    try:
+        if exc is None:
+            manager.__exit__(None, None, None)
+        else:
+            manager.__exit__(type(exc), exc, exc.__traceback__)
+    except Exception:
+        log.exception("could not end the span of a %s (the %s is done)", operation, operation)
+
+
 class Tracing:
     """Cyclone's spans for one tracer provider, and the engine's trace hook
     (:class:`~cyclone_dsl.engine.TraceHook`): submits, child runs, reclaimed attempts."""
@@ -75,6 +92,34 @@ class Tracing:
         self.tracer = trace.get_tracer(TRACER_NAME, __version__, tracer_provider=tracer_provider)
 
     # -- submits (the client) ------------------------------------------------------------
+
+    def around(
+        self,
+        operation: str,
+        workflow: str,
+        write: Callable[[], T],
+        runs_of: Callable[[T], Sequence[int]],
+    ) -> T:
+        """Run a submit's ``write`` in its span. The span never changes the write's outcome:
+        one that cannot start (a span processor's error) is logged and the write goes on
+        untraced; one that cannot end is logged, and the committed write returns."""
+        try:
+            manager = self.span(operation, workflow)
+            span = manager.__enter__()
+        except Exception:
+            log.exception("could not start the span of a %s; it goes on untraced", operation)
+            return write()
+        try:
+            result = write()
+        except BaseException as exc:
+            _exit_quietly(manager, exc, operation)
+            raise
+        try:
+            self.note_runs(span, runs_of(result))
+        except Exception:
+            log.exception("could not name the runs on the span of a %s", operation)
+        _exit_quietly(manager, None, operation)
+        return result
 
     def span(self, operation: str, workflow: str) -> AbstractContextManager[trace.Span]:
         """A current span ``cyclone.<operation> <workflow>`` around a submit."""

@@ -953,7 +953,7 @@ class Worker:
         claimed_at = time.monotonic()
         if self._observer is not None:
             if self._tracing is not None:
-                self._tracing.start_attempts(claimed, self._trace_contexts(claimed))
+                self._start_spans(claimed)
             self._observer.on_claimed(claimed)
         starts: list[_Start] = []
         for step in claimed:
@@ -961,6 +961,14 @@ class Worker:
         if starts:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._start_async, starts)
+
+    def _start_spans(self, claimed: list[Claimed]) -> None:
+        """Start the attempts' spans; the steps run untraced if that fails (a span
+        processor's error, a lost connection reading their trace contexts)."""
+        try:
+            self._tracing.start_attempts(claimed, self._trace_contexts(claimed))
+        except Exception:
+            log.exception("could not start the spans of %d claimed steps", len(claimed))
 
     def _adapt(self, lane: Lane) -> None:
         """Move the lane's slot limit, once per interval, from what the last one showed."""

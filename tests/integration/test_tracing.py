@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -313,3 +313,58 @@ def test_importing_cyclone_does_not_import_opentelemetry(cyclone_dsn: str) -> No
         check=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+
+
+class BrokenProcessor(SpanProcessor):
+    """A span processor with a bug: every span's start and end raise."""
+
+    def on_start(self, span: Span, parent_context: object = None) -> None:
+        raise RuntimeError("on_start is broken")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        raise RuntimeError("on_end is broken")
+
+
+@pytest.fixture
+def broken_provider() -> TracerProvider:
+    provider = TracerProvider()
+    provider.add_span_processor(BrokenProcessor())
+    return provider
+
+
+@workflow(name="tr_with_child")
+def tr_with_child(n):  # type: ignore[no-untyped-def]
+    return child(tr_inner, tr_leaf(n))
+
+
+def test_a_broken_span_processor_never_fails_a_submit_that_committed(
+    cyclone_dsn: str, broken_provider: TracerProvider
+) -> None:
+    """The span ended after the commit and its error reached the caller, who would submit
+    the run again."""
+    with Client(cyclone_dsn, tracing=broken_provider) as client:
+        handle = client.enqueue(tr_leaf, 1)
+        runs = client.submit_many(tr_inner, [1, 2])
+        assert [r.id for r in client.list_runs()] == sorted([handle.id, *(r.id for r in runs)])[
+            ::-1
+        ]
+
+
+def test_a_broken_span_processor_stops_no_run_and_no_reclaim(
+    cyclone_dsn: str, start_worker: Callable[..., Worker], broken_provider: TracerProvider
+) -> None:
+    """The trace hooks run inside the engine's transactions: a child run's start failed its
+    parent's completion, and a reclaim failed the scanner's reclaim pass for every run."""
+    with Client(cyclone_dsn, tracing=broken_provider) as client:
+        handle = client.submit(tr_with_child, 4)
+        lost = client.enqueue(tr_leaf, 7)
+        with psycopg.connect(cyclone_dsn) as conn:  # its worker died: the lease expired
+            conn.execute(
+                "UPDATE cyclone_steps SET state = 'running', lease_owner = 'gone', "
+                "lease_generation = lease_generation + 1, started_at = now(), "
+                "lease_expiry = now() - interval '1 second' WHERE run_id = %s",
+                (lost.id,),
+            )
+        start_worker(tr_with_child, tr_inner, tr_leaf, tracing=broken_provider)
+        assert handle.result(timeout=30) == 2
+        assert lost.result(timeout=30) == 6
