@@ -294,6 +294,8 @@ class Worker:
         ):
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 raise InvalidArgument(f"{option} must be an integer >= 0, not {count!r}")
+        if name is not None and (not isinstance(name, str) or "\x00" in name):
+            raise InvalidArgument(f"name must be a string without NUL characters, not {name!r}")
         if isinstance(queues, str | bytes):
             raise InvalidArgument(
                 f"queues takes a list of queue names: queues=[{queues!r}], not {queues!r}"

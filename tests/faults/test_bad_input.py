@@ -241,6 +241,9 @@ def test_a_fifty_megabyte_output_fails_the_step_and_the_run(
         ({"queues": [5]}, "queue"),
         ({"queues": ["a\x00b"]}, "queue"),
         ({"queues": ["q" * 257]}, "queue"),
+        # The name is every lease's owner: a NUL failed every claim.
+        ({"name": "a\x00b"}, "name"),
+        ({"name": 5}, "name"),
         # A limit on a queue the worker does not serve (a typo) held nothing back.
         ({"queue_limits": {"defualt": 2}}, "does not serve"),
     ],
