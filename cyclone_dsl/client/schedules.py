@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from cyclone_dsl.dsl.schedule import ScheduleSpec
+from cyclone_dsl.dsl.schedule import ScheduleSpec, schedule_duration
 from cyclone_dsl.errors import ScheduleError
 from cyclone_dsl.payload import JSONValue
 
@@ -53,11 +53,6 @@ def spec_for(
     timeout: timedelta | float | None,
     retention: timedelta | float | None,
 ) -> ScheduleSpec:
-    def seconds(value: timedelta | float | None) -> timedelta | None:
-        if value is None or isinstance(value, timedelta):
-            return value
-        return timedelta(seconds=value)
-
     if not isinstance(enabled, bool):
         raise ScheduleError("enabled must be True or False")
     return ScheduleSpec(
@@ -69,6 +64,6 @@ def spec_for(
         queue,
         priority,
         max_attempts,
-        seconds(timeout),
-        seconds(retention),
+        schedule_duration("timeout", timeout),
+        schedule_duration("retention", retention),
     )

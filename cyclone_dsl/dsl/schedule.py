@@ -11,6 +11,8 @@ import attrs
 from croniter import CroniterError, croniter
 
 from cyclone_dsl import payload
+from cyclone_dsl.dsl.builder import duration
+from cyclone_dsl.durations import is_duration, refusal
 from cyclone_dsl.errors import InvalidPayload, ScheduleError
 
 T = TypeVar("T")
@@ -32,6 +34,17 @@ class ScheduleSpec:
     retention: timedelta | None = None
 
 
+def schedule_duration(what: str, value: timedelta | float | None) -> timedelta | None:
+    """A schedule's ``timeout`` or ``retention``: None, or a duration given as a timedelta
+    or seconds; :class:`ScheduleError` for anything else."""
+    if value is None:
+        return None
+    converted = duration(value, what)
+    if not isinstance(converted, timedelta) or not is_duration(converted):
+        raise ScheduleError(refusal(what, value))
+    return converted
+
+
 def check_schedule(spec: ScheduleSpec) -> None:
     if not isinstance(spec.cron, str) or not croniter.is_valid(spec.cron):
         raise ScheduleError(f"{spec.cron!r} is not a valid cron expression")
@@ -39,6 +52,8 @@ def check_schedule(spec: ScheduleSpec) -> None:
         croniter(spec.cron, _ANY_INSTANT).get_next(datetime)
     except CroniterError as exc:  # February 30th: valid syntax, no date ever matches
         raise ScheduleError(f"{spec.cron!r} never fires: {exc}") from None
+    if spec.location is not None and not isinstance(spec.location, str):
+        raise ScheduleError(f"location must be an IANA time zone name, not {spec.location!r}")
     if spec.location is not None:
         try:
             ZoneInfo(spec.location)
@@ -66,12 +81,6 @@ def schedule(
     retention: timedelta | float | None = None,
 ) -> Callable[[T], T]:
     """Register a cron schedule for the decorated ``@workflow``, ``@step`` or ``@action``."""
-
-    def seconds(value: timedelta | float | None) -> timedelta | None:
-        if value is None or isinstance(value, timedelta):
-            return value
-        return timedelta(seconds=value)
-
     spec = ScheduleSpec(
         cron,
         id,
@@ -81,8 +90,8 @@ def schedule(
         queue,
         priority,
         max_attempts,
-        seconds(timeout),
-        seconds(retention),
+        schedule_duration("timeout", timeout),
+        schedule_duration("retention", retention),
     )
     check_schedule(spec)
 

@@ -387,3 +387,19 @@ def test_rows_with_durations_past_timestamp_range_do_not_break_the_scanner(
     scanner.scan_once()  # raised DatetimeFieldOverflow
     assert client.get_run(running.id).state is RunState.RUNNING
     assert client.get_run(ended.id).state is RunState.COMPLETED
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"timeout": float("inf")}, {"retention": 1e15}, {"timeout": -1}, {"location": 5}],
+    ids=repr,
+)
+def test_bad_schedule_options_are_schedule_errors(
+    client: Client, options: dict[str, object]
+) -> None:
+    """Each raised a raw OverflowError or TypeError."""
+    with pytest.raises(ScheduleError):
+        client.schedule(tick, "* * * * *", id="bad", **options)  # type: ignore[arg-type]
+    with pytest.raises(ScheduleError):
+        schedule("* * * * *", **options)(tick)  # type: ignore[arg-type]
+    assert client.list_schedules() == []
