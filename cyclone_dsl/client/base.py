@@ -92,12 +92,8 @@ def check_deadline(deadline: timedelta | None) -> timedelta | None:
 
 
 def check_scheduled_at(scheduled_at: datetime | None) -> None:
-    if scheduled_at is not None and (
-        not isinstance(scheduled_at, datetime) or scheduled_at.tzinfo is None
-    ):
-        raise InvalidArgument(
-            f"scheduled_at must be a timezone-aware datetime, not {scheduled_at!r}"
-        )
+    if scheduled_at is not None:
+        checked_aware("scheduled_at", scheduled_at)
 
 
 def run_state(value: RunState | str) -> RunState:
