@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from cyclone_dsl.dsl.flow import MAX_LIMIT
 from cyclone_dsl.durations import is_duration, refusal
 from cyclone_dsl.engine import LIVE_FOR
 from cyclone_dsl.errors import InvalidArgument
@@ -128,8 +129,12 @@ def check_queue_limit(queue: object, limit: object) -> None:
     wrong = queue_problem(queue)
     if wrong is not None:
         raise InvalidArgument(wrong)
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise InvalidArgument(f"a queue limit must be an integer >= 1 or None, not {limit!r}")
+    if limit is not None and (
+        not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT
+    ):
+        raise InvalidArgument(
+            f"a queue limit must be an integer from 1 to {MAX_LIMIT}, or None, not {limit!r}"
+        )
 
 
 def wait_reason(row: Mapping[str, Any]) -> str:

@@ -29,6 +29,9 @@ KeySpec = str | Callable[[Any], object] | None
 #: The longest key (bytes of UTF-8) a limit takes.
 MAX_KEY_BYTES = 256
 
+#: The largest limit: a limit is a slot row per unit per key, all made on the key's first use.
+MAX_LIMIT = 100_000
+
 
 def _check_key_spec(owner: str, key: object) -> None:
     if key is None or callable(key):
@@ -42,8 +45,10 @@ def _check_key_spec(owner: str, key: object) -> None:
 def _check_count(owner: str, name: str, value: object, *, optional: bool = False) -> None:
     if optional and value is None:
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidArgument(f"{owner}: {name} must be an integer >= 1, not {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_LIMIT:
+        raise InvalidArgument(
+            f"{owner}: {name} must be an integer from 1 to {MAX_LIMIT}, not {value!r}"
+        )
 
 
 @attrs.frozen

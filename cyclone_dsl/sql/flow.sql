@@ -14,6 +14,10 @@ SELECT k.scope, k.key, n.slot
 FROM (SELECT DISTINCT * FROM unnest(%(scopes)b::text[], %(keys)b::text[]) AS t(scope, key)) AS k
 JOIN cyclone_ext_limits AS l ON l.scope = k.scope
 CROSS JOIN LATERAL generate_series(1, l.max_count) AS n(slot)
+-- A key's slots are made in one statement and never deleted: with its top slot in place it
+-- has them all, and the range is not generated again (a limit of 100,000 took 0.26 s).
+WHERE NOT EXISTS (SELECT 1 FROM cyclone_ext_slots AS e
+                  WHERE e.scope = k.scope AND e.key = k.key AND e.slot = l.max_count)
 ORDER BY 1, 2, 3
 ON CONFLICT (scope, key, slot) DO NOTHING
 
@@ -393,7 +397,7 @@ WHERE g.run_id = %(run_id)s AND g.queue = '' AND s.id = g.step_id
 -- Charge units a handler reported beyond what its claim took (ctx.rate_limit_units): the
 -- budget's least recently used slots count as used now, so later starts wait for them.
 WITH wanted AS (
-    SELECT g.rate_scope AS scope, g.rate_key AS key, sum(e.extra)::int AS extra
+    SELECT g.rate_scope AS scope, g.rate_key AS key, sum(e.extra) AS extra
     FROM unnest(%(ids)b::bigint[], %(extra)b::int[]) AS e(step_id, extra)
     JOIN cyclone_ext_gates AS g ON g.step_id = e.step_id
     WHERE g.rate_scope IS NOT NULL AND e.extra > 0

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from cyclone_dsl import payload
+from cyclone_dsl.dsl.flow import MAX_LIMIT
 from cyclone_dsl.engine import Claimed, Failure, Success, backoff_seconds
 from cyclone_dsl.errors import InvalidPayload, PayloadTooLarge, Permanent
 from cyclone_dsl.states import ErrorKind
@@ -133,11 +134,12 @@ def _invalid_output(step: Claimed, reason: str) -> Failure:
 
 
 def extra_units(ctx: StepContext, reserved: int) -> int:
-    """The rate-limit units a handler reported beyond the ``reserved`` its claim took."""
+    """The rate-limit units a handler reported beyond the ``reserved`` its claim took (no
+    budget has more than ``MAX_LIMIT``: a larger report takes the whole budget)."""
     used = ctx.rate_limit_units
     if used is None or isinstance(used, bool) or not isinstance(used, int):
         return 0
-    return max(0, used - reserved)
+    return max(0, min(used, MAX_LIMIT) - reserved)
 
 
 def make_context(

@@ -330,3 +330,33 @@ def test_a_claim_probes_its_runs_and_steps_by_key(cyclone_admin_dsn: str, name: 
     plan = "\n".join(r["QUERY PLAN"] for r in rows)
     assert "Seq Scan on cyclone_runs " not in plan, plan
     assert "Seq Scan on cyclone_steps " not in plan, plan
+
+
+def _plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _plan_nodes(child)
+
+
+def test_a_keys_slots_are_made_once(client: Client, cyclone_dsn: str) -> None:
+    """Every submit of a limited step makes sure its keys have their slot rows. With the
+    slots in place it generated the limit's whole range again, with as many conflict
+    checks: 0.26 s per submit at a limit of 100,000. A raised limit still gets its new
+    slots."""
+    client.enqueue(rated, 1)
+    with psycopg.connect(cyclone_dsn, row_factory=dict_row) as conn:
+        (scope,) = conn.execute("SELECT scope FROM cyclone_ext_limits").fetchone().values()
+        params = {"scopes": [scope], "keys": [""]}
+        (row,) = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {Q.ensure_slots}", params)
+        series = [
+            node
+            for node in _plan_nodes(row["QUERY PLAN"][0]["Plan"])
+            if node.get("Function Name") == "generate_series"
+        ]
+        assert series, row
+        assert [node["Actual Rows"] for node in series] == [0] * len(series), row
+        conn.execute(Q.upsert_limits, {"scopes": [scope], "max_counts": [20_005], "pers": [None]})
+        conn.execute(Q.ensure_slots, params)
+        counted = conn.execute("SELECT count(*) AS n, max(slot) AS top FROM cyclone_ext_slots")
+        assert counted.fetchone() == {"n": 20_005, "top": 20_005}
+        conn.rollback()

@@ -20,6 +20,7 @@ from cyclone_dsl import (
     InvalidArgument,
     RateLimit,
     RunState,
+    StepContext,
     StepState,
     Worker,
     step,
@@ -226,6 +227,34 @@ def test_a_rate_limit_spreads_starts_over_windows(
     assert starts[-1] - starts[0] >= timedelta(seconds=2)
 
 
+@step(name="fc_metered", rate_limit=RateLimit(limit=5, per=timedelta(hours=1)))
+def metered(used: int, *, ctx: StepContext) -> int:
+    ctx.rate_limit_units = used
+    return used
+
+
+def test_units_a_handler_reports_are_charged_to_its_budget(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    start_worker(metered)
+    assert client.enqueue(metered, 4).result(timeout=20) == 4  # 1 claimed, 3 charged
+    assert client.enqueue(metered, 1).result(timeout=20) == 1  # the fifth unit
+    held = client.enqueue(metered, 1)
+    wait_until(lambda: "rate limited until" in client.why_waiting(held.id).get("fc_metered", ""))
+    assert held.get().state is RunState.RUNNING
+
+
+def test_a_report_past_any_budget_completes_its_step(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """A handler's report past the int range (2**40 units) failed the completion of every
+    step in its batch in the database; it takes the whole budget instead."""
+    start_worker(metered)
+    assert client.enqueue(metered, 2**40).result(timeout=20) == 2**40
+    held = client.enqueue(metered, 1)
+    wait_until(lambda: "rate limited until" in client.why_waiting(held.id).get("fc_metered", ""))
+
+
 # -- fair claims ----------------------------------------------------------------------------
 
 
@@ -252,7 +281,7 @@ def test_claims_take_keys_in_turn(client: Client, start_worker: Callable[..., Wo
 
 
 def test_limits_refuse_bad_values_at_definition() -> None:
-    with pytest.raises(InvalidArgument, match="limit must be an integer >= 1"):
+    with pytest.raises(InvalidArgument, match="limit must be an integer from 1 to"):
         Concurrency(key="tenant", limit=0)
     with pytest.raises(InvalidArgument, match="per must be a positive duration"):
         RateLimit(limit=5, per=timedelta(0))
@@ -260,6 +289,24 @@ def test_limits_refuse_bad_values_at_definition() -> None:
         Concurrency(key=3)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="concurrency must be a Concurrency"):
         step(concurrency=3)(lambda x: x)  # type: ignore[call-overload]
+
+
+def test_limits_past_the_largest_are_refused(client: Client) -> None:
+    """A limit is a slot row per unit per key: a limit of a million made every submit of a
+    new key insert a million rows (8 s here), and a queue cap past 2**31 - 1 came back as a
+    raw NumericValueOutOfRange."""
+    with pytest.raises(InvalidArgument, match="limit must be an integer from 1 to 100000"):
+        Concurrency(key="tenant", limit=100_001)
+    with pytest.raises(InvalidArgument, match="limit must be an integer from 1 to 100000"):
+        RateLimit(limit=1_000_000, per=timedelta(minutes=1))
+    for cap in (100_001, 2**31):
+        with pytest.raises(InvalidArgument, match="a queue limit must be an integer from 1"):
+            client.set_queue_limit("fc_huge", cap)
+    assert [r for r in client.stats()["limits"] if r["scope"] == "queue:fc_huge"] == []
+    # The largest limit is taken.
+    Concurrency(key="tenant", limit=100_000)
+    client.set_queue_limit("fc_huge", 100_000)
+    client.set_queue_limit("fc_huge", None)
 
 
 def test_a_key_that_cannot_be_evaluated_refuses_the_submit(client: Client) -> None:
