@@ -22,7 +22,7 @@ from cyclone_dsl.dsl.schedule import ScheduleSpec, pending_schedules
 from cyclone_dsl.dsl.signatures import CallOptions, OnDepFailure, StepCalls
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.graph.model import NodeOptions
-from cyclone_dsl.graph.validate import check_options
+from cyclone_dsl.graph.validate import INT32_MAX, check_options
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -243,9 +243,13 @@ def _define(
     built = make_options(NodeOptions(), options)
     problems = check_options(built)
     if max_reclaims is not None and (
-        not isinstance(max_reclaims, int) or isinstance(max_reclaims, bool) or max_reclaims < 0
+        not isinstance(max_reclaims, int)
+        or isinstance(max_reclaims, bool)
+        or not 0 <= max_reclaims <= INT32_MAX
     ):
-        problems.append(f"max_reclaims must be an integer >= 0, not {max_reclaims!r}")
+        problems.append(
+            f"max_reclaims must be an integer from 0 to {INT32_MAX}, not {max_reclaims!r}"
+        )
     kind = name or fn.__name__
     if not isinstance(kind, str) or not kind or kind.startswith("@"):
         problems.append(

@@ -14,6 +14,7 @@ from cyclone_dsl.states import OnDepFailure
 MAX_QUEUE_BYTES = 256
 MAX_TUPLE_ARGS = 4
 INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 Problem = tuple[str | None, str]
 
 
@@ -56,6 +57,10 @@ def check_options(options: NodeOptions) -> list[str]:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _in_range(value: object, low: int, high: int) -> bool:
+    return _is_int(value) and low <= value <= high  # type: ignore[operator]
 
 
 def problems_of(graph: Graph) -> list[Problem]:
@@ -106,8 +111,8 @@ def _node_problems(node: Node, known: set[str]) -> list[str]:
         problems.append("a list argument may only hold node references (no literals or run input)")
     if node.wait is not None:
         wait = node.wait
-        if wait.count is not None and (not _is_int(wait.count) or wait.count < 1):
-            problems.append(f"wait_n needs n >= 1, not {wait.count!r}")
+        if wait.count is not None and not _in_range(wait.count, 1, INT32_MAX):
+            problems.append(f"wait_n needs n from 1 to {INT32_MAX}, not {wait.count!r}")
         if wait.duration is not None and not is_duration(wait.duration):
             problems.append(refusal("a wait's timer or timeout", wait.duration))
         names = wait.signal_names or ((wait.signal_name,) if wait.signal_name is not None else ())
@@ -118,12 +123,18 @@ def _node_problems(node: Node, known: set[str]) -> list[str]:
                 problems.append(f"signal names must be non-empty strings, not {name!r}")
     if node.fan_out is not None:
         spec = node.fan_out
-        if not _is_int(spec.max_parallel) or spec.max_parallel < 0:
-            problems.append(f"max_parallel must be an integer >= 0, not {spec.max_parallel!r}")
-        if spec.max_bytes is not None and (not _is_int(spec.max_bytes) or spec.max_bytes < 0):
-            problems.append(f"max_bytes must be an integer >= 0, not {spec.max_bytes!r}")
-        if spec.max_items is not None and (not _is_int(spec.max_items) or spec.max_items < 1):
-            problems.append(f"max_items must be an integer >= 1, not {spec.max_items!r}")
+        if not _in_range(spec.max_parallel, 0, INT32_MAX):
+            problems.append(
+                f"max_parallel must be an integer from 0 to {INT32_MAX}, not {spec.max_parallel!r}"
+            )
+        if spec.max_bytes is not None and not _in_range(spec.max_bytes, 0, INT64_MAX):
+            problems.append(
+                f"max_bytes must be an integer from 0 to {INT64_MAX}, not {spec.max_bytes!r}"
+            )
+        if spec.max_items is not None and not _in_range(spec.max_items, 1, INT32_MAX):
+            problems.append(
+                f"max_items must be an integer from 1 to {INT32_MAX}, not {spec.max_items!r}"
+            )
         if node.kind in SPECIAL_KINDS and node.kind != KIND_CHILD:
             problems.append("for_each needs a @step, @action or @workflow")
     if node.when is not None:

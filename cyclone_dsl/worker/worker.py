@@ -81,7 +81,7 @@ from cyclone_dsl.engine import (
     run_ids_of,
 )
 from cyclone_dsl.errors import InvalidArgument, WorkerCrashed
-from cyclone_dsl.graph.validate import queue_problem
+from cyclone_dsl.graph.validate import INT32_MAX, queue_problem
 from cyclone_dsl.migrate import check_database
 from cyclone_dsl.observability import logs
 from cyclone_dsl.states import ErrorKind, RunState
@@ -271,9 +271,11 @@ class Worker:
             ("max_async", max_async),
         ):
             if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 1
+                not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= INT32_MAX
             ):
-                raise InvalidArgument(f"{option} must be an integer >= 1, not {value!r}")
+                raise InvalidArgument(
+                    f"{option} must be an integer from 1 to {INT32_MAX}, not {value!r}"
+                )
         if concurrency is not None and max_concurrency is not None:
             raise InvalidArgument(
                 "max_concurrency caps the adaptive default; with a fixed concurrency, leave "

@@ -289,7 +289,10 @@ def test_the_worker_command_runs_submitted_runs_and_stops_on_sigterm(
     ("args", "message"),
     [
         (["tests.contrib.no_such_module"], "cannot import 'tests.contrib.no_such_module'"),
-        (["--concurrency", "0"], "CommandError: concurrency must be an integer >= 1, not 0"),
+        (
+            ["--concurrency", "0"],
+            "CommandError: concurrency must be an integer from 1 to 2147483647, not 0",
+        ),
     ],
 )
 def test_the_worker_command_says_what_is_wrong(app_dsn: str, args: list[str], message: str) -> None:

@@ -235,6 +235,10 @@ def test_a_fifty_megabyte_output_fails_the_step_and_the_run(
         ({"max_reclaims": 1.5}, "max_reclaims"),
         ({"max_output_bytes": -1}, "max_output_bytes"),
         ({"batch_size": 0}, "batch_size"),
+        # Stored in an int column: the worker's registration failed with a raw error.
+        ({"concurrency": 2**31}, "concurrency must be an integer from 1 to 2147483647"),
+        ({"max_concurrency": 2**31}, "max_concurrency"),
+        ({"max_async": 2**31}, "max_async"),
         # A string is iterable: the worker served queues "c", "r", "i"...
         ({"queues": "critical"}, "list of queue names"),
         ({"queues": [""]}, "queue"),

@@ -198,8 +198,28 @@ def test_bad_wait_arguments() -> None:
         wait_signal("t", timeout="soon")
 
     text = str(invalid(waits))
-    assert "wait_n needs n >= 1" in text
+    assert "wait_n needs n from 1 to" in text
     assert "timer or timeout must be a positive duration" in text
+
+
+def test_counts_past_the_columns_range_are_refused() -> None:
+    """A quorum, a fan-out's max_parallel or max_items past 2**31 - 1 (int columns) or its
+    max_bytes past 2**63 - 1 (bigint) reached the database and came back as a raw
+    NumericValueOutOfRange from submit."""
+    from cyclone_dsl import wait_n
+
+    @workflow(name="u_huge_counts")
+    def huge(x):  # type: ignore[no-untyped-def]
+        wait_n("v", 2**31)
+        for_each(flows.ship, over=[1], max_parallel=2**31)
+        for_each(flows.ship, over=[1], max_items=2**31)
+        return for_each(flows.ship, over=[1], max_bytes=2**63)
+
+    text = str(invalid(huge))
+    assert f"wait_n needs n from 1 to {2**31 - 1}, not {2**31}" in text
+    assert f"max_parallel must be an integer from 0 to {2**31 - 1}" in text
+    assert f"max_items must be an integer from 1 to {2**31 - 1}" in text
+    assert f"max_bytes must be an integer from 0 to {2**63 - 1}" in text
 
 
 def test_for_each_needs_a_step() -> None:
@@ -228,6 +248,14 @@ def test_decorator_options_are_validated() -> None:
 
         @action(name="u_bad_reclaims", max_reclaims=-1)
         def bad_reclaims() -> None: ...
+
+    # Past the int column: every scanner pass over an expired lease of that kind failed.
+    with pytest.raises(
+        InvalidArgument, match=f"max_reclaims must be an integer from 0 to {2**31 - 1}"
+    ):
+
+        @action(name="u_huge_reclaims", max_reclaims=2**31)
+        def huge_reclaims() -> None: ...
 
 
 def test_builders_take_one_parameter_or_none() -> None:
