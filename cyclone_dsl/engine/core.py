@@ -439,6 +439,9 @@ class Engine:
     def queue_caps(self, tx: Tx) -> dict[str, int]:
         return gates.queue_caps(tx)
 
+    def queues_with_gates(self, tx: Tx, queues: Sequence[str]) -> set[str]:
+        return gates.queues_with_gates(tx, queues)
+
     def database_gauges(self, tx: Tx) -> list[Row]:
         """The database-wide gauges (one statement): rows of ``gauge`` (``steps``, ``runs``
         or ``waiting_runs``), ``queue``, ``state``, ``value`` and ``oldest_s``."""

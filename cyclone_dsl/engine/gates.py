@@ -119,6 +119,11 @@ def queue_caps(tx: Tx) -> dict[str, int]:
     return {r["queue"]: r["max_count"] for r in tx.rows(Q.queue_caps)}
 
 
+def queues_with_gates(tx: Tx, queues: Sequence[str]) -> set[str]:
+    """The queues among these that hold limited work (its gates not parked)."""
+    return {r["queue"] for r in tx.rows(Q.queues_with_gates, queues=list(queues))}
+
+
 def charge_units(tx: Tx, extra: Sequence[tuple[int, int]]) -> None:
     """Charge rate-limit units that handlers reported beyond their claim's (step id, units)."""
     extra = [(step_id, units) for step_id, units in extra if units > 0]

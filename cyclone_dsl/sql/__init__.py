@@ -84,6 +84,7 @@ class _Queries:
     claim_gated_steps: LiteralString
     claim_capped_steps: LiteralString
     queue_caps: LiteralString
+    queues_with_gates: LiteralString
     delete_limit: LiteralString
     park_ended_gates: LiteralString
     park_gates_of_steps: LiteralString

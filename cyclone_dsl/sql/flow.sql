@@ -1,11 +1,26 @@
 -- name: upsert_limits
--- Record the limit of each scope (the latest submitted definition's), with its window.
-INSERT INTO cyclone_ext_limits (scope, max_count, per)
-SELECT * FROM unnest(%(scopes)b::text[], %(max_counts)b::int[], %(pers)b::interval[])
-ON CONFLICT (scope) DO UPDATE
-SET max_count = EXCLUDED.max_count, per = EXCLUDED.per, updated_at = now()
-WHERE (cyclone_ext_limits.max_count, cyclone_ext_limits.per)
-      IS DISTINCT FROM (EXCLUDED.max_count, EXCLUDED.per)
+-- Record the limit of each scope (the latest submitted definition's), with its window. A
+-- raised limit gives every key of its scope its new slots at once: a key whose work was
+-- queued before would otherwise keep the old limit until a submit of that key.
+WITH changed AS (
+    INSERT INTO cyclone_ext_limits (scope, max_count, per)
+    SELECT * FROM unnest(%(scopes)b::text[], %(max_counts)b::int[], %(pers)b::interval[])
+    ON CONFLICT (scope) DO UPDATE
+    SET max_count = EXCLUDED.max_count, per = EXCLUDED.per, updated_at = now()
+    WHERE (cyclone_ext_limits.max_count, cyclone_ext_limits.per)
+          IS DISTINCT FROM (EXCLUDED.max_count, EXCLUDED.per)
+    RETURNING scope, max_count
+)
+INSERT INTO cyclone_ext_slots (scope, key, slot)
+SELECT c.scope, k.key, n.slot
+FROM changed AS c
+CROSS JOIN LATERAL (SELECT DISTINCT sl.key FROM cyclone_ext_slots AS sl
+                    WHERE sl.scope = c.scope) AS k
+CROSS JOIN LATERAL generate_series(1, c.max_count) AS n(slot)
+WHERE NOT EXISTS (SELECT 1 FROM cyclone_ext_slots AS e  -- a lowered limit has its slots
+                  WHERE e.scope = c.scope AND e.key = k.key AND e.slot = c.max_count)
+ORDER BY 1, 2, 3
+ON CONFLICT (scope, key, slot) DO NOTHING
 
 -- name: ensure_slots
 -- Make sure each (scope, key) has its limit's slot rows (1 .. max_count).
@@ -111,10 +126,40 @@ picked AS (
         FOR NO KEY UPDATE OF s SKIP LOCKED
     ) AS c
 ),
+-- Steps of runs that hold their run slot need no new one, and must not wait behind runs
+-- that wait for one: fan-out items and later nodes have higher ids (and may have lower
+-- priorities) than the queued runs' first steps, which alone would fill the picks above
+-- while the run holding the slot could never end. The holders are read from the keys' run
+-- slots, and their steps by id: never by walking a key's queue.
+held AS (
+    SELECT s.id, s.run_id, g.fair_key, g.priority, g.step_scope, g.step_key,
+           g.run_scope, g.run_key, g.rate_scope, g.rate_key, g.rate_units, k.key_ord
+    FROM cyclone_steps AS s
+    JOIN cyclone_ext_gates AS g ON g.step_id = s.id
+    JOIN keys AS k ON k.fair_key = g.fair_key
+    WHERE s.id = ANY(ARRAY(
+            SELECT hg.step_id FROM cyclone_ext_gates AS hg
+            WHERE hg.run_id = ANY(ARRAY(
+                    SELECT h.holder FROM keys AS hk
+                    CROSS JOIN LATERAL (  -- per key, through the slots' key (OFFSET 0: as
+                        -- a join it was planned as a scan of every slot of every limit)
+                        SELECT h.holder FROM cyclone_ext_limits AS l
+                        JOIN cyclone_ext_slots AS h ON h.scope = l.scope
+                                                   AND h.key = hk.fair_key
+                        WHERE l.scope LIKE 'run:%%' AND h.holder IS NOT NULL
+                        OFFSET 0
+                    ) AS h))
+              -- One CASE: no index on queue may drive this plan (a walk of the queue).
+              AND CASE WHEN hg.queue = %(queue)s THEN true ELSE false END))
+      AND {{claimable_by_id}}
+    ORDER BY g.priority DESC, g.step_id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE OF s SKIP LOCKED
+),
 cands AS (
     SELECT p.*,
            row_number() OVER (PARTITION BY p.fair_key ORDER BY p.priority DESC, p.id) AS turn
-    FROM picked AS p
+    FROM (SELECT * FROM picked UNION SELECT * FROM held) AS p
 ),
 limited AS (
     SELECT scope, max_count, per FROM cyclone_ext_limits
@@ -135,7 +180,10 @@ needs AS (
            WHERE h.scope = c.run_scope AND h.key = c.run_key AND h.holder = c.run_id
            LIMIT 1) IS NULL
     UNION ALL
-    SELECT c.id, c.rate_scope, c.rate_key, c.rate_units, NULL
+    -- A step queued with more units than its budget has now (a deploy lowered the limit,
+    -- or kinds sharing a budget declare different limits) takes the whole budget: it would
+    -- never start, and every later step of the budget would wait behind it.
+    SELECT c.id, c.rate_scope, c.rate_key, least(c.rate_units, l.max_count), NULL
     FROM cands AS c JOIN limited AS l ON l.scope = c.rate_scope
     UNION ALL
     SELECT c.id, l.scope, '', 1, NULL
@@ -352,6 +400,12 @@ chosen AS (
 -- The queues capped across all workers, with their caps.
 SELECT substr(scope, 7) AS queue, max_count FROM cyclone_ext_limits
 WHERE scope LIKE 'queue:%%' ORDER BY scope
+
+-- name: queues_with_gates
+-- Which of these queues hold work that limits apply to (not parked): a worker whose own
+-- definitions declare no limit claims it too (an earlier deploy's limited work).
+SELECT q AS queue FROM unnest(%(queues)b::text[]) AS q
+WHERE EXISTS (SELECT 1 FROM cyclone_ext_gates AS g WHERE g.queue = q)
 
 -- name: delete_limit
 -- Remove a limit (a queue's cap); its slots go with it.

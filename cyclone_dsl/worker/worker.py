@@ -349,6 +349,7 @@ class Worker:
         self._gated = self._has_limits()
         self._rated = any(h.rate_limit for h in self.handlers.values())
         self._capped: frozenset[str] = frozenset()  # queues capped across all workers
+        self._gated_queues: frozenset[str] = frozenset()  # queues holding limited work
         self._cursors: dict[str, str] = {}  # per queue, the fair key its last claim ended on
         #: The fixed number of handlers at once; ``None``: it adapts (see :meth:`settings`).
         self.concurrency = concurrency
@@ -1019,7 +1020,7 @@ class Worker:
             versions=self.serving.versions,
             limit=limit,
             lease=self.lease,
-            gated=self._gated,
+            gated=self._gated or bool(self._gated_queues),
             capped=self._capped,
             per_queue=per_queue,
             cursors=self._cursors,
@@ -1035,9 +1036,16 @@ class Worker:
 
     def refresh_queue_caps(self) -> frozenset[str]:
         """Read which of this worker's queues have a cap across all workers (every few
-        seconds: a cap set or removed with Client.set_queue_limit takes effect then)."""
-        caps = self._tx(self._engine.queue_caps)
+        seconds: a cap set or removed with Client.set_queue_limit takes effect then), and
+        whether they hold limited work: work queued under an earlier deploy's limits waits
+        for the gated claim even when this deploy's definitions dropped them."""
+
+        def read(tx: Tx) -> tuple[dict[str, int], set[str]]:
+            return self._engine.queue_caps(tx), self._engine.queues_with_gates(tx, self.queues)
+
+        caps, gated = self._tx(read)
         self._capped = frozenset(caps) & frozenset(self.queues)
+        self._gated_queues = frozenset(gated)
         return self._capped
 
     def _rotated_queues(self) -> list[str]:
