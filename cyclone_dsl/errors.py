@@ -58,9 +58,16 @@ class InvalidGraph(CycloneError):
             dict.fromkeys(node for node, _ in problems if node is not None)
         )
         lines = "\n".join(
-            f"  - {msg}" if node is None else f"  - [{node}] {msg}" for node, msg in problems
+            f"  - {msg}" if node is None else f"  - [{_shown(node)}] {msg}"
+            for node, msg in problems
         )
         super().__init__(f"workflow {workflow!r} is invalid:\n{lines}")
+
+
+def _shown(node: object) -> str:
+    """A node id as a message shows it: as written, or quoted when it holds characters a
+    log line cannot carry (a NUL, a lone surrogate: a log written as UTF-8 fails on it)."""
+    return node if isinstance(node, str) and node.isprintable() else repr(node)
 
 
 class InvalidArgument(CycloneError, ValueError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TypeAlias
+from typing import TypeAlias, TypeGuard
 
 from cyclone_dsl.errors import InvalidPayload, PayloadTooLarge
 
@@ -71,10 +71,27 @@ def _shown(key: object) -> str:
 def _check_text(text: str, where: str) -> None:
     if "\x00" in text:
         raise InvalidPayload(where, "contains a NUL character (\\u0000), which jsonb rejects")
+    if utf8_size(text) is None:
+        raise InvalidPayload(where, "contains a lone surrogate")
+
+
+def is_text(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a non-empty string a text column can store: without NUL (which
+    PostgreSQL refuses) and with a UTF-8 form (a lone surrogate has none)."""
+    return (
+        isinstance(value, str)
+        and value != ""
+        and "\x00" not in value
+        and utf8_size(value) is not None
+    )
+
+
+def utf8_size(text: str) -> int | None:
+    """The bytes of ``text`` in UTF-8; None when it has none (a lone surrogate)."""
     try:
-        text.encode("utf-8")
+        return len(text.encode("utf-8"))
     except UnicodeEncodeError:
-        raise InvalidPayload(where, "contains a lone surrogate") from None
+        return None
 
 
 def encode(value: object, *, what: str = "payload", max_bytes: int | None = None) -> str:

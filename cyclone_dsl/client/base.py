@@ -12,7 +12,7 @@ from cyclone_dsl.durations import is_duration, refusal
 from cyclone_dsl.engine import LIVE_FOR
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.graph.validate import queue_problem
-from cyclone_dsl.payload import JSONValue
+from cyclone_dsl.payload import JSONValue, is_text, utf8_size
 from cyclone_dsl.states import RunState
 
 MAX_KEY_BYTES = 1024
@@ -58,11 +58,13 @@ def check_older_than(older_than: object) -> None:
 
 
 def checked_text(name: str, value: object) -> str:
-    """``value`` if it is a non-empty string without NUL (which a text column refuses);
-    :class:`InvalidArgument` for anything else, before any statement is sent."""
-    if not isinstance(value, str) or not value or "\x00" in value:
+    """``value`` if it is a non-empty string a text column can store (see
+    :func:`~cyclone_dsl.payload.is_text`); :class:`InvalidArgument` for anything else, before
+    any statement is sent."""
+    if not is_text(value):
         raise InvalidArgument(
-            f"{name} must be a non-empty string without NUL characters, not {value!r}"
+            f"{name} must be a non-empty string without NUL characters or lone surrogates, "
+            f"not {value!r}"
         )
     return value
 
@@ -121,7 +123,10 @@ def check_key(what: str, key: object) -> None:
         raise InvalidArgument(f"{what} must be a non-empty string")
     if "\x00" in key:
         raise InvalidArgument(f"{what} must not contain NUL characters")
-    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+    size = utf8_size(key)
+    if size is None:
+        raise InvalidArgument(f"{what} is not valid UTF-8 (it contains a lone surrogate)")
+    if size > MAX_KEY_BYTES:
         raise InvalidArgument(f"{what} is longer than {MAX_KEY_BYTES} bytes")
 
 

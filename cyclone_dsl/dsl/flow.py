@@ -22,6 +22,7 @@ import attrs
 
 from cyclone_dsl.durations import is_duration, refusal
 from cyclone_dsl.errors import InvalidArgument
+from cyclone_dsl.payload import utf8_size
 
 #: How a limit's key is given: the whole scope (None), a field of the run input, or a callable.
 KeySpec = str | Callable[[Any], object] | None
@@ -142,12 +143,25 @@ def key_of(owner: str, key: KeySpec, run_input: object) -> str:
             raise InvalidArgument(f"{owner}: the run input has no field {key!r} (the key)")
         value = run_input[key]
         what = f"the run input's field {key!r} is"
+    return checked_key(owner, value, what)
+
+
+def checked_key(owner: str, value: object, what: str) -> str:
+    """A limit's key as stored: a string (an int is taken as its digits) of 1 to
+    ``MAX_KEY_BYTES`` bytes of UTF-8, without NUL; else :class:`InvalidArgument`."""
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise InvalidArgument(f"{owner}: a key must be a string; {what} {value!r}")
-    text = str(value)
-    if not text or "\x00" in text or len(text.encode()) > MAX_KEY_BYTES:
+    if isinstance(value, int) and value.bit_length() > MAX_KEY_BYTES * 4:
+        # Past MAX_KEY_BYTES digits, and str() refuses ints past 4,300 of them.
+        shown = f"an integer of {value.bit_length()} bits"
+        text = ""
+    else:
+        text = str(value)
+        shown = repr(value)
+    size = utf8_size(text)
+    if not text or "\x00" in text or size is None or size > MAX_KEY_BYTES:
         raise InvalidArgument(
             f"{owner}: a key must be a non-empty string of at most {MAX_KEY_BYTES} bytes "
-            f"without NUL; {what} {value!r}"
+            f"of UTF-8 without NUL; {what} {shown}"
         )
     return text

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cyclone_dsl.dsl.flow import Concurrency, RateLimit, key_of
+from cyclone_dsl.dsl.flow import Concurrency, RateLimit, checked_key, key_of
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.graph.rows import SPECIAL_KINDS, GateRow, LimitRow, RunFlow, StepRow
 
@@ -78,10 +78,9 @@ def standalone_flow(
                 f"concurrency_key given, but {definition.name!r} declares no Concurrency: "
                 "declare @step(concurrency=Concurrency(...)) to limit it"
             )
-        if not isinstance(concurrency_key, str) or not concurrency_key:
-            raise InvalidArgument(
-                f"concurrency_key must be a non-empty string, not {concurrency_key!r}"
-            )
+        if not isinstance(concurrency_key, str):
+            raise InvalidArgument(f"concurrency_key must be a string, not {concurrency_key!r}")
+        concurrency_key = checked_key("concurrency_key", concurrency_key, "it is")
     gate, limits = _kind_gate(
         definition.name, definition, run_input, (None, None, None), concurrency_key
     )

@@ -59,7 +59,7 @@ def check_schedule(spec: ScheduleSpec) -> None:
             ZoneInfo(spec.location)
         except (ZoneInfoNotFoundError, ValueError):
             raise ScheduleError(f"{spec.location!r} is not an IANA time zone") from None
-    if spec.id is not None and (not isinstance(spec.id, str) or not spec.id or "\x00" in spec.id):
+    if spec.id is not None and not payload.is_text(spec.id):
         raise ScheduleError(f"a schedule id must be a non-empty string, not {spec.id!r}")
     try:
         payload.check(spec.input)

@@ -23,6 +23,7 @@ from cyclone_dsl.dsl.signatures import CallOptions, OnDepFailure, StepCalls
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.graph.model import NodeOptions
 from cyclone_dsl.graph.validate import INT32_MAX, check_options
+from cyclone_dsl.payload import is_text
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -251,9 +252,10 @@ def _define(
             f"max_reclaims must be an integer from 0 to {INT32_MAX}, not {max_reclaims!r}"
         )
     kind = name or fn.__name__
-    if not isinstance(kind, str) or not kind or kind.startswith("@"):
+    if not is_text(kind) or kind.startswith("@"):
         problems.append(
-            f"a handler name must be a non-empty string not starting with '@': {kind!r}"
+            "a handler name must be a non-empty string without NUL characters or lone "
+            f"surrogates, not starting with '@': {kind!r}"
         )
     given: dict[str, object] = {
         "concurrency": flow.concurrency,

@@ -18,6 +18,7 @@ from cyclone_dsl.graph.fingerprint import fingerprint
 from cyclone_dsl.graph.model import Graph
 from cyclone_dsl.graph.rows import RunTemplate
 from cyclone_dsl.graph.validate import problems_of
+from cyclone_dsl.payload import is_text
 
 _building_now: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
     "cyclone_building_workflows", default=()
@@ -122,8 +123,11 @@ def _define(
             f"{fn.__name__} takes {len(params)}"
         )
     workflow_name = name or fn.__name__
-    if not isinstance(workflow_name, str) or not workflow_name:
-        raise InvalidArgument(f"a workflow name must be a non-empty string: {workflow_name!r}")
+    if not is_text(workflow_name):
+        raise InvalidArgument(
+            "a workflow name must be a non-empty string without NUL characters or lone "
+            f"surrogates: {workflow_name!r}"
+        )
     given: object = concurrency
     if given is not None and not isinstance(given, Concurrency):
         raise InvalidArgument(

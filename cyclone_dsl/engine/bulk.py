@@ -28,6 +28,7 @@ from cyclone_dsl.engine import control, waits
 from cyclone_dsl.engine.notify import Coalesced
 from cyclone_dsl.engine.transitions import Hooks
 from cyclone_dsl.errors import AlreadyTerminal, InvalidArgument, InvalidTransition, RunNotFound
+from cyclone_dsl.payload import is_text
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, RunState
 
@@ -78,7 +79,7 @@ def _names(what: str, value: str | Iterable[str] | None) -> tuple[str, ...]:
         return ()
     values = (value,) if isinstance(value, str) else tuple(value)
     for name in values:
-        if not isinstance(name, str) or not name or "\x00" in name:
+        if not is_text(name):
             raise InvalidArgument(f"a {what} must be a non-empty string, not {name!r}")
     return tuple(dict.fromkeys(values))
 

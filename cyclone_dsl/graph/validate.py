@@ -9,6 +9,7 @@ from cyclone_dsl.errors import InvalidGraph
 from cyclone_dsl.graph import conditions
 from cyclone_dsl.graph.model import ArgKind, Binding, Graph, Node, NodeOptions
 from cyclone_dsl.graph.rows import KIND_CHILD, SPECIAL_KINDS
+from cyclone_dsl.payload import is_text, utf8_size
 from cyclone_dsl.states import OnDepFailure
 
 MAX_QUEUE_BYTES = 256
@@ -23,8 +24,11 @@ def queue_problem(queue: object) -> str | None:
     :data:`MAX_QUEUE_BYTES` bytes, without NUL."""
     if not isinstance(queue, str) or not queue:
         return f"queue must be a non-empty string, not {queue!r}"
-    if len(queue.encode("utf-8")) > MAX_QUEUE_BYTES:
-        return f"queue name is {len(queue.encode('utf-8'))} bytes; the limit is {MAX_QUEUE_BYTES}"
+    size = utf8_size(queue)
+    if size is None:
+        return f"queue name is not valid UTF-8 (it contains a lone surrogate): {queue!r}"
+    if size > MAX_QUEUE_BYTES:
+        return f"queue name is {size} bytes; the limit is {MAX_QUEUE_BYTES}"
     if "\x00" in queue:
         return "queue name must not contain NUL characters"
     return None
@@ -92,8 +96,11 @@ def problems_of(graph: Graph) -> list[Problem]:
 
 def _node_problems(node: Node, known: set[str]) -> list[str]:
     problems = [f"option problem: {p}" for p in check_options(node.options)]
-    if not isinstance(node.id, str) or not node.id:
-        problems.append("node ids must be non-empty strings")
+    if not is_text(node.id):
+        problems.append(
+            f"node ids must be non-empty strings without NUL characters or lone surrogates, "
+            f"not {node.id!r}"
+        )
     elif "[" in node.id or "]" in node.id:
         problems.append("node ids may not contain '[' or ']' (they name fan-out items)")
     for dep in node.deps:
@@ -119,8 +126,11 @@ def _node_problems(node: Node, known: set[str]) -> list[str]:
         if not wait.timer and not names:
             problems.append("a signal wait needs at least one signal name")
         for name in names:
-            if not isinstance(name, str) or not name or "\x00" in name:
-                problems.append(f"signal names must be non-empty strings, not {name!r}")
+            if not is_text(name):
+                problems.append(
+                    "signal names must be non-empty strings without NUL characters or lone "
+                    f"surrogates, not {name!r}"
+                )
     if node.fan_out is not None:
         spec = node.fan_out
         if not _in_range(spec.max_parallel, 0, INT32_MAX):

@@ -84,6 +84,7 @@ from cyclone_dsl.errors import InvalidArgument, WorkerCrashed
 from cyclone_dsl.graph.validate import INT32_MAX, queue_problem
 from cyclone_dsl.migrate import check_database
 from cyclone_dsl.observability import logs
+from cyclone_dsl.payload import is_text
 from cyclone_dsl.states import ErrorKind, RunState
 from cyclone_dsl.worker import adaptive, execute
 from cyclone_dsl.worker.adaptive import SlotController, Slots, WorkerSettings
@@ -296,8 +297,10 @@ class Worker:
         ):
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 raise InvalidArgument(f"{option} must be an integer >= 0, not {count!r}")
-        if name is not None and (not isinstance(name, str) or "\x00" in name):
-            raise InvalidArgument(f"name must be a string without NUL characters, not {name!r}")
+        if name is not None and (not isinstance(name, str) or (name and not is_text(name))):
+            raise InvalidArgument(
+                f"name must be a string without NUL characters or lone surrogates, not {name!r}"
+            )
         if isinstance(queues, str | bytes):
             raise InvalidArgument(
                 f"queues takes a list of queue names: queues=[{queues!r}], not {queues!r}"

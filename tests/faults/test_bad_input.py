@@ -245,6 +245,7 @@ def test_a_fifty_megabyte_output_fails_the_step_and_the_run(
         ({"queues": [5]}, "queue"),
         ({"queues": ["a\x00b"]}, "queue"),
         ({"queues": ["q" * 257]}, "queue"),
+        ({"queues": ["q\ud800"]}, "queue"),  # raised UnicodeEncodeError
         # The name is every lease's owner: a NUL failed every claim.
         ({"name": "a\x00b"}, "name"),
         ({"name": 5}, "name"),
@@ -317,3 +318,53 @@ def test_bad_arguments_of_operations_are_typed_errors(client: Client) -> None:
     with pytest.raises(InvalidArgument, match="older_than"):
         client.count_purgeable(older_than=3600)  # type: ignore[arg-type]
     assert [r.id for r in client.list_runs()] == [handle.id]
+
+
+#: Strings no text column can store: PostgreSQL refuses a NUL, and a lone surrogate has
+#: no UTF-8 at all.
+UNSTORABLE = ["a\x00b", "a\ud800"]
+
+
+def _node_named(name: str) -> Callable[[Client], object]:
+    def submit(client: Client) -> object:
+        @workflow(name=f"bi_node_{len(name)}_{ord(name[1])}")
+        def flow(x):  # type: ignore[no-untyped-def]
+            return echo.named(name)(x)
+
+        return client.submit(flow, 1)
+
+    return submit
+
+
+def _signal_named(name: str) -> Callable[[Client], object]:
+    def submit(client: Client) -> object:
+        @workflow(name=f"bi_signal_{ord(name[1])}")
+        def flow(x):  # type: ignore[no-untyped-def]
+            return echo(wait_signal(name))
+
+        return client.submit(flow, 1)
+
+    return submit
+
+
+UNSTORABLE_CALLS: dict[str, Callable[[str], Callable[[Client], object]]] = {
+    "step name": lambda s: lambda c: step(name=s)(lambda x: x),
+    "workflow name": lambda s: lambda c: workflow(name=s)(lambda x: echo(x)),
+    "node id": _node_named,
+    "signal name": _signal_named,
+    "retry node": lambda s: lambda c: c.retry(1, s),
+    "runs filter": lambda s: lambda c: c.list_runs(workflow=s),
+    "worker name": lambda s: lambda c: Worker(c.dsn, [echo], name=s),
+}
+
+
+@pytest.mark.parametrize("text", UNSTORABLE, ids=["nul", "lone surrogate"])
+@pytest.mark.parametrize("call", list(UNSTORABLE_CALLS))
+def test_names_no_text_column_can_store_are_typed_errors(
+    client: Client, call: str, text: str
+) -> None:
+    """Each was accepted, or raised UnicodeEncodeError or psycopg's DataError, some only at
+    a later submit or at the worker's start."""
+    with pytest.raises((InvalidArgument, InvalidGraph)):
+        UNSTORABLE_CALLS[call](text)(client)
+    assert client.list_runs() == []

@@ -321,6 +321,75 @@ def test_a_key_that_cannot_be_evaluated_refuses_the_submit(client: Client) -> No
     assert client.list_runs() == []
 
 
+@step(name="fc_key_override", concurrency=Concurrency(key="tenant", limit=2))
+def key_override(job: dict[str, Any]) -> int:
+    return 1
+
+
+@pytest.mark.parametrize(
+    "key", ["a\x00b", "k" * 300, "k\ud800"], ids=["nul", "over_256_bytes", "lone_surrogate"]
+)
+def test_a_bad_concurrency_key_is_refused(client: Client, key: str) -> None:
+    """concurrency_key= was only checked to be a non-empty string: a NUL and a lone surrogate
+    raised psycopg's errors from the insert, and a key over 256 bytes was stored."""
+    with pytest.raises(InvalidArgument):
+        client.enqueue(key_override, {"tenant": "t"}, concurrency_key=key)
+    assert client.list_runs() == []
+
+
+@step(name="fc_fn_keyed", concurrency=Concurrency(key=lambda job: job["k"] + "\ud800", limit=2))
+def fn_keyed(job: dict[str, Any]) -> int:
+    return 1
+
+
+def test_a_key_function_returning_a_lone_surrogate_is_refused(client: Client) -> None:
+    """It raised UnicodeEncodeError."""
+    with pytest.raises(InvalidArgument):
+        client.enqueue(fn_keyed, {"k": "x"})
+    assert client.list_runs() == []
+
+
+@step(name="fc_int_keyed", concurrency=Concurrency(key=lambda job: 10**5000, limit=2))
+def int_keyed(job: dict[str, Any]) -> int:
+    return 1
+
+
+def test_a_key_function_returning_a_huge_int_is_refused(client: Client) -> None:
+    """An int key is allowed; one of 5,000 digits raised a bare ValueError (Python's limit
+    on converting ints to strings)."""
+    with pytest.raises(InvalidArgument):
+        client.enqueue(int_keyed, {"k": "x"})
+    assert client.list_runs() == []
+
+
+@step(name="fc_plain")
+def plain(x: int) -> int:
+    return x * 2
+
+
+@workflow(name="fc_once")
+def once(x):  # type: ignore[no-untyped-def]
+    return plain(x)
+
+
+SURROGATE_CALLS: dict[str, Callable[[Client], object]] = {
+    "submit_once": lambda c: c.submit_once(once, 1, key="k\ud800"),
+    "unique_key": lambda c: c.enqueue(plain, 1, unique_key="k\ud800"),
+    "sequence_key": lambda c: c.enqueue(plain, 1, sequence_key="k\ud800"),
+    "debounce": lambda c: c.submit(
+        once, 1, debounce=Debounce(key=lambda _: "k\ud800", delay=timedelta(seconds=1))
+    ),
+}
+
+
+@pytest.mark.parametrize("call", list(SURROGATE_CALLS))
+def test_a_key_with_a_lone_surrogate_is_refused(client: Client, call: str) -> None:
+    """Each raised UnicodeEncodeError (the same string as an input is InvalidPayload)."""
+    with pytest.raises(InvalidArgument):
+        SURROGATE_CALLS[call](client)
+    assert client.list_runs() == []
+
+
 # -- what users see ---------------------------------------------------------------------------
 
 

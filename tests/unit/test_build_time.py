@@ -508,5 +508,8 @@ def test_references_where_build_time_strings_belong_are_reported() -> None:
         return charge(x).named(x)
 
     text = str(invalid(wf))
-    assert "signal names must be non-empty strings, not <run input of bt_ref_names>" in text
+    assert (
+        "signal names must be non-empty strings without NUL characters or lone surrogates, not <run input of bt_ref_names>"
+        in text
+    )
     assert "a node id is a string fixed when the workflow is built" in text

@@ -244,6 +244,11 @@ def test_decorator_options_are_validated() -> None:
         @step(name="u_long_queue", queue="q" * 257)
         def long_queue() -> None: ...
 
+    with pytest.raises(InvalidArgument, match="queue name is not valid UTF-8"):
+
+        @step(name="u_surrogate_queue", queue="q\ud800")
+        def surrogate_queue() -> None: ...
+
     with pytest.raises(InvalidArgument, match="max_reclaims"):
 
         @action(name="u_bad_reclaims", max_reclaims=-1)
