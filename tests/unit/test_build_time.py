@@ -509,7 +509,7 @@ def test_references_where_build_time_strings_belong_are_reported() -> None:
 
     text = str(invalid(wf))
     assert (
-        "signal names must be non-empty strings without NUL characters or lone surrogates, not <run input of bt_ref_names>"
-        in text
+        "signal names must be non-empty strings without NUL characters or lone surrogates, "
+        "not <run input of bt_ref_names>" in text
     )
     assert "a node id is a string fixed when the workflow is built" in text
