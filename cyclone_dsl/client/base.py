@@ -10,7 +10,7 @@ from typing import Any
 from cyclone_dsl.dsl.flow import MAX_LIMIT
 from cyclone_dsl.durations import is_duration, refusal
 from cyclone_dsl.engine import LIVE_FOR
-from cyclone_dsl.errors import InvalidArgument
+from cyclone_dsl.errors import InvalidArgument, RunNotFound
 from cyclone_dsl.graph.validate import queue_problem
 from cyclone_dsl.payload import JSONValue, is_text, utf8_size
 from cyclone_dsl.states import RunState
@@ -33,8 +33,11 @@ UNSET = Unset.UNSET
 
 def checked_run_id(run_id: object) -> int:
     """``run_id`` if it is a run's id (an int); :class:`InvalidArgument` for anything else,
-    before any statement is sent."""
+    and :class:`RunNotFound` for an int no bigint column holds, before any statement is
+    sent."""
     if isinstance(run_id, int) and not isinstance(run_id, bool):
+        if not -(2**63) <= run_id < 2**63:
+            raise RunNotFound(run_id)
         return run_id
     hint = " (a handle's run id is handle.id)" if hasattr(run_id, "id") else ""
     raise InvalidArgument(f"expected a run id (an int), not {run_id!r}{hint}")
@@ -70,10 +73,10 @@ def checked_text(name: str, value: object) -> str:
 
 
 def checked_id(name: str, value: object) -> int:
-    """``value`` if it is an id (an int); :class:`InvalidArgument` for anything else."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    """``value`` if it is an id (an int of 64 bits); :class:`InvalidArgument` otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
         return value
-    raise InvalidArgument(f"{name} must be an id (an int), not {value!r}")
+    raise InvalidArgument(f"{name} must be an id (an int of 64 bits), not {value!r}")
 
 
 def checked_aware(name: str, value: object) -> datetime:

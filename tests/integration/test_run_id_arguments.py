@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cyclone_dsl import AsyncClient, Client, InvalidArgument, step
+from cyclone_dsl import AsyncClient, Client, InvalidArgument, RunNotFound, step
 
 
 @step(name="rid_work")
@@ -57,6 +57,16 @@ def test_a_sync_method_refuses_what_is_not_a_run_id(client: Client, name: str) -
     method = getattr(client, name)
     for wrong in (handle, str(handle.id), True, 1.0):
         with pytest.raises(InvalidArgument, match="run id"):
+            method(wrong, **call_arguments(method))
+
+
+@pytest.mark.parametrize("name", SYNC)
+def test_a_run_id_past_the_bigint_range_is_no_run(client: Client, name: str) -> None:
+    """cancel, pause, resume, retry... sent it to the database, which refused it with a raw
+    NumericValueOutOfRange ("bigint out of range")."""
+    method = getattr(client, name)
+    for wrong in (2**63, -(2**63) - 1):
+        with pytest.raises(RunNotFound):
             method(wrong, **call_arguments(method))
 
 
