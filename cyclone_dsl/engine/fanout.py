@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import gates, notify
 from cyclone_dsl.engine.transitions import (
@@ -81,9 +83,32 @@ def items_finished(tx: Tx, items: list[Row], hooks: Hooks) -> None:
         advance(tx, run_id, node, hooks)
 
 
+#: The fan-outs each thread is advancing, by (transaction, run, node): True when an item
+#: ended while its start was under way (a child run that ends as it starts) and the
+#: advance must go round again.
+_advancing = threading.local()
+
+
 def advance(tx: Tx, run_id: int, node: str, hooks: Hooks) -> None:
-    """Start a pending fan-out's next items up to max_parallel; finish it if all completed."""
-    _started(tx, tx.rows(Q.activate_next_items, run_id=run_id, node=node), hooks)
+    """Start a pending fan-out's next items up to max_parallel; finish it if all completed.
+
+    An item that ends as it starts (a child run with nothing to run) advances its fan-out
+    again from inside this call: that call only marks the fan-out, and this one goes round
+    again, so a thousand such items are a loop, not a recursion that Python's stack limit
+    stops.
+    """
+    rounds: dict[tuple[int, int, str], bool] = _advancing.__dict__.setdefault("rounds", {})
+    key = (id(tx), run_id, node)
+    if key in rounds:
+        rounds[key] = True
+        return
+    rounds[key] = True
+    try:
+        while rounds[key]:
+            rounds[key] = False
+            _started(tx, tx.rows(Q.activate_next_items, run_id=run_id, node=node), hooks)
+    finally:
+        del rounds[key]
     done = tx.rows(Q.finish_fan_out, run_id=run_id, node=node)
     if not done:
         return

@@ -316,3 +316,50 @@ def test_step_options_are_refused_on_a_fan_out_of_children() -> None:
 
     with pytest.raises(InvalidGraph, match="takes no step options \\(queue\\)"):
         _ = bad.graph
+
+
+# -- child runs that end as they start -------------------------------------------------------
+
+
+@step(name="fec_double")
+def double(x: int) -> int:
+    return x * 2
+
+
+@step(name="fec_empties")
+def empties(n: int) -> list[list[int]]:
+    return [[] for _ in range(n)]
+
+
+@workflow(name="fec_empty_inner")
+def empty_inner(x):  # type: ignore[no-untyped-def]
+    return for_each(double, over=x)  # ends as it starts when its input is []
+
+
+@workflow(name="fec_many_instant")
+def many_instant(n):  # type: ignore[no-untyped-def]
+    return for_each(empty_inner, over=empties(n), max_parallel=1)
+
+
+@workflow(name="fec_many_instant_literal")
+def many_instant_literal(_):  # type: ignore[no-untyped-def]
+    return for_each(empty_inner, over=[[] for _ in range(100)], max_parallel=1)
+
+
+def test_a_fan_out_of_child_runs_that_end_as_they_start_completes(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """Each such child run ended inside its start, which started the next item from there:
+    a call chain about 15 frames deep per item. Past about 65 items the completion raised
+    RecursionError, the worker stopped (WorkerCrashed) and the run never ended."""
+    start_worker(empties, double, empty_inner, many_instant)
+    run = client.submit(many_instant, 100)
+    assert run.result(timeout=20) == [[] for _ in range(100)]
+
+
+def test_submitting_a_fan_out_of_child_runs_that_end_as_they_start_completes(
+    client: Client,
+) -> None:
+    """The same from a literal list: the submit itself raised RecursionError."""
+    handle = client.submit(many_instant_literal, None)
+    assert handle.result(timeout=20) == [[] for _ in range(100)]
