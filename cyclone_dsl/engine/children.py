@@ -28,7 +28,11 @@ def _start(tx: Tx, activated: list[Row], hooks: Hooks, *, defer_unknown: bool) -
         return
     inputs = {r["id"]: r for r in tx.rows(Q.assemble_inputs, ids=[n["id"] for n in nodes])}
     deferred = False
-    for node in nodes:
+    for index, node in enumerate(nodes):
+        if index and not _still_waiting(tx, node):
+            # An earlier child of this batch failed as it started, which failed the parent
+            # run and cancelled this node: its child run must not start.
+            continue
         found = tx.one(Q.child_run_of, run_id=node["run_id"], node=node["node"])
         if found is not None:  # started before (idx_runs_parent: one child per parent node)
             if node.get("item_of") is not None and RunState(found["state"]).is_terminal:
@@ -53,6 +57,12 @@ def _start(tx: Tx, activated: list[Row], hooks: Hooks, *, defer_unknown: bool) -
         failpoint("child.after_insert")
     if deferred:
         notify.wake_queues(tx, [CHILD_WAKE])
+
+
+def _still_waiting(tx: Tx, node: Row) -> bool:
+    """Whether a child node still waits for its child run to start."""
+    rows = tx.rows(Q.lease_states, ids=[node["id"]])
+    return bool(rows) and rows[0]["state"] == StepState.WAITING_CHILD
 
 
 def _reuse(tx: Tx, item: Row, child_run: Row, hooks: Hooks) -> None:

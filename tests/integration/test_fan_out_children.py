@@ -363,3 +363,26 @@ def test_submitting_a_fan_out_of_child_runs_that_end_as_they_start_completes(
     """The same from a literal list: the submit itself raised RecursionError."""
     handle = client.submit(many_instant_literal, None)
     assert handle.result(timeout=20) == [[] for _ in range(100)]
+
+
+# -- a child run that fails as it starts -----------------------------------------------------
+
+
+@workflow(name="fec_listy")
+def listy(x):  # type: ignore[no-untyped-def]
+    wait_signal("fec_hold")
+    return for_each(double, over=x)  # fails as it starts (invalid_input) when x is no list
+
+
+@workflow(name="fec_listy_fan")
+def listy_fan(_):  # type: ignore[no-untyped-def]
+    return for_each(listy, over=[5, [1], [2]])
+
+
+def test_a_child_run_that_fails_as_it_starts_leaves_no_sibling_open(client: Client) -> None:
+    """Item 0's child run failed inside its start, which failed the fan-out and the parent
+    run and cancelled items 1 and 2; their child runs were started afterwards all the same,
+    and stayed open (here waiting for a signal for ever) under the failed parent."""
+    run = client.submit(listy_fan, None)
+    assert run.get().state is RunState.FAILED
+    assert [k.state for k in client.list_runs(workflow="fec_listy")] == [RunState.FAILED]
