@@ -75,7 +75,9 @@ def fork(
         ),
         flow=_without(compiled.flow, kept),
     )
-    run_id = submit.insert_run(tx, rows, hooks=hooks)
+    # Nothing is activated before the copied nodes hold their outputs: a root that ends as
+    # it starts (an empty fan-out) would activate nodes that read them.
+    run_id = submit.insert_run(tx, rows, activate_roots=False, hooks=hooks)
     tx.rows(
         Q.fork_copy,
         run_id=run_id,

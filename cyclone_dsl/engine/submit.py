@@ -221,9 +221,11 @@ def insert_run(
     scheduled_at: datetime | None = None,
     unique_key: str | None = None,
     sequence_key: str | None = None,
+    activate_roots: bool = True,
     hooks: Hooks,
 ) -> int:
-    """Insert the run and its graph, activate special roots, wake workers; return the run id."""
+    """Insert the run and its graph, activate special roots (unless the caller does it, as a
+    fork after writing its copied outputs), wake workers; return the run id."""
     graph = _rows_of(run)
     text = graph_text(graph)
     _record_guards(tx, graph)
@@ -254,7 +256,8 @@ def insert_run(
     _record_fan_out_limits(tx, [run_id], text)
     if run.flow is not None:
         gates.record(tx, [run_id], [run.flow])
-    activate(tx, [(run_id, node) for node in text.roots], hooks)
+    if activate_roots:
+        activate(tx, [(run_id, node) for node in text.roots], hooks)
     return run_id
 
 

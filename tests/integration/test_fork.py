@@ -220,3 +220,33 @@ def test_a_fork_onto_another_definition_needs_consent_and_compatible_kinds(
         pytest.raises(InvalidTransition, match="ran 'fk_fetch' there and is 'fk_audit'"),
     ):
         other.fork(old.id, "fk_charge", current_definition=True)
+
+
+@step(name="fk_three")
+def three(n: int) -> list[int]:
+    return list(range(n))
+
+
+@step(name="fk_twice")
+def twice(x: int) -> int:
+    return x * 2
+
+
+@workflow(name="fk_root_fan")
+def root_fan(x):  # type: ignore[no-untyped-def]
+    a = three.named("a")(3)
+    f = for_each(twice, over=x, node_id="f")  # a root: it completes as it starts for []
+    return for_each(twice, over=a, after=[f], node_id="g")
+
+
+def test_a_fork_from_a_root_that_ends_as_it_starts_reads_the_copied_outputs(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """The fork's roots were activated before the copied nodes took their outputs: "f"
+    completed as it started and activated "g", whose fan-out read the copied "a" with no
+    output yet, and the fork failed ("for_each over 'g' needs a JSON list, got nothing")."""
+    start_worker(three, twice, root_fan)
+    run = client.submit(root_fan, [1])
+    assert run.result(timeout=20) == [0, 2, 4]
+    fork = client.fork(run.id, "f", input=[])
+    assert fork.result(timeout=20) == [0, 2, 4]
