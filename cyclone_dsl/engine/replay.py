@@ -15,7 +15,6 @@ from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine import gates
 from cyclone_dsl.engine.transitions import Hooks, activate, finish_if_done
 from cyclone_dsl.errors import InvalidTransition, NodeNotFound, RunNotFound
-from cyclone_dsl.graph.rows import KIND_CHILD
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState, StepState
 
@@ -70,9 +69,12 @@ def replay(tx: Tx, run_id: int, node: str, hooks: Hooks) -> list[str]:
             f"run {run_id}: cannot replay {node!r} while {listed} is under way: wait for it "
             "to end, or cancel the run first"
         )
-    with_children = sorted(
-        n for n in cone if steps[n]["kind"] == KIND_CHILD and steps[n]["state"] != StepState.PENDING
-    )
+    # A child node (or a fan-out over a workflow) that a condition skipped, or that ended
+    # without a child run, is judged again like any node: only a child run it started stops
+    # the replay, as it cannot be started again.
+    parents = {r["parent_node_id"] for r in tx.rows(Q.child_runs, run_id=run_id)}
+    started = {p.split("[", 1)[0] for p in parents if p is not None}
+    with_children = sorted(n for n in cone if n in started)
     if with_children:
         raise InvalidTransition(
             f"run {run_id}: {', '.join(map(repr, with_children))} started a child run, which a "

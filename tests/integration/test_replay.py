@@ -191,3 +191,43 @@ def _wait_for_state(client: Client, run_id: int, node: str, state: StepState) ->
         timeout=20,
         what=f"{node} to be {state.value}",
     )
+
+
+scores = {"big": False}
+
+
+@step(name="rp_score")
+def score(x: int) -> int:
+    return 10 if scores["big"] else x
+
+
+@step(name="rp_double")
+def double(x: int) -> int:
+    return x * 2
+
+
+@workflow(name="rp_doubled")
+def doubled(x):  # type: ignore[no-untyped-def]
+    return double(x)
+
+
+@workflow(name="rp_skip_child")
+def skip_child(x):  # type: ignore[no-untyped-def]
+    s = score(x)
+    c = child(doubled, s, when=s.gt(5))
+    return double.named("after")(c, on_skip="run")
+
+
+def test_a_replay_judges_a_skipped_child_node_again(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """A child node its condition skipped started no child run, yet the replay was refused
+    as if it had ("'rp_doubled' started a child run ... fork the run")."""
+    scores["big"] = False
+    start_worker(score, double, doubled, skip_child)
+    run = client.submit(skip_child, 1)
+    run.wait(timeout=20)
+    assert client.get_run(run.id).step("rp_doubled").state is StepState.SKIPPED
+    scores["big"] = True
+    client.retry(run.id, "rp_score", force=True)
+    assert run.result(timeout=20) == 40
