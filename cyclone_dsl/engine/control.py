@@ -129,11 +129,18 @@ def _check_parent_waits(tx: Tx, run: Row) -> None:
     parent = tx.one(Q.node_state, run_id=run["parent_run_id"], node=run["parent_node_id"])
     if parent is None or parent["state"] != StepState.WAITING_CHILD:
         state = parent["state"] if parent is not None else "gone"
+        # A parent node that completed cannot be retried (nor replayed: its child run
+        # exists); a fork of the parent from that node starts a new child run.
+        instead = (
+            f"fork run {run['parent_run_id']} from its node {run['parent_node_id']!r} "
+            "(client.fork), which starts a new child run"
+            if state == StepState.COMPLETED
+            else f"retry run {run['parent_run_id']}'s node {run['parent_node_id']!r}, "
+            "which retries this run"
+        )
         raise InvalidTransition(
             f"run {run['id']} is a child run of run {run['parent_run_id']}, whose node "
-            f"{run['parent_node_id']!r} is {state} and does not wait for it: retry "
-            f"run {run['parent_run_id']}'s node {run['parent_node_id']!r} instead, "
-            "which retries this run"
+            f"{run['parent_node_id']!r} is {state} and does not wait for it: {instead}"
         )
 
 

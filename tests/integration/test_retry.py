@@ -307,6 +307,33 @@ def test_a_child_node_whose_child_run_failed_retries_that_child_run(
     assert client.get_run(child_run.id).step("ry_task").attempt == 0
 
 
+@workflow(name="ry_contained_inner")
+def contained_inner(tag):  # type: ignore[no-untyped-def]
+    bad = task("bad").named("bad")
+    after(bad, on_dep_failure="cancel_branch").named("branch")
+    return task("main").named("main")
+
+
+@workflow(name="ry_outer_contained")
+def outer_contained(tag):  # type: ignore[no-untyped-def]
+    return after(child(contained_inner, tag))
+
+
+def test_a_completed_child_runs_contained_failure_points_to_a_fork(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """The refusal said to retry the parent's child node, which completed and so could not
+    be retried either (nor replayed: its child run exists): the way out is a fork."""
+    FAILING.add("bad")
+    start_worker(*HANDLERS, *WORKFLOWS, contained_inner, outer_contained)
+    handle = client.submit(outer_contained, "x")
+    assert handle.result(timeout=20) == "after main"
+    (child_run,) = client.list_runs(workflow="ry_contained_inner")
+    assert client.get_run(child_run.id).step("bad").state is StepState.DISCARDED
+    refused(client, [handle.id, child_run.id], child_run.id, "bad", f"fork run {handle.id} from")
+    FAILING.clear()
+
+
 def test_a_child_run_cancelled_with_its_parent_runs_again(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
