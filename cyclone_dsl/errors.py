@@ -177,7 +177,8 @@ class SignalNotDeliverable(CycloneError):
 
 
 class NoOutput(CycloneError):
-    """The workflow defines no result node, so the run has no result."""
+    """The run has no result: its workflow defines no result node, or the run completed
+    with its result node cut off by a contained failure (``cancel_branch``)."""
 
 
 class RunFailed(CycloneError):

@@ -27,7 +27,7 @@ from cyclone_dsl.engine import EVENTS_CHANNEL, RUN_DONE_CHANNEL, names_run
 from cyclone_dsl.errors import InvalidArgument, NoOutput, RunFailed, RunNotFound
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
-from cyclone_dsl.states import RunState
+from cyclone_dsl.states import RunState, StepState
 
 if TYPE_CHECKING:
     from cyclone_dsl.client.model import Run
@@ -245,5 +245,12 @@ def outcome_from_row(row: dict[str, Any] | None, run_id: int) -> JSONValue:
         )
     if row["result_node"] is None:
         raise NoOutput(f"run {run_id}: its workflow defines no result")
+    if row["result_state"] in (StepState.CANCELLED, StepState.DISCARDED):
+        # A failure contained by on_dep_failure="cancel_branch" cut the result node off:
+        # the run completed, but None would pass for a result the node never gave.
+        raise NoOutput(
+            f"run {run_id} completed, but its result node {row['result_node']!r} was "
+            f"{row['result_state']}: a failure upstream of it was contained (cancel_branch)"
+        )
     result: JSONValue = row["result"]
     return result

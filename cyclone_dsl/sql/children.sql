@@ -1,15 +1,28 @@
 -- name: finish_child_nodes
--- Settle the parent nodes of child runs that ended: the child's result, or a failure.
+-- Settle the parent nodes of child runs that ended: the child's result, or a failure. A
+-- child run that completed with its result node cut off by a contained failure
+-- (cancel_branch) has no result: a parent node that needs it fails, rather than take None.
 UPDATE cyclone_steps AS p
-SET state = CASE WHEN c.state = 'completed' THEN 'completed' ELSE 'discarded' END,
-    output = CASE WHEN c.state = 'completed' AND p.child_needs_result THEN
-                 (SELECT s.output FROM cyclone_steps AS s
-                  WHERE s.run_id = c.id AND s.node = c.result_node) END,
+SET state = CASE WHEN c.state = 'completed' AND NOT (p.child_needs_result AND res.cut)
+                 THEN 'completed' ELSE 'discarded' END,
+    output = CASE WHEN c.state = 'completed' AND p.child_needs_result AND NOT res.cut
+                  THEN res.output END,
     error = CASE WHEN c.state <> 'completed' THEN
-                 'child run ' || c.id || ' of ' || quote_literal(c.workflow) || ' ' || c.state END,
-    error_kind = CASE WHEN c.state <> 'completed' THEN 'child_failed' END,
+                     'child run ' || c.id || ' of ' || quote_literal(c.workflow) || ' ' || c.state
+                 WHEN p.child_needs_result AND res.cut THEN
+                     'child run ' || c.id || ' of ' || quote_literal(c.workflow)
+                     || ' completed without a result: its result node '
+                     || quote_literal(c.result_node) || ' was ' || res.state END,
+    error_kind = CASE WHEN c.state <> 'completed' OR (p.child_needs_result AND res.cut)
+                      THEN 'child_failed' END,
     completed_at = now() + %(shift)s::interval
 FROM cyclone_runs AS c
+LEFT JOIN LATERAL (
+    SELECT s.output, s.state, s.state IN ('cancelled', 'discarded') AS cut
+    FROM cyclone_steps AS s WHERE s.run_id = c.id AND s.node = c.result_node
+) AS found ON true
+-- No result node (or no step for it): nothing to cut off.
+CROSS JOIN LATERAL (SELECT found.output, found.state, coalesce(found.cut, false) AS cut) AS res
 WHERE c.id = ANY(%(child_ids)b::bigint[])
   AND p.run_id = c.parent_run_id AND p.node = c.parent_node_id AND p.state = 'waiting_child'
 RETURNING p.id, p.run_id, p.node, p.item_of, p.state, true AS has_downstream, p.error

@@ -49,9 +49,7 @@ LIMIT %(limit)s
 
 -- name: run_outcome
 -- A run's state, its result node's output, and its first failure.
-SELECT r.id, r.state, r.result_node,
-       (SELECT s.output FROM cyclone_steps AS s
-        WHERE s.run_id = r.id AND s.node = r.result_node) AS result,
+SELECT r.id, r.state, r.result_node, res.output AS result, res.state AS result_state,
        f.node AS failed_node, f.error AS failed_error, f.error_kind AS failed_error_kind
 FROM cyclone_runs AS r
 LEFT JOIN LATERAL (
@@ -60,6 +58,7 @@ LEFT JOIN LATERAL (
     ORDER BY (s.state = 'discarded') DESC, s.completed_at NULLS LAST, s.id
     LIMIT 1
 ) AS f ON true
+LEFT JOIN cyclone_steps AS res ON res.run_id = r.id AND res.node = r.result_node
 WHERE r.id = %(run_id)s
 
 -- name: run_progress

@@ -18,6 +18,7 @@ from cyclone_dsl import (
     Client,
     Permanent,
     Run,
+    RunFailed,
     Worker,
     child,
     for_each,
@@ -25,7 +26,7 @@ from cyclone_dsl import (
     wait_signal,
     workflow,
 )
-from cyclone_dsl.errors import InvalidTransition
+from cyclone_dsl.errors import InvalidTransition, NoOutput
 from cyclone_dsl.states import RunState, StepState
 from tests.waiting import wait_until
 
@@ -305,6 +306,45 @@ def test_a_child_node_whose_child_run_failed_retries_that_child_run(
     (again,) = client.list_runs(workflow="ry_inner")
     assert again.id == child_run.id and again.state is RunState.COMPLETED
     assert client.get_run(child_run.id).step("ry_task").attempt == 0
+
+
+@workflow(name="ry_result_cut")
+def result_cut(tag):  # type: ignore[no-untyped-def]
+    bad = task("bad").named("bad")
+    task("main").named("main")
+    return after(bad, on_dep_failure="cancel_branch").named("branch")
+
+
+def test_a_result_node_cut_off_by_a_contained_failure_is_no_result(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """The run completes (the failure is contained), but its result node was cancelled:
+    result() returned None, as if the node had returned None."""
+    FAILING.add("bad")
+    start_worker(*HANDLERS, result_cut)
+    handle = client.submit(result_cut, "x")
+    assert handle.wait(timeout=20).state is RunState.COMPLETED
+    with pytest.raises(NoOutput, match="its result node 'branch' was cancelled"):
+        handle.result(timeout=5)
+    FAILING.clear()
+
+
+@workflow(name="ry_outer_cut")
+def outer_cut(tag):  # type: ignore[no-untyped-def]
+    return after(child(result_cut, tag))
+
+
+def test_a_child_run_whose_result_node_was_cut_off_fails_its_node(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """The parent's child node took None as the child run's result and went on."""
+    FAILING.add("bad")
+    start_worker(*HANDLERS, result_cut, outer_cut)
+    handle = client.submit(outer_cut, "x")
+    with pytest.raises(RunFailed, match="completed without a result: its result node 'branch'"):
+        handle.result(timeout=20)
+    assert client.get_run(handle.id).step("ry_result_cut").error_kind == "child_failed"
+    FAILING.clear()
 
 
 @workflow(name="ry_contained_inner")
