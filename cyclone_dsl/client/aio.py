@@ -503,7 +503,7 @@ class AsyncClient:
         batch_size: int,
     ) -> BulkResult:
         where = bulk.check(where, batch_size, progress)
-        if dry_run:
+        if base.checked_flag("dry_run", dry_run):
             return await asyncio.to_thread(self._client._bulk_dry_run, action, where)
         pages = self._client._bulk_pages(action, where, batch_size)
         result: BulkResult | None = None

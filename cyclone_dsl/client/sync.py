@@ -685,6 +685,7 @@ class Client:
         :class:`InvalidArgument` when ``from_node`` is not one of its nodes.
         """
         run_id = base.checked_run_id(run_id)
+        current_definition = base.checked_flag("current_definition", current_definition)
         source = self._read_one(Q.fork_source_run, run_id=run_id)
         if source is None:
             raise RunNotFound(run_id)
@@ -738,6 +739,7 @@ class Client:
         """
         run_id = base.checked_run_id(run_id)
         node = base.checked_text("node", node)
+        force = base.checked_flag("force", force)
         self._db.transaction(lambda tx: self._engine.retry(tx, run_id, node, force=force))
 
     def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:
@@ -828,7 +830,7 @@ class Client:
         batch_size: int,
     ) -> BulkResult:
         where = bulk.check(where, batch_size, progress)
-        if dry_run:
+        if base.checked_flag("dry_run", dry_run):
             return self._bulk_dry_run(action, where)
         result = None
         for result in self._bulk_pages(action, where, batch_size):
@@ -904,6 +906,7 @@ class Client:
 
     def enable_schedule(self, schedule_id: str, enabled: bool = True) -> None:
         """Enable (or disable) a schedule; :class:`ScheduleError` if there is none."""
+        enabled = base.checked_flag("enabled", enabled)
         self._db.transaction(lambda tx: self._engine.set_schedule_enabled(tx, schedule_id, enabled))
 
     def list_schedules(self) -> list[Schedule]:

@@ -14,6 +14,7 @@ from cyclone_dsl import (
     InvalidGraph,
     InvalidPayload,
     PayloadTooLarge,
+    RunFilter,
     RunNotFound,
     UnknownKind,
     UnknownWorkflow,
@@ -368,3 +369,21 @@ def test_names_no_text_column_can_store_are_typed_errors(
     with pytest.raises((InvalidArgument, InvalidGraph)):
         UNSTORABLE_CALLS[call](text)(client)
     assert client.list_runs() == []
+
+
+FLAG_CALLS: dict[str, Callable[[Client], object]] = {
+    "cancel_many dry_run": lambda c: c.cancel_many(RunFilter(match_all=True), dry_run="no"),  # type: ignore[arg-type]
+    "resume_many dry_run": lambda c: c.resume_many(RunFilter(match_all=True), dry_run="no"),  # type: ignore[arg-type]
+    "retry_many dry_run": lambda c: c.retry_many(RunFilter(match_all=True), dry_run="no"),  # type: ignore[arg-type]
+    "retry force": lambda c: c.retry(1, "n", force="no"),  # type: ignore[arg-type]
+    "fork current_definition": lambda c: c.fork(1, "n", current_definition="no"),  # type: ignore[arg-type]
+    "enable_schedule enabled": lambda c: c.enable_schedule("s", enabled="no"),  # type: ignore[arg-type]
+    "schedule enabled": lambda c: c.schedule(flow, "* * * * *", enabled="no"),  # type: ignore[arg-type]
+}
+
+
+@pytest.mark.parametrize("call", list(FLAG_CALLS))
+def test_a_flag_that_is_not_a_bool_is_refused(client: Client, call: str) -> None:
+    """A truthy string went for True: force="no" replayed, dry_run="no" acted."""
+    with pytest.raises((InvalidArgument, ScheduleError), match="must be True or False"):
+        FLAG_CALLS[call](client)
