@@ -11,11 +11,12 @@ from cyclone_dsl.dsl.flow import MAX_LIMIT
 from cyclone_dsl.durations import is_duration, refusal
 from cyclone_dsl.engine import LIVE_FOR
 from cyclone_dsl.errors import InvalidArgument, RunNotFound
-from cyclone_dsl.graph.validate import queue_problem
+from cyclone_dsl.graph.validate import MAX_SIGNAL_NAME_BYTES, queue_problem
 from cyclone_dsl.payload import JSONValue, is_text, utf8_size
 from cyclone_dsl.states import RunState
 
-MAX_KEY_BYTES = 1024
+#: The longest key or signal name (bytes of UTF-8): a wait takes no longer name.
+MAX_KEY_BYTES = MAX_SIGNAL_NAME_BYTES
 
 #: The run states purge deletes unless told otherwise: every terminal one.
 ENDED_STATES: tuple[RunState, ...] = (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)

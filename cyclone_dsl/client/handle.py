@@ -113,14 +113,16 @@ def deadline_of(timeout: object) -> float | None:
     :class:`InvalidArgument` for a negative, NaN or non-numeric one."""
     if timeout is None:
         return None
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or math.isnan(timeout)
-        or timeout < 0
-    ):
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        seconds = math.nan
+    else:
+        try:
+            seconds = float(timeout)
+        except OverflowError:  # an int past the float range: as long as infinity
+            seconds = math.inf if timeout > 0 else -math.inf
+    if math.isnan(seconds) or seconds < 0:
         raise InvalidArgument(f"timeout must be a number of seconds >= 0 or None, not {timeout!r}")
-    return None if math.isinf(timeout) else time.monotonic() + timeout
+    return None if math.isinf(seconds) else time.monotonic() + seconds
 
 
 def run_end_plan(

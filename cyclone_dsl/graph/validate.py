@@ -16,6 +16,8 @@ MAX_QUEUE_BYTES = 256
 MAX_TUPLE_ARGS = 4
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+#: The longest signal name (bytes of UTF-8): the longest client.signal sends.
+MAX_SIGNAL_NAME_BYTES = 1024
 Problem = tuple[str | None, str]
 
 
@@ -130,6 +132,11 @@ def _node_problems(node: Node, known: set[str]) -> list[str]:
                 problems.append(
                     "signal names must be non-empty strings without NUL characters or lone "
                     f"surrogates, not {name!r}"
+                )
+            elif (utf8_size(name) or 0) > MAX_SIGNAL_NAME_BYTES:
+                problems.append(
+                    f"signal names are at most {MAX_SIGNAL_NAME_BYTES} bytes (client.signal "
+                    f"sends no longer one), not {utf8_size(name)}"
                 )
     if node.fan_out is not None:
         spec = node.fan_out

@@ -127,10 +127,11 @@ _ENDED_RUNS: contextvars.ContextVar[list[EndedRun] | None] = contextvars.Context
 def _check_seconds(option: str, seconds: object, *, positive: bool) -> None:
     """A duration option in seconds: a finite number up to a thousand years, > 0
     (``positive``) or >= 0."""
+    # Compared, never converted: an int past the float range (10**400) is just too long.
     if (
         isinstance(seconds, bool)
         or not isinstance(seconds, int | float)
-        or not math.isfinite(seconds)
+        or (isinstance(seconds, float) and math.isnan(seconds))
         or seconds < 0
         or (positive and seconds == 0)
         or seconds > MAX_DURATION.total_seconds()

@@ -227,6 +227,7 @@ def test_a_fifty_megabyte_output_fails_the_step_and_the_run(
         ({"lease": 0}, "lease"),
         ({"lease": float("nan")}, "lease"),
         ({"lease": "30"}, "lease"),
+        ({"lease": 10**400}, "lease"),  # raised OverflowError
         ({"poll_interval": -1}, "poll_interval"),
         ({"poll_interval": float("inf")}, "poll_interval"),
         ({"scan_interval": 0}, "scan_interval"),
@@ -265,7 +266,7 @@ def test_bad_worker_options_are_typed_errors(
         Worker(cyclone_dsn, [echo], **options)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("timeout", [float("nan"), -1, "5"], ids=repr)
+@pytest.mark.parametrize("timeout", [float("nan"), -1, "5", -(10**400)], ids=repr)
 def test_a_bad_wait_timeout_is_a_typed_error(client: Client, timeout: object) -> None:
     """A NaN timeout waited for ever; a string raised a raw TypeError."""
     handle = client.enqueue(echo, 1)  # no worker: the run stays open
@@ -275,6 +276,15 @@ def test_a_bad_wait_timeout_is_a_typed_error(client: Client, timeout: object) ->
         handle.result(timeout=timeout)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="timeout"):
         next(iter(handle.events(timeout=timeout)))  # type: ignore[arg-type]
+
+
+def test_a_wait_timeout_past_the_float_range_waits_without_limit(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """An int of 400 digits raised a raw OverflowError; it is as long as infinity."""
+    start_worker(echo)
+    handle = client.enqueue(echo, 1)
+    assert handle.result(timeout=10**400) == 1
 
 
 @pytest.mark.parametrize("size", [0, -1, 2.5], ids=repr)

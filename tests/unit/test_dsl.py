@@ -202,6 +202,17 @@ def test_bad_wait_arguments() -> None:
     assert "timer or timeout must be a positive duration" in text
 
 
+def test_a_signal_name_longer_than_client_signal_takes_is_refused() -> None:
+    """The graph took a name of 1,100 bytes that client.signal refuses (over 1,024): the
+    wait could never be signalled."""
+
+    @workflow(name="u_long_signal")
+    def long_signal(x):  # type: ignore[no-untyped-def]
+        return wait_signal("s" * 1100)
+
+    assert "signal names are at most 1024 bytes" in str(invalid(long_signal))
+
+
 def test_counts_past_the_columns_range_are_refused() -> None:
     """A quorum, a fan-out's max_parallel or max_items past 2**31 - 1 (int columns) or its
     max_bytes past 2**63 - 1 (bigint) reached the database and came back as a raw
