@@ -16,11 +16,22 @@ from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, RunState
 
 
+def _in_running_runs(tx: Tx, page: list[Row]) -> list[int]:
+    """Lock the runs of a scanner page's steps; return the ids of the steps whose run still
+    runs. The page was read before the locks: a run paused meanwhile (its timers and
+    timeouts stand still) is seen only now."""
+    locked = tx.rows(Q.lock_runs, run_ids=sorted({r["run_id"] for r in page}))
+    running = {r["id"] for r in locked if r["state"] == RunState.RUNNING}
+    return [r["id"] for r in page if r["run_id"] in running]
+
+
 def fire_timers(tx: Tx, page: list[Row], hooks: Hooks) -> int:
     if not page:
         return 0
-    tx.rows(Q.lock_runs, run_ids=sorted({r["run_id"] for r in page}))
-    done = tx.rows(Q.fire_timers, ids=[r["id"] for r in page])
+    ids = _in_running_runs(tx, page)
+    if not ids:
+        return 0
+    done = tx.rows(Q.fire_timers, ids=ids)
     after_completions(tx, done, hooks)
     return len(done)
 
@@ -28,8 +39,10 @@ def fire_timers(tx: Tx, page: list[Row], hooks: Hooks) -> int:
 def time_out_signal_waits(tx: Tx, page: list[Row], hooks: Hooks) -> int:
     if not page:
         return 0
-    tx.rows(Q.lock_runs, run_ids=sorted({r["run_id"] for r in page}))
-    failed = tx.rows(Q.time_out_signal_waits, ids=[r["id"] for r in page])
+    ids = _in_running_runs(tx, page)
+    if not ids:
+        return 0
+    failed = tx.rows(Q.time_out_signal_waits, ids=ids)
     if failed:
         after_discards(tx, failed, hooks)
     return len(failed)

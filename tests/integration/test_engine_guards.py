@@ -16,13 +16,14 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 
-from cyclone_dsl import Client, Worker, for_each, step, wait_signal, workflow
+from cyclone_dsl import Client, Worker, for_each, step, wait_signal, wait_timer, workflow
 from cyclone_dsl.db.tx import ConnectionTx, Row, in_transaction
 from cyclone_dsl.dsl.runs import child_compiler, compile_workflow
 from cyclone_dsl.engine import Engine, Failure
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState, StepState
 from cyclone_dsl.testing import shifted_clock
+from tests.waiting import wait_until
 
 # -- claims: priority within a queue, and only the kinds a worker has ---------------------
 
@@ -308,3 +309,72 @@ def in_transaction_rows(dsn: str, query: LiteralString, **params: object) -> lis
         return in_transaction(pool, lambda tx: tx.rows(query, **params))
     finally:
         pool.close()
+
+
+@step(name="eg_echo")
+def eg_echo(value: object) -> object:
+    return value
+
+
+@workflow(name="eg_race_wait")
+def race_wait(x):  # type: ignore[no-untyped-def]
+    return eg_echo(wait_signal("eg_race", timeout=timedelta(hours=1)))
+
+
+@workflow(name="eg_race_timer")
+def race_timer(x):  # type: ignore[no-untyped-def]
+    return eg_echo(x, after=[wait_timer(timedelta(hours=1))])
+
+
+@pytest.mark.parametrize("kind", ["signal_timeout", "timer"])
+def test_a_scanner_pass_racing_a_pause_fires_nothing_in_the_paused_run(
+    client: Client, kind: str
+) -> None:
+    """The timer and signal-timeout passes read their page before they lock the runs, and
+    their updates guarded only the step's state: a pause that committed in between was not
+    seen, and the timer fired (or the wait failed the run) in the paused run. Reproduced
+    here: the pause holds the run lock, uncommitted, while the pass (the clock 2 h ahead,
+    so the wait is due) reads its page and waits for the lock; then the pause commits."""
+    handle = client.submit(race_wait if kind == "signal_timeout" else race_timer, 1)
+    node = "eg_race" if kind == "signal_timeout" else "timer"
+    engine = Engine()
+    result: dict[str, object] = {}
+    with (
+        psycopg.connect(client.dsn, autocommit=True) as pauser,
+        psycopg.connect(client.dsn, autocommit=True) as scanner,
+        psycopg.connect(client.dsn, autocommit=True) as probe,
+    ):
+        scanner_pid = scanner.info.backend_pid
+        pauser.execute("BEGIN")
+        engine.pause(ConnectionTx(pauser), handle.id)  # holds the run lock, uncommitted
+
+        def scan() -> None:
+            with scanner.transaction():
+                tx = ConnectionTx(scanner, timedelta(hours=2))  # the wait is due
+                if kind == "signal_timeout":
+                    result["changed"] = engine.time_out_signal_waits(tx, after_id=0, limit=10)[0]
+                else:
+                    result["changed"] = engine.fire_timers(tx, after_id=0, limit=10)[0]
+
+        thread = threading.Thread(target=scan)
+        thread.start()
+        try:
+            wait_until(
+                lambda: (
+                    probe.execute(
+                        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                        (scanner_pid,),
+                    ).fetchone()
+                    == (True,)
+                ),
+                timeout=10,
+                what="the scanner pass to wait for the run lock the pause holds",
+            )
+        finally:
+            pauser.execute("COMMIT")
+            thread.join(10)
+    assert not thread.is_alive()
+    run = handle.get()
+    assert result["changed"] == 0
+    assert run.state is RunState.PAUSED
+    assert run.step(node).state in (StepState.WAITING_SIGNAL, StepState.WAITING_TIMER)
