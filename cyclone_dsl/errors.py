@@ -182,7 +182,12 @@ class NoOutput(CycloneError):
 
 
 class RunFailed(CycloneError):
-    """A run ended ``failed`` or ``cancelled`` while its result was awaited."""
+    """A run ended ``failed`` or ``cancelled`` while its result was awaited.
+
+    ``error`` and ``error_kind`` say what ended it, and ``node`` where: the step whose
+    failure failed the run, else the run's own end (``deadline``, ``cancelled``), with the
+    first step that end cancelled. A failure the run contained earlier is not its cause.
+    """
 
     def __init__(
         self,

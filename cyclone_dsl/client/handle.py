@@ -27,7 +27,7 @@ from cyclone_dsl.engine import EVENTS_CHANNEL, RUN_DONE_CHANNEL, names_run
 from cyclone_dsl.errors import InvalidArgument, NoOutput, RunFailed, RunNotFound
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
-from cyclone_dsl.states import RunState, StepState
+from cyclone_dsl.states import ErrorKind, RunState, StepState
 
 if TYPE_CHECKING:
     from cyclone_dsl.client.model import Run
@@ -242,9 +242,14 @@ def outcome_from_row(row: dict[str, Any] | None, run_id: int) -> JSONValue:
         raise RunNotFound(run_id)
     state = RunState(row["state"])
     if state in (RunState.FAILED, RunState.CANCELLED):
-        raise RunFailed(
-            run_id, state.value, row["failed_node"], row["failed_error"], row["failed_error_kind"]
-        )
+        error, kind = row["failed_error"], row["failed_error_kind"]
+        # The run's own end, when no step failure ended it: a step that waited to retry
+        # keeps its last attempt's error when the run's end cancels it.
+        if state == RunState.CANCELLED and kind != ErrorKind.CANCELLED:
+            error, kind = "the run was cancelled", ErrorKind.CANCELLED.value
+        elif state == RunState.FAILED and row["past_deadline"] and not row["failed_at_end"]:
+            error, kind = "the run passed its deadline", ErrorKind.DEADLINE.value
+        raise RunFailed(run_id, state.value, row["failed_node"], error, kind)
     if row["result_node"] is None:
         raise NoOutput(f"run {run_id}: its workflow defines no result")
     if row["result_state"] in (StepState.CANCELLED, StepState.DISCARDED):

@@ -48,14 +48,22 @@ ORDER BY r.id DESC
 LIMIT %(limit)s
 
 -- name: run_outcome
--- A run's state, its result node's output, and its first failure.
+-- A run's state, its result node's output, and the failure that ended it: a step that
+-- ended with the run (in its transaction), a failed one first, then one the run's end
+-- cancelled (a failure contained earlier did not end it); with whether the run ended
+-- past its deadline (a step waiting to retry keeps its last attempt's error when the
+-- deadline cancels it).
 SELECT r.id, r.state, r.result_node, res.output AS result, res.state AS result_state,
-       f.node AS failed_node, f.error AS failed_error, f.error_kind AS failed_error_kind
+       f.node AS failed_node, f.error AS failed_error, f.error_kind AS failed_error_kind,
+       f.state = 'discarded' AND f.completed_at = r.finished_at AS failed_at_end,
+       coalesce(r.finished_at >= r.deadline_at, false) AS past_deadline
 FROM cyclone_runs AS r
 LEFT JOIN LATERAL (
-    SELECT s.node, s.error, s.error_kind FROM cyclone_steps AS s
+    SELECT s.node, s.error, s.error_kind, s.state, s.completed_at FROM cyclone_steps AS s
     WHERE s.run_id = r.id AND s.state IN ('discarded', 'cancelled') AND s.error IS NOT NULL
-    ORDER BY (s.state = 'discarded') DESC, s.completed_at NULLS LAST, s.id
+    ORDER BY s.completed_at = r.finished_at DESC, (s.state = 'discarded') DESC,
+             s.error_kind IN ('deadline', 'cancelled', 'dep_failed') DESC,
+             s.completed_at NULLS LAST, s.id
     LIMIT 1
 ) AS f ON true
 LEFT JOIN cyclone_steps AS res ON res.run_id = r.id AND res.node = r.result_node

@@ -288,3 +288,61 @@ def test_resume_shifts_a_waiting_timer_by_the_pause(client: Client) -> None:
     due_after = handle.get().step("timer").scheduled_at
     assert due_after - due_before >= timedelta(seconds=0.6)
     assert handle.get().step("timer").state is StepState.WAITING_TIMER
+
+
+# -- what a run failed by its deadline reports ------------------------------------------------
+
+
+@step(name="wt_flaky", max_attempts=10)
+def flaky(value: object) -> object:
+    raise RuntimeError("wt boom")
+
+
+@workflow(name="wt_contained_then_stuck")
+def contained_then_stuck(x):  # type: ignore[no-untyped-def]
+    a = wait_signal("wt_a", timeout=timedelta(seconds=0.3))
+    echo(a, on_dep_failure="cancel_branch")
+    return echo(wait_signal("wt_b"))
+
+
+def test_a_deadline_after_a_contained_failure_is_reported_as_the_deadline(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """RunFailed named the contained failure (a wait that timed out earlier, its branch
+    cancelled, the run going on) as the cause, not the deadline that failed the run."""
+    start_worker(echo)
+    handle = client.submit(contained_then_stuck, 1, deadline=timedelta(seconds=1.5))
+    with pytest.raises(RunFailed) as failed:
+        handle.result(timeout=15)
+    assert (failed.value.state, failed.value.error_kind) == ("failed", "deadline")
+    # The same run cancelled after its contained failure: the cancel ended it.
+    cancelled = client.submit(contained_then_stuck, 2)
+    wait_until(
+        lambda: cancelled.get().step("wt_a").state is StepState.DISCARDED, what="the timeout"
+    )
+    client.cancel(cancelled.id)
+    with pytest.raises(RunFailed) as failed:
+        cancelled.result(timeout=15)
+    assert (failed.value.state, failed.value.error_kind) == ("cancelled", "cancelled")
+
+
+@workflow(name="wt_wait_then_flaky")
+def wait_then_flaky(x):  # type: ignore[no-untyped-def]
+    return flaky(wait_signal("wt_go"))
+
+
+def test_a_deadline_during_a_retry_is_reported_as_the_deadline(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """The step waiting for its next attempt keeps its last attempt's error when the deadline
+    cancels it, and RunFailed reported that error, as if the step had failed for good."""
+    start_worker(echo, flaky)
+    handle = client.submit(wait_then_flaky, 1, deadline=timedelta(seconds=3))
+    assert client.signal(handle.id, "wt_go", 1) is Delivery.CONSUMED
+    wait_until(lambda: handle.get().step("wt_flaky").attempt >= 1, what="a failed attempt")
+    with pytest.raises(RunFailed) as failed:
+        handle.result(timeout=15)
+    assert (failed.value.state, failed.value.error_kind) == ("failed", "deadline")
+    assert failed.value.node == "wt_flaky"
+    # The step keeps its own error: runs filtered by error kind still find it.
+    assert handle.get().step("wt_flaky").error_kind == "error"
