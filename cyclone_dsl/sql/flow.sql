@@ -130,7 +130,8 @@ picked AS (
 -- that wait for one: fan-out items and later nodes have higher ids (and may have lower
 -- priorities) than the queued runs' first steps, which alone would fill the picks above
 -- while the run holding the slot could never end. The holders are read from the keys' run
--- slots, and their steps by id: never by walking a key's queue.
+-- slots, and their steps by id: never by walking a key's queue. (A step with a concurrency
+-- key of its own is queued under that key: a run key of another value is not looked up.)
 held AS (
     SELECT s.id, s.run_id, g.fair_key, g.priority, g.step_scope, g.step_key,
            g.run_scope, g.run_key, g.rate_scope, g.rate_key, g.rate_units, k.key_ord
