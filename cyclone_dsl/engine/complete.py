@@ -35,11 +35,20 @@ class Failure:
     wake_queue: str | None = None  # a limited step: its end frees a slot, wake that queue
 
 
-def complete(tx: Tx, results: Sequence[Success], hooks: Hooks) -> set[int]:
-    """Record successes; return the ids applied (the others were fenced out)."""
+def complete(
+    tx: Tx, results: Sequence[Success], hooks: Hooks, *, old_snapshot: bool = False
+) -> set[int]:
+    """Record successes; return the ids applied (the others were fenced out).
+
+    ``old_snapshot``: the transaction reads a snapshot taken before this call (repeatable
+    read, serializable), so a sibling step that changed since raises a serialization
+    failure (see the ``lock_open_siblings`` statement) rather than be judged as it was.
+    """
     if not results:
         return set()
     tx.rows(Q.lock_runs_of_steps, ids=[r.step_id for r in results])
+    if old_snapshot:
+        tx.rows(Q.lock_open_siblings, ids=[r.step_id for r in results])
     done = tx.rows(
         Q.complete_steps,
         ids=[r.step_id for r in results],

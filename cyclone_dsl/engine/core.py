@@ -325,8 +325,10 @@ class Engine:
     def lease_states(self, tx: Tx, step_ids: Sequence[int]) -> dict[int, str]:
         return claim.lease_states(tx, step_ids)
 
-    def complete(self, tx: Tx, results: Sequence[Success]) -> set[int]:
-        done = complete.complete(tx, results, self._hooks)
+    def complete(
+        self, tx: Tx, results: Sequence[Success], *, old_snapshot: bool = False
+    ) -> set[int]:
+        done = complete.complete(tx, results, self._hooks, old_snapshot=old_snapshot)
         gates.charge_units(tx, [(r.step_id, r.extra_units) for r in results if r.extra_units])
         # A limited step's outcome names the queue to wake: those are the gated ones.
         gates.park_completed(tx, [r.step_id for r in results if r.wake_queue and r.step_id in done])

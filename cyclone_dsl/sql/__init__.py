@@ -34,6 +34,7 @@ class _Queries:
     # complete.sql
     lock_runs_of_steps: LiteralString
     lock_runs: LiteralString
+    lock_open_siblings: LiteralString
     complete_steps: LiteralString
     fail_steps: LiteralString
     dependents_of_nodes: LiteralString

@@ -35,6 +35,21 @@ WITH RECURSIVE mine(id) AS (
     SELECT unnest(%(run_ids)b::bigint[])
 ), {{lock_runs_and_ancestors}}
 
+-- name: lock_open_siblings
+-- Steps completing in a snapshot older than their statements (a transactional handler's,
+-- at repeatable read or serializable): lock the other open steps of their runs, as that
+-- snapshot has them, in id order after the runs. One changed since (completed by another
+-- branch, claimed) raises a serialization failure, and the attempt retries in a fresh
+-- snapshot: activation and the run's end decided on the stale one would miss that change,
+-- and a join would wait for ever.
+SELECT s.id FROM cyclone_steps AS s
+WHERE s.run_id = ANY(ARRAY(SELECT o.run_id FROM cyclone_steps AS o
+                           WHERE o.id = ANY(%(ids)b::bigint[])))
+  AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+  AND s.id <> ALL(%(ids)b::bigint[])
+ORDER BY s.id
+FOR SHARE
+
 -- name: complete_steps
 -- Record outputs of steps still leased at the given generations (a stale generation is fenced).
 WITH {{lock_listed_steps}}

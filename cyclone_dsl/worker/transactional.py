@@ -145,7 +145,9 @@ class TransactionalRunner:
                         call.ctx._connection = conn
                         result = call.fn(*call.args, **call.kwargs)
                         outcome = self._decided_outcome(call, result)
-                        if not self._engine.complete(tx, [outcome]):
+                        if not self._engine.complete(
+                            tx, [outcome], old_snapshot=_old_snapshot(call)
+                        ):
                             raise _RollBack(None)
                 finally:
                     call.ctx._connection = None
@@ -183,7 +185,10 @@ class TransactionalRunner:
                             execute.contained(call.fn(*call.args, **call.kwargs)), timeout_s
                         )
                         outcome = self._decided_outcome(call, result)
-                        if not await asyncio.to_thread(self._engine.complete, tx, [outcome]):
+                        done = await asyncio.to_thread(
+                            self._engine.complete, tx, [outcome], old_snapshot=_old_snapshot(call)
+                        )
+                        if not done:
                             raise _RollBack(None)
                 finally:
                     call.ctx._connection = None
@@ -223,6 +228,12 @@ class TransactionalRunner:
             call.step.node,
         )
         return DROPPED
+
+
+def _old_snapshot(call: Call) -> bool:
+    """Whether the handler's transaction reads one snapshot throughout (repeatable read,
+    serializable): its completion must not judge other steps on it."""
+    return call.isolation is not None and call.isolation.lower() != "read committed"
 
 
 def _send_quietly(call: Call, send: Callable[[], None]) -> None:

@@ -392,3 +392,74 @@ def test_listeners_hear_of_the_end_after_the_commit(
                 heard |= run_ids_of(note.payload)
         assert handle.id in heard
         assert client.get_run(handle.id).state == RunState.COMPLETED
+
+
+# -- repeatable read and serializable: the snapshot is older than the completion ----------
+
+siblings = {"dsn": ""}
+
+
+def _sibling_state(run_id: int) -> str | None:
+    with psycopg.connect(siblings["dsn"], autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT state FROM cyclone_steps WHERE run_id = %s AND node = 'tx_sibling'",
+            (run_id,),
+        ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _after_the_sibling(x: int, ctx: StepContext) -> int:
+    ctx.connection.execute("SELECT 1")  # the transaction's snapshot is taken here
+    deadline = time.monotonic() + 10
+    while _sibling_state(ctx.run_id) != "completed" and time.monotonic() < deadline:
+        time.sleep(0.05)  # the other branch completes (and commits) meanwhile
+    return x + 1
+
+
+@step(name="tx_sibling")
+def sibling(x: int) -> int:
+    return x + 2
+
+
+@step(name="tx_sum")
+def total(a: int, b: int) -> int:
+    return a + b
+
+
+@step(name="tx_repeatable_read", transactional=True, isolation="repeatable read", max_attempts=5)
+def repeatable_read(x: int, ctx: StepContext) -> int:
+    return _after_the_sibling(x, ctx)
+
+
+@step(name="tx_serializable", transactional=True, isolation="serializable", max_attempts=5)
+def serializable(x: int, ctx: StepContext) -> int:
+    return _after_the_sibling(x, ctx)
+
+
+@workflow(name="tx_diamond_repeatable_read")
+def diamond_repeatable_read(x):  # type: ignore[no-untyped-def]
+    return total(repeatable_read(x), sibling(x))
+
+
+@workflow(name="tx_diamond_serializable")
+def diamond_serializable(x):  # type: ignore[no-untyped-def]
+    return total(serializable(x), sibling(x))
+
+
+ISOLATED = {
+    "repeatable read": (repeatable_read, diamond_repeatable_read),
+    "serializable": (serializable, diamond_serializable),
+}
+
+
+@pytest.mark.parametrize("level", list(ISOLATED))
+def test_an_isolated_branch_that_completes_after_its_sibling_activates_the_join(
+    client: Client, start_worker: Callable[..., Worker], cyclone_dsn: str, level: str
+) -> None:
+    """The completion ran in the handler's snapshot, taken before the sibling branch
+    completed: its activation saw the sibling still running, as the sibling's had seen this
+    step, and the join was never activated. The run waited for ever."""
+    siblings["dsn"] = cyclone_dsn
+    isolated, diamond = ISOLATED[level]
+    start_worker(isolated, sibling, total, diamond, concurrency=4)
+    assert client.submit(diamond, 1).result(timeout=20) == 5
