@@ -73,6 +73,14 @@ def checked_text(name: str, value: object) -> str:
     return value
 
 
+def checked_count(name: str, value: object, low: int = 1, high: int = 2**63 - 1) -> int:
+    """``value`` if it is an int (not a bool) from ``low`` to ``high`` (by default what a
+    bigint holds); :class:`InvalidArgument` for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgument(f"{name} must be an integer from {low} to {high}, not {value!r}")
+    return value
+
+
 def checked_flag(name: str, value: object) -> bool:
     """``value`` if it is a bool: a truthy string (``"no"``) must not pass for True."""
     if not isinstance(value, bool):

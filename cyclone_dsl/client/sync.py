@@ -639,8 +639,7 @@ class Client:
         order): one read, no waiting (see :meth:`events` to follow them)."""
         run_id = base.checked_run_id(run_id)
         after = checked_after(after)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidArgument(f"limit must be an integer >= 1, not {limit!r}")
+        limit = base.checked_count("limit", limit)
         rows = self._read(Q.run_events_after, run_id=run_id, after=after, limit=limit)
         if not rows:
             raise RunNotFound(run_id)
@@ -926,8 +925,7 @@ class Client:
         """
         wanted = base.purge_states(states)
         base.check_older_than(older_than)
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise InvalidArgument(f"batch_size must be an integer >= 1, not {batch_size!r}")
+        batch_size = base.checked_count("batch_size", batch_size)
         total = 0
         while True:
             deleted = self._db.transaction(
@@ -1033,8 +1031,10 @@ class Client:
         A step counts at its latest start (a retried step once, in its last attempt's
         slice). It reads the steps started in the window through the ``started_at`` index.
         """
-        if not timedelta(seconds=1) <= window <= timedelta(days=31):
-            raise InvalidArgument("window must be between 1 second and 31 days")
+        if not isinstance(window, timedelta) or not (
+            timedelta(seconds=1) <= window <= timedelta(days=31)
+        ):
+            raise InvalidArgument(f"window must be a timedelta between 1 second and 31 days, not {window!r}")
         if not 1 <= buckets <= 1000:
             raise InvalidArgument("buckets must be between 1 and 1000")
         return self._read(Q.step_throughput, window=window, buckets=buckets)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
 
 from cyclone_dsl import (
+    AsyncClient,
     Client,
     Debounce,
     InvalidArgument,
@@ -397,3 +399,54 @@ def test_a_flag_that_is_not_a_bool_is_refused(client: Client, call: str) -> None
     """A truthy string went for True: force="no" replayed, dry_run="no" acted."""
     with pytest.raises((InvalidArgument, ScheduleError), match="must be True or False"):
         FLAG_CALLS[call](client)
+
+
+@step(name="bi_typed_work")
+def typed_work(x: int) -> int:
+    return x
+
+
+def test_events_of_refuses_a_limit_past_the_bigint_range_with_a_typed_error(
+    client: Client, cyclone_dsn: str
+) -> None:
+    """It reached the database: a raw NumericValueOutOfRange ("bigint out of range")."""
+    handle = client.enqueue(typed_work, 1)
+    with pytest.raises(InvalidArgument, match="limit"):
+        client.events_of(handle.id, limit=2**63)
+
+    async def from_async() -> None:
+        async with AsyncClient(cyclone_dsn) as aclient:
+            with pytest.raises(InvalidArgument, match="limit"):
+                await aclient.events_of(handle.id, limit=2**63)
+
+    asyncio.run(from_async())
+
+
+def test_purge_refuses_a_batch_size_past_the_bigint_range_with_a_typed_error(
+    client: Client, cyclone_dsn: str
+) -> None:
+    """The same for purge's batch size."""
+    with pytest.raises(InvalidArgument, match="batch_size"):
+        client.purge(batch_size=2**63)
+
+    async def from_async() -> None:
+        async with AsyncClient(cyclone_dsn) as aclient:
+            with pytest.raises(InvalidArgument, match="batch_size"):
+                await aclient.purge(batch_size=2**63)
+
+    asyncio.run(from_async())
+
+
+def test_throughput_refuses_a_window_that_is_not_a_timedelta_with_a_typed_error(
+    client: Client, cyclone_dsn: str
+) -> None:
+    """Seconds as a number raised a raw TypeError from the range check."""
+    with pytest.raises(InvalidArgument, match="window"):
+        client.throughput(window=5)  # type: ignore[arg-type]
+
+    async def from_async() -> None:
+        async with AsyncClient(cyclone_dsn) as aclient:
+            with pytest.raises(InvalidArgument, match="window"):
+                await aclient.throughput(window=5)  # type: ignore[arg-type]
+
+    asyncio.run(from_async())
