@@ -1034,7 +1034,9 @@ class Client:
         if not isinstance(window, timedelta) or not (
             timedelta(seconds=1) <= window <= timedelta(days=31)
         ):
-            raise InvalidArgument(f"window must be a timedelta between 1 second and 31 days, not {window!r}")
+            raise InvalidArgument(
+                f"window must be a timedelta between 1 second and 31 days, not {window!r}"
+            )
         if not 1 <= buckets <= 1000:
             raise InvalidArgument("buckets must be between 1 and 1000")
         return self._read(Q.step_throughput, window=window, buckets=buckets)
