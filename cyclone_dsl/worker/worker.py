@@ -323,6 +323,7 @@ class Worker:
             )
         self.max_events_per_step = max_events_per_step
         self._events_db: PooledDatabase | None = None
+        self._events_closed = False  # stopped: a handler that outlived it writes on its own
         self._events_lock = threading.Lock()
         self.queue_limits = dict(queue_limits or {})
         strays = [repr(q) for q in self.queue_limits if q not in queues]
@@ -885,6 +886,7 @@ class Worker:
         with self._events_lock:
             if self._events_db is not None:
                 self._events_db.close()
+            self._events_closed = True
         self._stopped.set()
         log.info("worker %s stopped", self.id)
 
@@ -1198,17 +1200,8 @@ class Worker:
     def _record_event(self, step: Claimed, kind: str, text: str) -> None:
         """Store one event of a running handler, on the events pool (in autocommit: the
         event commits, then its notification goes)."""
-        with self._events_lock:
-            if self._events_db is None:
-                self._events_db = PooledDatabase(
-                    self._dsn,
-                    name=f"cyclone-emit-{os.getpid()}",
-                    max_size=min(self.max_concurrency, EVENT_CONNECTIONS),
-                    pooled=self.pooled,
-                )
-            db = self._events_db
-        db.transaction(
-            lambda tx: self._engine.record_event(
+        def record(tx: Tx) -> None:
+            self._engine.record_event(
                 tx,
                 step_id=step.id,
                 generation=step.generation,
@@ -1216,9 +1209,30 @@ class Worker:
                 kind=kind,
                 payload_text=text,
                 cap=self.max_events_per_step,
-            ),
-            one_statement=True,
-        )
+            )
+
+        with self._events_lock:
+            closed = self._events_closed
+            if not closed and self._events_db is None:
+                self._events_db = PooledDatabase(
+                    self._dsn,
+                    name=f"cyclone-emit-{os.getpid()}",
+                    max_size=min(self.max_concurrency, EVENT_CONNECTIONS),
+                    pooled=self.pooled,
+                )
+            db = self._events_db
+        if closed or db is None:
+            # A handler that outlived the worker's stop (past its grace): its pool is closed,
+            # and its event is kept all the same (fenced: its lease was released).
+            late = PooledDatabase(
+                self._dsn, name=f"cyclone-emit-{os.getpid()}", max_size=1, pooled=self.pooled
+            )
+            try:
+                late.transaction(record, one_statement=True)
+            finally:
+                late.close()
+            return
+        db.transaction(record, one_statement=True)
 
     def _decide(self, entry: _Inflight) -> bool:
         """Take the decision of a transactional step for its own transaction (False: a

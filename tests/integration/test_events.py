@@ -29,6 +29,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.testing import shifted_clock
+from tests.waiting import wait_until
 
 # -- handlers ---------------------------------------------------------------------------
 
@@ -407,3 +408,45 @@ def test_events_go_with_their_run(client: Client, start_worker: Callable[..., Wo
     with pytest.raises(RunNotFound):
         client.events_of(ended.id)
     assert [e.data for e in client.events_of(running.id)] == ["first"]
+
+
+# -- a handler that outlives its worker's stop ------------------------------------------
+
+late_started = threading.Event()
+late_gate = threading.Event()
+late_outcome: list[object] = []
+
+
+@step(name="ev_outlives_stop")
+def outlives_stop(x: int, ctx: StepContext) -> str:
+    ctx.emit("before the stop")
+    late_started.set()
+    late_gate.wait(30)  # the worker stops meanwhile: its lease is released
+    try:
+        ctx.emit("after the stop")
+        late_outcome.append("stored")
+    except Exception as exc:
+        late_outcome.append(exc)
+    return "late"
+
+
+def test_events_of_a_handler_that_outlives_its_workers_stop_are_kept(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """A handler that outlived its worker's stop (past the grace period) and then emitted
+    got ClientClosed: the stop had closed the events pool, and the event was lost. The docs
+    keep such events, fenced."""
+    late_outcome.clear()
+    late_started.clear()
+    late_gate.clear()
+    worker = start_worker(outlives_stop, grace=0.2)
+    handle = client.enqueue(outlives_stop, 1)
+    assert late_started.wait(20)
+    worker.stop()  # releases the lease after the grace period; the handler goes on
+    late_gate.set()
+    wait_until(lambda: late_outcome, timeout=10, what="the handler's late emit")
+    assert late_outcome == ["stored"]
+    assert [(e.data, e.fenced) for e in client.events_of(handle.id)] == [
+        ("before the stop", True),
+        ("after the stop", True),
+    ]

@@ -248,10 +248,10 @@ def test_an_outcome_the_database_refuses_fails_only_its_own_step(
 ) -> None:
     real_complete = complete.complete
 
-    def refusing(tx, results, hooks):  # type: ignore[no-untyped-def]
+    def refusing(tx, results, hooks, **options):  # type: ignore[no-untyped-def]
         if any(r.output == '"poison"' for r in results):
             raise psycopg.errors.DataError("simulated: the database refused this value")
-        return real_complete(tx, results, hooks)
+        return real_complete(tx, results, hooks, **options)
 
     monkeypatch.setattr(complete, "complete", refusing)
     handles = client.enqueue_many(maybe_poison, ["ok-1", "poison", "ok-2", "ok-3"])
