@@ -1200,6 +1200,7 @@ class Worker:
     def _record_event(self, step: Claimed, kind: str, text: str) -> None:
         """Store one event of a running handler, on the events pool (in autocommit: the
         event commits, then its notification goes)."""
+
         def record(tx: Tx) -> None:
             self._engine.record_event(
                 tx,
