@@ -156,6 +156,24 @@ def heartbeat(tx: Tx, leases: Sequence[tuple[int, int]], lease: timedelta) -> se
     return {r["id"] for r in rows}
 
 
+def leases_held(tx: Tx, leases: Sequence[tuple[int, int]]) -> set[int]:
+    """Of the given (step id, generation) leases, the ids still held, without renewing
+    them: the leases :func:`hold_lease` keeps."""
+    if not leases:
+        return set()
+    rows = tx.rows(Q.leases_held, ids=[i for i, _ in leases], generations=[g for _, g in leases])
+    return {r["id"] for r in rows}
+
+
+def hold_lease(tx: Tx, step_id: int) -> bool:
+    """Keep this step's lease for as long as ``tx`` is open, instead of heartbeats, which
+    update the step's row: the first statement of a transaction at repeatable read or
+    serializable, whose completion would conflict with such an update. False: another
+    step's lock holds the key (see the query)."""
+    row = tx.one(Q.hold_lease, id=step_id)
+    return bool(row is not None and row["held"])
+
+
 def release(tx: Tx, leases: Sequence[tuple[int, int]]) -> set[int]:
     """Give leases back (graceful shutdown): available at once, the attempt not consumed."""
     if not leases:

@@ -319,6 +319,12 @@ class Engine:
     def heartbeat(self, tx: Tx, leases: Sequence[tuple[int, int]], lease: timedelta) -> set[int]:
         return claim.heartbeat(tx, leases, lease)
 
+    def leases_held(self, tx: Tx, leases: Sequence[tuple[int, int]]) -> set[int]:
+        return claim.leases_held(tx, leases)
+
+    def hold_lease(self, tx: Tx, step_id: int) -> bool:
+        return claim.hold_lease(tx, step_id)
+
     def release(self, tx: Tx, leases: Sequence[tuple[int, int]]) -> set[int]:
         return claim.release(tx, leases)
 

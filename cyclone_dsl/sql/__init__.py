@@ -28,6 +28,8 @@ class _Queries:
     # claim.sql
     claim_steps: LiteralString
     heartbeat_steps: LiteralString
+    leases_held: LiteralString
+    hold_lease: LiteralString
     release_steps: LiteralString
     assemble_inputs: LiteralString
     lease_states: LiteralString

@@ -132,6 +132,27 @@ WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
 RETURNING s.id
 
+-- name: leases_held
+-- Of the given (id, generation) leases, those still held: the steps of transactional
+-- handlers whose snapshot is open, which no heartbeat updates (see hold_lease).
+SELECT s.id
+FROM cyclone_steps AS s
+JOIN unnest(%(ids)b::bigint[], %(generations)b::bigint[]) AS h(id, generation) ON h.id = s.id
+WHERE s.id = ANY(%(ids)b::bigint[]) AND s.lease_generation = h.generation
+  AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
+
+-- name: hold_lease
+-- Hold the lease of step %(id)s for as long as the calling transaction is open. A
+-- transactional handler at repeatable read or serializable runs in one snapshot, and its
+-- completion conflicts with any update of its step's row after it: its lease is kept
+-- by this lock instead of heartbeats, and reclaim_steps skips a step whose lock is held.
+-- The lock ends with the transaction, also when its worker dies or the server ends it.
+-- False: a step whose id matches in its low 31 bits holds the key (its lock covers this
+-- step too while it lasts).
+SELECT pg_try_advisory_xact_lock(
+    hashtext('cyclone.lease:' || current_schema()), (%(id)s::bigint & 2147483647)::int
+) AS held
+
 -- name: release_steps
 -- Give leases back at shutdown: available again, the attempt not consumed.
 WITH {{lock_listed_steps}}

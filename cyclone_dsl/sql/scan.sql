@@ -12,6 +12,13 @@ LIMIT %(limit)s
 -- with reclaim_limit once a step has been reclaimed more than its kind allows. Each reclaim
 -- is kept in the attempt history (the execution it ended, and the worker that held it).
 WITH {{lock_listed_steps}},
+held AS MATERIALIZED (
+    -- The leases held by an open transaction rather than by heartbeats (see hold_lease).
+    SELECT l.objid FROM pg_locks AS l
+    WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = hashtext('cyclone.lease:' || current_schema())::oid
+),
 reclaimed AS (
     UPDATE cyclone_steps AS s
     SET reclaims = s.reclaims + 1,
@@ -42,6 +49,7 @@ reclaimed AS (
     WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
       AND s.id = e.id AND s.lease_generation = e.generation AND s.state = 'running'
       AND s.lease_expiry < now() + %(shift)s::interval
+      AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = (s.id & 2147483647)::int::oid)
     -- cur is read in the statement's snapshot: the lease owner before this update
     RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.item_of, s.error, s.attempt,
               s.started_at, cur.lease_owner AS worker

@@ -67,6 +67,9 @@ class Call:
     #: Record the connection the handler runs on (None once it is given back), so that a
     #: timeout or a cancel can interrupt it.
     attach: Callable[[object], None]
+    #: Mark the step's lease as held by the handler's transaction (True), or no longer
+    #: (False): heartbeats then only check it, or renew it again.
+    hold_lease: Callable[[bool], None] = lambda held: None
 
 
 class _RollBack(Exception):
@@ -141,7 +144,10 @@ class TransactionalRunner:
                 call.attach(conn)
                 tx = AfterCommit(ConnectionTx(conn, current_shift()))
                 try:
+                    call.hold_lease(_old_snapshot(call))
                     with conn.transaction():
+                        if _old_snapshot(call):
+                            self._hold_lease(call, self._engine.hold_lease(tx, call.step.id))
                         call.ctx._connection = conn
                         result = call.fn(*call.args, **call.kwargs)
                         outcome = self._decided_outcome(call, result)
@@ -150,6 +156,7 @@ class TransactionalRunner:
                         ):
                             raise _RollBack(None)
                 finally:
+                    call.hold_lease(False)
                     call.ctx._connection = None
                     call.attach(None)  # before the connection goes back to the pool
                 _send_quietly(call, lambda: tx.send(ConnectionTx(conn, current_shift())))
@@ -179,7 +186,13 @@ class TransactionalRunner:
                 call.attach(conn)
                 tx = AfterCommit(AsyncConnectionTx(conn, loop, current_shift()))
                 try:
+                    call.hold_lease(_old_snapshot(call))
                     async with conn.transaction():
+                        if _old_snapshot(call):
+                            held = await asyncio.to_thread(
+                                self._engine.hold_lease, tx, call.step.id
+                            )
+                            self._hold_lease(call, held)
                         call.ctx._connection = conn
                         result = await asyncio.wait_for(
                             execute.contained(call.fn(*call.args, **call.kwargs)), timeout_s
@@ -191,6 +204,7 @@ class TransactionalRunner:
                         if not done:
                             raise _RollBack(None)
                 finally:
+                    call.hold_lease(False)
                     call.ctx._connection = None
                     call.attach(None)
                 after = AsyncConnectionTx(conn, loop, current_shift())
@@ -202,6 +216,15 @@ class TransactionalRunner:
                 raise
             return self._completion_failed(call, exc)
         return COMMITTED
+
+    @staticmethod
+    def _hold_lease(call: Call, held: bool) -> None:
+        if not held:
+            log.debug(
+                "step %s: another step's lock holds its lease key; its lease is kept "
+                "while that lock lasts",
+                call.step.id,
+            )
 
     @staticmethod
     def _completion_failed(call: Call, exc: Exception) -> Failure:

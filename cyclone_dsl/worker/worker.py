@@ -151,6 +151,9 @@ class _Inflight:
     claimed_at: float = 0.0  # monotonic time its claim returned
     started_at: float = 0.0  # monotonic time its handler started (kept when observed)
     decided_here: bool = False  # a transactional step's own transaction took the decision
+    # Its lease is held by its handler's open transaction (repeatable read, serializable),
+    # not by heartbeats, which would update the row that transaction's completion updates.
+    lease_in_transaction: bool = False
     ended_runs: list[EndedRun] | None = None  # runs its own transaction ended (observed)
     settled: bool = False  # the outcome is decided (or abandoned): nothing more to record
     returned: bool = False  # the handler has returned: its slot is free
@@ -455,6 +458,7 @@ class Worker:
         self.completed_count = 0
         self._count_lock = threading.Lock()
         self._check_now = threading.Event()  # a cancel was heard: check leases at once
+        self._lease_lock = threading.Lock()  # heartbeat statements vs lease_in_transaction
         self._children_due = threading.Event()  # a child run was left for a worker to start
         self._cancel_runs: set[int] = set()
         self._crash: BaseException | None = None
@@ -1157,6 +1161,7 @@ class Worker:
             isolation=handler.isolation,
             decide=lambda: self._decide(entry),
             attach=entry.attach,
+            hold_lease=lambda held: self._hold_lease_in_transaction(entry, held),
         )
         if handler.is_async:
             assert self._loop is not None
@@ -1552,10 +1557,27 @@ class Worker:
     # -- leases --------------------------------------------------------------------------
 
     def _beat(self, step: Claimed) -> bool:
-        held = self._tx(
-            lambda tx: self._engine.heartbeat(tx, [(step.id, step.generation)], self.lease)
-        )
+        entry = self._inflight.get(step.id)
+        held = self._tx(lambda tx: self._renew(tx, [entry] if entry is not None else [], [step]))
         return step.id in held
+
+    def _renew(self, tx: Tx, entries: list[_Inflight], steps: list[Claimed]) -> set[int]:
+        """Renew the leases of these steps (``entries`` are their in-flight entries, where
+        known); return the ids still held. A lease held by its handler's open transaction
+        is only checked: an update of its row would conflict with that transaction."""
+        in_transaction = {e.step.id for e in entries if e.lease_in_transaction}
+        renewed = [(s.id, s.generation) for s in steps if s.id not in in_transaction]
+        checked = [(s.id, s.generation) for s in steps if s.id in in_transaction]
+        return self._engine.heartbeat(tx, renewed, self.lease) | self._engine.leases_held(
+            tx, checked
+        )
+
+    def _hold_lease_in_transaction(self, entry: _Inflight, held: bool) -> None:
+        """Mark the step's lease as held by its handler's transaction (or no longer). Under
+        the lease lock: a heartbeat that read the step as renewable has committed before
+        the transaction takes its snapshot, and none starts after."""
+        with self._lease_lock:
+            entry.lease_in_transaction = held
 
     def _heartbeat_loop(self) -> None:
         interval = max(0.05, self.lease.total_seconds() / 3)
@@ -1585,8 +1607,8 @@ class Worker:
                         self._dsn, name=f"cyclone-heartbeat-{os.getpid()}", pooled=self.pooled
                     )
                 tx = ConnectionTx(conn)
-                leases = [(e.step.id, e.step.generation) for e in due]
-                held = self._engine.heartbeat(tx, leases, self.lease)
+                with self._lease_lock:
+                    held = self._renew(tx, due, [e.step for e in due])
                 lost = [e for e in due if e.step.id not in held and not e.settled]
                 states = self._engine.lease_states(tx, [e.step.id for e in lost]) if lost else {}
             except DatabaseError as exc:

@@ -140,6 +140,19 @@ def ledger(n: int, *, ctx: StepContext) -> int:
     return n
 
 
+@step(
+    name="fault_ledger_repeatable_read",
+    transactional=True,
+    isolation="repeatable read",
+    max_attempts=5,
+    max_reclaims=20,
+)
+def ledger_repeatable_read(n: int, *, ctx: StepContext) -> int:
+    """:func:`ledger` in a repeatable read transaction: its lease is held by that
+    transaction's lock, not renewed by heartbeats."""
+    return ledger.fn(n, ctx=ctx)
+
+
 @step(name="fault_until_flag", max_attempts=1)
 def until_flag(x: object, *, ctx: StepContext) -> object:
     """Fails (for good: one attempt) until the file ``$CYCLONE_FAULT_FLAG`` exists."""

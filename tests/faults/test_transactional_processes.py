@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from cyclone_dsl import Client
+from cyclone_dsl.dsl.step import StepDef
 from cyclone_dsl.states import RunState
 from tests.faults import handlers
 from tests.faults.conftest import read_log, wait_for, working
@@ -39,12 +40,21 @@ def all_done(client: Client, count: int) -> bool:
     return client.run_counts().get(RunState.COMPLETED.value, 0) == count
 
 
+#: The same handler at read committed, and at repeatable read (its lease is then held by
+#: its open transaction's lock instead of heartbeats: a dead or frozen worker's lock ends
+#: with its session, and the scanner reclaims the step).
+LEDGERS = pytest.mark.parametrize(
+    "ledger", [handlers.ledger, handlers.ledger_repeatable_read], ids=["read_committed", "rr"]
+)
+
+
 @pytest.mark.timeout(180)
+@LEDGERS
 def test_one_row_per_step_through_sigkills(
-    client: Client, cyclone_dsn: str, spawn_worker: Spawn, fault_log: Path
+    client: Client, cyclone_dsn: str, spawn_worker: Spawn, fault_log: Path, ledger: StepDef
 ) -> None:
     make_ledger(cyclone_dsn, unique=False)  # a duplicate write would show, not fail
-    handles = client.enqueue_many(handlers.ledger, list(range(300)))
+    handles = client.enqueue_many(ledger, list(range(300)))
     rng = random.Random(11)
     workers = [spawn_worker(CYCLONE_FAULT_SLEEP="0.05") for _ in range(4)]
     for _ in range(6):  # a worker dies inside open transactions; a new one takes its place
@@ -63,14 +73,15 @@ def test_one_row_per_step_through_sigkills(
 
 
 @pytest.mark.timeout(120)
+@LEDGERS
 def test_a_frozen_worker_cannot_commit_its_writes(
-    client: Client, cyclone_dsn: str, spawn_worker: Spawn, fault_log: Path
+    client: Client, cyclone_dsn: str, spawn_worker: Spawn, fault_log: Path, ledger: StepDef
 ) -> None:
     """A worker freezes (SIGSTOP) after its handler wrote, inside its open transaction. Its
     lease expires; the server ends its idle transaction, so the row lock it held does not
     block the next execution; when it wakes up, nothing it wrote is kept."""
     make_ledger(cyclone_dsn, unique=True)  # the next execution's insert waits on the lock
-    handle = client.enqueue(handlers.ledger, 1)
+    handle = client.enqueue(ledger, 1)
     frozen = spawn_worker(CYCLONE_FAULT_SLEEP="4", CYCLONE_FAULT_LEASE="1")
     wait_for(lambda: any(row[3] == "start" for row in read_log(fault_log)), timeout=30)
     time.sleep(0.2)  # the insert is sent; the handler sleeps in its transaction
@@ -79,5 +90,5 @@ def test_a_frozen_worker_cannot_commit_its_writes(
     assert handle.result(timeout=30) == 1
     frozen.send_signal(signal.SIGCONT)
     time.sleep(5)  # the frozen handler wakes, returns, and tries to complete
-    assert ledger_rows(cyclone_dsn) == [(handle.id, "fault_ledger", other.pid)]
+    assert ledger_rows(cyclone_dsn) == [(handle.id, ledger.name, other.pid)]
     assert client.get_run(handle.id).state == RunState.COMPLETED

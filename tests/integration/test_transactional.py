@@ -463,3 +463,50 @@ def test_an_isolated_branch_that_completes_after_its_sibling_activates_the_join(
     isolated, diamond = ISOLATED[level]
     start_worker(isolated, sibling, total, diamond, concurrency=4)
     assert client.submit(diamond, 1).result(timeout=20) == 5
+
+
+# -- repeatable read and serializable: the lease is held while the snapshot is open -------
+
+
+@step(name="tx_rr_heartbeat", transactional=True, isolation="repeatable read", max_attempts=3)
+def rr_heartbeat(n: int, ctx: StepContext) -> int:
+    write(ctx)
+    assert ctx.heartbeat(), "the step's lease is held"
+    return n
+
+
+@step(name="tx_serializable_long", transactional=True, isolation="serializable", max_attempts=3)
+def serializable_long(n: int, ctx: StepContext) -> int:
+    write(ctx)
+    # Past the lease (busy, not idle in transaction): two heartbeats and the expiry passed.
+    ctx.connection.execute("SELECT pg_sleep(2.5)")
+    return n
+
+
+@step(name="tx_async_rr_long", transactional=True, isolation="repeatable read", max_attempts=3)
+async def async_rr_long(n: int, ctx: StepContext) -> int:
+    await ctx.connection.execute(
+        "INSERT INTO ledger VALUES (%s, %s, %s, %s)", (ctx.run_id, ctx.node, ctx.attempt, "")
+    )
+    await ctx.connection.execute("SELECT pg_sleep(2.5)")
+    return n
+
+
+@pytest.mark.parametrize("handler", [rr_heartbeat, serializable_long, async_rr_long])
+def test_an_isolated_step_keeps_its_lease_without_conflicting_with_it(
+    client: Client,
+    start_worker: StartWorker,
+    ledger: Callable[[], list[tuple[Any, ...]]],
+    handler: StepDef,
+) -> None:
+    """The worker renewed the lease of a step whose handler ran at repeatable read or
+    serializable by updating the step's row. The completion, written in the handler's
+    older snapshot, then conflicted with that update: a serialization failure on every
+    attempt that ran past a third of the lease or called ``ctx.heartbeat()``. Past the
+    lease itself, the scanner reclaimed the step under its running handler."""
+    start_worker(handler, lease=1.0)
+    handle = client.enqueue(handler, 7)
+    assert handle.result(timeout=30) == 7
+    only = only_step(client, handle.id)
+    assert (only.attempt_number, only.attempts, only.error) == (1, (), None)  # no reclaim
+    assert ledger() == [(handle.id, handler.name, 1, "")]
