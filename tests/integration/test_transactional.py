@@ -118,6 +118,16 @@ async def async_slow(n: int, *, ctx: StepContext) -> int:
     return n
 
 
+@step(name="tx_async_slow_statement", transactional=True, max_attempts=2, timeout=1.0)
+async def async_slow_statement(n: int, *, ctx: StepContext) -> int:
+    await ctx.connection.execute(
+        "INSERT INTO ledger VALUES (%s, %s, %s, %s)", (ctx.run_id, ctx.node, ctx.attempt, "")
+    )
+    if ctx.attempt == 1:
+        await ctx.connection.execute("SELECT pg_sleep(30)")  # cancelled at the timeout
+    return n
+
+
 @step(name="tx_plain")
 def plain(n: int, *, ctx: StepContext) -> int:
     ctx.connection  # noqa: B018 - raises: the step is not transactional
@@ -238,6 +248,22 @@ def test_an_async_handler_writes_on_an_async_connection(
         (first.id, 1, "async"),
         (second.id, 2, ""),
     ]
+
+
+def test_an_async_handlers_statement_is_cancelled_at_its_timeout(
+    client: Client, start_worker: StartWorker, ledger: Callable[[], list[tuple[Any, ...]]]
+) -> None:
+    """The timeout cancels an async handler's task while its statement runs on the
+    server: the statement must be cancelled there too, the transaction rolled back and
+    the connection given back clean, for the retry to complete."""
+    start_worker(async_slow_statement)
+    started = time.monotonic()
+    handle = client.enqueue(async_slow_statement, 5)
+    assert handle.result(timeout=20) == 5
+    assert time.monotonic() - started < 10, "the sleeping statement was not cancelled"
+    assert [row[2] for row in ledger()] == [2]
+    (first,) = only_step(client, handle.id).attempts
+    assert first.error_kind == "timeout"
 
 
 def test_many_transactional_steps_each_write_once(
