@@ -175,8 +175,13 @@ SET state = CASE
         WHEN s.kind = '@timer' THEN 'waiting_timer'
         WHEN s.kind = '@child' THEN 'waiting_child'
         ELSE 'available' END,
-    scheduled_at = now() + %(shift)s::interval
-                   + CASE WHEN j.skip THEN interval '0' ELSE coalesce(s.wait_for, interval '0') END,
+    -- A wait's time starts now; another step keeps a later start it already has (a retry
+    -- backoff or a delayed start that a pause and resume sent back through pending).
+    scheduled_at = CASE
+        WHEN j.skip OR s.wait_for IS NOT NULL
+            THEN now() + %(shift)s::interval
+                 + CASE WHEN j.skip THEN interval '0' ELSE s.wait_for END
+        ELSE greatest(s.scheduled_at, now() + %(shift)s::interval) END,
     completed_at = CASE WHEN j.skip THEN now() + %(shift)s::interval ELSE s.completed_at END,
     output = CASE WHEN j.skip THEN NULL ELSE s.output END,
     error_kind = CASE WHEN j.skip THEN 'skipped' ELSE s.error_kind END

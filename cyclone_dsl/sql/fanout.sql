@@ -57,7 +57,8 @@ WITH f AS (
 )
 UPDATE cyclone_steps AS s
 SET state = CASE WHEN s.kind = '@child' THEN 'waiting_child' ELSE 'available' END,
-    scheduled_at = now() + %(shift)s::interval
+    -- an item keeps a later start it already has (its retry backoff, through a pause)
+    scheduled_at = greatest(s.scheduled_at, now() + %(shift)s::interval)
 FROM nxt
 WHERE s.id = nxt.id
 RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.fan_out_parallel,

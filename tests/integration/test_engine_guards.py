@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
@@ -19,7 +19,7 @@ import pytest
 from cyclone_dsl import Client, Worker, for_each, step, wait_signal, wait_timer, workflow
 from cyclone_dsl.db.tx import ConnectionTx, Row, in_transaction
 from cyclone_dsl.dsl.runs import child_compiler, compile_workflow
-from cyclone_dsl.engine import Engine, Failure
+from cyclone_dsl.engine import Engine, Failure, Success
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState, StepState
 from cyclone_dsl.testing import shifted_clock
@@ -378,3 +378,97 @@ def test_a_scanner_pass_racing_a_pause_fires_nothing_in_the_paused_run(
     assert result["changed"] == 0
     assert run.state is RunState.PAUSED
     assert run.step(node).state in (StepState.WAITING_SIGNAL, StepState.WAITING_TIMER)
+
+
+# -- a pause keeps a step's own start time --------------------------------------------------
+
+
+@step(name="eg_backoff")
+def backing_off(x: int) -> int:
+    return x
+
+
+def test_resume_keeps_a_retry_backoff_pending_at_the_pause(
+    client: Client, cyclone_dsn: str
+) -> None:
+    """A resume made every paused step ready at once: a step waiting out its retry
+    backoff when the run was paused was retried as soon as the run resumed."""
+    handle = client.enqueue(backing_off, 1)
+    engine = Engine()
+    with psycopg.connect(cyclone_dsn, autocommit=True) as conn:
+        with conn.transaction():
+            (claimed,) = engine.claim(
+                ConnectionTx(conn),
+                owner="test",
+                queues=["default"],
+                kinds=["eg_backoff"],
+                versions=[("eg_backoff", "standalone")],
+                limit=1,
+                lease=timedelta(seconds=30),
+            )
+        with conn.transaction():
+            engine.fail(
+                ConnectionTx(conn),
+                [Failure(claimed.id, claimed.generation, "boom", "error", delay_s=3600)],
+            )
+    backing = handle.get().step("eg_backoff")
+    assert backing.state is StepState.AVAILABLE
+    client.pause(handle.id)
+    with shifted_clock(timedelta(minutes=10)):  # the pause lasts 10 minutes
+        client.resume(handle.id)
+    resumed = handle.get().step("eg_backoff")
+    assert resumed.state is StepState.AVAILABLE
+    assert resumed.scheduled_at >= backing.scheduled_at, "the backoff was cut short"
+
+
+@workflow(name="eg_backoff_items")
+def backoff_items(n):  # type: ignore[no-untyped-def]
+    return for_each(backing_off, over=source(n), max_parallel=1)
+
+
+def test_resume_keeps_a_fan_out_items_retry_backoff(client: Client, cyclone_dsn: str) -> None:
+    """The same for an item of a fan-out with max_parallel, made ready by the fan-out."""
+    handle = client.submit(backoff_items, 2)
+    engine = Engine()
+    with psycopg.connect(cyclone_dsn, autocommit=True) as conn:
+
+        def claim(kind: str) -> Any:
+            with conn.transaction():
+                (claimed,) = engine.claim(
+                    ConnectionTx(conn),
+                    owner="test",
+                    queues=["default"],
+                    kinds=[kind],
+                    versions=[("eg_backoff_items", handle.get().def_version)],
+                    limit=1,
+                    lease=timedelta(seconds=30),
+                )
+            return claimed
+
+        first = claim("eg_source")
+        with conn.transaction():
+            engine.complete(ConnectionTx(conn), [Success(first.id, first.generation, "[0, 1]")])
+        item_ = claim("eg_backoff")
+        with conn.transaction():
+            engine.fail(
+                ConnectionTx(conn),
+                [Failure(item_.id, item_.generation, "boom", "error", delay_s=3600)],
+            )
+    (backing,) = [s for s in handle.get().steps if s.id == item_.id]
+    assert backing.state is StepState.AVAILABLE
+    client.pause(handle.id)
+    client.resume(handle.id)
+    (resumed,) = [s for s in handle.get().steps if s.id == item_.id]
+    assert resumed.state is StepState.AVAILABLE
+    assert resumed.scheduled_at >= backing.scheduled_at, "the backoff was cut short"
+
+
+def test_resume_keeps_a_delayed_steps_start(client: Client) -> None:
+    """The same for a step enqueued to start later: the resume started it at once."""
+    start_at = datetime.now(UTC) + timedelta(hours=2)
+    handle = client.enqueue(backing_off, 1, scheduled_at=start_at)
+    client.pause(handle.id)
+    client.resume(handle.id)
+    resumed = handle.get().step("eg_backoff")
+    assert resumed.state is StepState.AVAILABLE
+    assert resumed.scheduled_at >= start_at, "the delayed start was lost"
