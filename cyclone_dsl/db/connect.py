@@ -16,6 +16,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from cyclone_dsl.sql import Q
+
 #: A pool of Cyclone connections (see :func:`make_pool`).
 Pool = ConnectionPool[Any]
 
@@ -58,6 +60,20 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
     conn.autocommit = True
 
 
+def _configure_watched(conn: psycopg.Connection[Any]) -> None:
+    conn.autocommit = True
+    if conn.info.server_version >= CHECK_CLIENT_SINCE:
+        conn.execute(Q.watch_client, {"ms": CHECK_CLIENT_MS})
+
+
+#: How often the server checks, while a statement runs, that the client of a watched
+#: connection is still there (``client_connection_check_interval``, PostgreSQL 14+).
+#: Without it, a worker that dies mid-statement leaves its statement running until it
+#: ends, and its transaction holding its locks (and its step, see ``hold_lease``).
+CHECK_CLIENT_MS = 2000
+CHECK_CLIENT_SINCE = 140000
+
+
 def make_pool(
     conninfo: str,
     *,
@@ -68,11 +84,14 @@ def make_pool(
     idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
     pooled: bool = False,
     server_jit: bool = False,
+    watched: bool = False,
 ) -> ConnectionPool[Any]:
     """A pool of autocommit connections (transactions are explicit) named ``name``; the
     server ends a transaction of theirs idle ``idle_in_transaction_s`` seconds (unless
     ``pooled``: then the pooler's or the role's settings apply). ``server_jit``: keep
-    the server's JIT setting (see :func:`connection_kwargs`)."""
+    the server's JIT setting (see :func:`connection_kwargs`). ``watched``: the server
+    ends a statement whose client died (see :data:`CHECK_CLIENT_MS`; not ``pooled``: a
+    session setting)."""
     pool: ConnectionPool[Any] = ConnectionPool(
         conninfo,
         min_size=min_size,
@@ -84,7 +103,7 @@ def make_pool(
             pooled=pooled,
             server_jit=server_jit,
         ),
-        configure=_configure,
+        configure=_configure_watched if watched and not pooled else _configure,
         open=False,
         name=name,
         reconnect_timeout=3600,

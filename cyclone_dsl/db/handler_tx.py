@@ -15,7 +15,13 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from cyclone_dsl.db.connect import connection_kwargs, make_pool
+from cyclone_dsl.db.connect import (
+    CHECK_CLIENT_MS,
+    CHECK_CLIENT_SINCE,
+    connection_kwargs,
+    make_pool,
+)
+from cyclone_dsl.sql import Q
 
 _LEVELS = {
     None: None,
@@ -44,6 +50,7 @@ def handler_pool(
         idle_in_transaction_s=idle_s,
         pooled=pooled,
         server_jit=True,  # the user's own SQL runs on these
+        watched=True,  # a dead worker's statement must not hold its step
     )
 
 
@@ -69,6 +76,8 @@ def async_handler_pool(
 
     async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.set_autocommit(True)
+        if not pooled and conn.info.server_version >= CHECK_CLIENT_SINCE:
+            await conn.execute(Q.watch_client, {"ms": CHECK_CLIENT_MS})
 
     return AsyncConnectionPool(
         dsn,

@@ -155,6 +155,8 @@ class _Queries:
     disable_failed_schedule: LiteralString
     schedule_refused: LiteralString
     set_schedule_enabled: LiteralString
+    # session.sql
+    watch_client: LiteralString
     # signals.sql
     find_signal_wait: LiteralString
     count_buffered_signals: LiteralString

@@ -153,6 +153,38 @@ def ledger_repeatable_read(n: int, *, ctx: StepContext) -> int:
     return ledger.fn(n, ctx=ctx)
 
 
+def ledger_in_a_statement(ctx: StepContext) -> None:
+    """Write one ``fault_ledger`` row, then wait ``$CYCLONE_FAULT_SQL_SLEEP`` seconds in a
+    statement on the server (busy, not idle in transaction)."""
+    record(ctx, "start")
+    ctx.connection.execute(
+        "INSERT INTO fault_ledger (run_id, node, pid) VALUES (%s, %s, %s)",
+        (ctx.run_id, ctx.node, os.getpid()),
+    )
+    ctx.connection.execute(
+        "SELECT pg_sleep(%s)", (float(os.environ.get("CYCLONE_FAULT_SQL_SLEEP", "0")),)
+    )
+    record(ctx, "end")
+
+
+@step(name="fault_statement", transactional=True, max_attempts=5, max_reclaims=20)
+def statement(n: int, *, ctx: StepContext) -> int:
+    ledger_in_a_statement(ctx)
+    return n
+
+
+@step(
+    name="fault_statement_repeatable_read",
+    transactional=True,
+    isolation="repeatable read",
+    max_attempts=5,
+    max_reclaims=20,
+)
+def statement_repeatable_read(n: int, *, ctx: StepContext) -> int:
+    ledger_in_a_statement(ctx)
+    return n
+
+
 @step(name="fault_until_flag", max_attempts=1)
 def until_flag(x: object, *, ctx: StepContext) -> object:
     """Fails (for good: one attempt) until the file ``$CYCLONE_FAULT_FLAG`` exists."""

@@ -92,3 +92,28 @@ def test_a_frozen_worker_cannot_commit_its_writes(
     time.sleep(5)  # the frozen handler wakes, returns, and tries to complete
     assert ledger_rows(cyclone_dsn) == [(handle.id, ledger.name, other.pid)]
     assert client.get_run(handle.id).state == RunState.COMPLETED
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "handler",
+    [handlers.statement, handlers.statement_repeatable_read],
+    ids=["read_committed", "repeatable_read"],
+)
+def test_a_killed_workers_running_statement_does_not_hold_its_step(
+    client: Client, cyclone_dsn: str, spawn_worker: Spawn, fault_log: Path, handler: StepDef
+) -> None:
+    """A worker dies while its handler's statement runs on the server. The server noticed
+    the lost client only when the statement ended (a minute here), and until then its
+    transaction held the step: its lock kept the repeatable read step from being
+    reclaimed, and its uncommitted row blocked the next execution's insert."""
+    make_ledger(cyclone_dsn, unique=True)
+    handle = client.enqueue(handler, 1)
+    victim = spawn_worker(CYCLONE_FAULT_SQL_SLEEP="60", CYCLONE_FAULT_LEASE="1")
+    wait_for(lambda: any(row[3] == "start" for row in read_log(fault_log)), timeout=30)
+    time.sleep(0.3)  # the insert is done; the sleeping statement runs
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    other = spawn_worker(CYCLONE_FAULT_SQL_SLEEP="0", CYCLONE_FAULT_LEASE="1")
+    assert handle.result(timeout=30) == 1
+    assert ledger_rows(cyclone_dsn) == [(handle.id, handler.name, other.pid)]
