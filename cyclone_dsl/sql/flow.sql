@@ -129,9 +129,10 @@ picked AS (
 -- Steps of runs that hold their run slot need no new one, and must not wait behind runs
 -- that wait for one: fan-out items and later nodes have higher ids (and may have lower
 -- priorities) than the queued runs' first steps, which alone would fill the picks above
--- while the run holding the slot could never end. The holders are read from the keys' run
--- slots, and their steps by id: never by walking a key's queue. (A step with a concurrency
--- key of its own is queued under that key: a run key of another value is not looked up.)
+-- while the run holding the slot could never end. The holders are read from the run slots
+-- the picked steps wait for (their run keys, which may differ from the key they are
+-- queued under: a step with a concurrency key of its own is queued under that key), and
+-- their steps by id: never by walking a key's queue.
 held AS (
     SELECT s.id, s.run_id, g.fair_key, g.priority, g.step_scope, g.step_key,
            g.run_scope, g.run_key, g.rate_scope, g.rate_key, g.rate_units, k.key_ord
@@ -141,13 +142,14 @@ held AS (
     WHERE s.id = ANY(ARRAY(
             SELECT hg.step_id FROM cyclone_ext_gates AS hg
             WHERE hg.run_id = ANY(ARRAY(
-                    SELECT h.holder FROM keys AS hk
-                    CROSS JOIN LATERAL (  -- per key, through the slots' key (OFFSET 0: as
-                        -- a join it was planned as a scan of every slot of every limit)
-                        SELECT h.holder FROM cyclone_ext_limits AS l
-                        JOIN cyclone_ext_slots AS h ON h.scope = l.scope
-                                                   AND h.key = hk.fair_key
-                        WHERE l.scope LIKE 'run:%%' AND h.holder IS NOT NULL
+                    SELECT h.holder
+                    FROM (SELECT DISTINCT p.run_scope, p.run_key FROM picked AS p
+                          WHERE p.run_scope IS NOT NULL) AS w
+                    CROSS JOIN LATERAL (  -- per run key, through the slots' key (OFFSET 0:
+                        -- as a join it was planned as a scan of every slot)
+                        SELECT h.holder FROM cyclone_ext_slots AS h
+                        WHERE h.scope = w.run_scope AND h.key = w.run_key
+                          AND h.holder IS NOT NULL
                         OFFSET 0
                     ) AS h))
               -- One CASE: no index on queue may drive this plan (a walk of the queue).

@@ -125,6 +125,35 @@ def test_a_limited_workflows_later_node_of_lower_priority_is_not_starved(
     assert [h.result(timeout=15) for h in handles] == list(range(6))
 
 
+@step(name="fd_mixed_first", priority=5, concurrency=Concurrency(key="region", limit=10))
+def mixed_first(job: dict[str, Any]) -> int:
+    return int(job["n"])
+
+
+@step(name="fd_mixed_then", concurrency=Concurrency(key="region", limit=10))
+def mixed_then(n: int) -> int:
+    return n * 10
+
+
+@workflow(name="fd_mixed_wf", concurrency=Concurrency(key="tenant", limit=1))
+def mixed_wf(job):  # type: ignore[no-untyped-def]
+    return mixed_then(mixed_first(job))
+
+
+def test_a_limited_workflow_whose_steps_have_a_key_of_their_own_drains_a_queue_of_runs(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """The same shape where every node carries a step limit keyed by another value than
+    the workflow's: steps are queued under their step key, so the queued runs' first steps
+    and the holding run's next step share a queue, which the holders' lookup (by the
+    workflow's key) did not reach."""
+    handles = [
+        client.submit(mixed_wf, {"tenant": "acme", "region": "eu", "n": n}) for n in range(6)
+    ]
+    start_worker(mixed_wf, concurrency=2)
+    assert [h.result(timeout=15) for h in handles] == [n * 10 for n in range(6)]
+
+
 # -- a rate limit lowered by a deploy below a queued step's units ------------------------------
 
 
