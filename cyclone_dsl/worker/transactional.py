@@ -144,7 +144,8 @@ class TransactionalRunner:
                 call.attach(conn)
                 tx = AfterCommit(ConnectionTx(conn, current_shift()))
                 try:
-                    call.hold_lease(_old_snapshot(call))
+                    if _old_snapshot(call):
+                        call.hold_lease(True)
                     with conn.transaction():
                         if _old_snapshot(call):
                             self._hold_lease(call, self._engine.hold_lease(tx, call.step.id))
@@ -186,7 +187,8 @@ class TransactionalRunner:
                 call.attach(conn)
                 tx = AfterCommit(AsyncConnectionTx(conn, loop, current_shift()))
                 try:
-                    call.hold_lease(_old_snapshot(call))
+                    if _old_snapshot(call):  # may wait for a heartbeat: not on the loop
+                        await asyncio.to_thread(call.hold_lease, True)
                     async with conn.transaction():
                         if _old_snapshot(call):
                             held = await asyncio.to_thread(

@@ -1573,11 +1573,15 @@ class Worker:
         )
 
     def _hold_lease_in_transaction(self, entry: _Inflight, held: bool) -> None:
-        """Mark the step's lease as held by its handler's transaction (or no longer). Under
-        the lease lock: a heartbeat that read the step as renewable has committed before
-        the transaction takes its snapshot, and none starts after."""
+        """Mark the step's lease as held by its handler's transaction (or no longer, once it
+        ended: a renewal may then come at any time). Under the lease lock: a heartbeat that
+        read the step as renewable has committed before the transaction takes its
+        snapshot, and none starts after."""
+        if not held:
+            entry.lease_in_transaction = False
+            return
         with self._lease_lock:
-            entry.lease_in_transaction = held
+            entry.lease_in_transaction = True
 
     def _heartbeat_loop(self) -> None:
         interval = max(0.05, self.lease.total_seconds() / 3)
