@@ -894,7 +894,7 @@ class Client:
 
         def register(tx: Tx) -> list[str]:
             for row in rows:
-                self._engine.register_schedule(tx, row)
+                self._engine.register_schedule(tx, row, from_code=True)
             return [row.id for row in rows]
 
         return self._db.transaction(register)

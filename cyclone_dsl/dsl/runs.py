@@ -254,23 +254,7 @@ def schedule_row(target: StepDef[Any, Any] | WorkflowDef, spec: ScheduleSpec) ->
     """The row that registers ``spec`` of ``target`` (validated; a workflow is pinned)."""
     check_schedule(spec)
     input_text = encode(spec.input, what="the schedule input")
-    if isinstance(target, WorkflowDef):
-        try:
-            overrides = make_options(
-                NodeOptions(),
-                {
-                    "queue": spec.queue,
-                    "priority": spec.priority,
-                    "max_attempts": spec.max_attempts,
-                    "timeout": spec.timeout,
-                    "retention": spec.retention,
-                },
-            )
-        except (TypeError, ValueError) as exc:
-            raise ScheduleError(str(exc)) from None
-        problems = check_options(overrides)
-        if problems:
-            raise ScheduleError("; ".join(problems))
+    if isinstance(target, WorkflowDef):  # its options were checked with the spec
         return ScheduleRow(
             id=spec.id or target.name,
             kind=target.name,
@@ -321,7 +305,17 @@ def registry_schedules(registry: Registry) -> list[ScheduleRow]:
         *registry.workflows.values(),
         *registry.kinds.values(),
     ]
-    return [schedule_row(target, spec) for target in targets for spec in target.schedules]
+    rows = [schedule_row(target, spec) for target in targets for spec in target.schedules]
+    seen: dict[str, str] = {}
+    for row in rows:
+        if row.id in seen:
+            raise ScheduleError(
+                f"two schedules have the id {row.id!r} (of {seen[row.id]!r} and {row.kind!r}): "
+                "the second would replace the first; give each its own id= (a schedule "
+                "without one takes its target's name)"
+            )
+        seen[row.id] = row.kind
+    return rows
 
 
 def _seconds(value: float | None) -> timedelta | None:

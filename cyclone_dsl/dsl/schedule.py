@@ -14,10 +14,13 @@ from cyclone_dsl import payload
 from cyclone_dsl.dsl.builder import duration
 from cyclone_dsl.durations import is_duration, refusal
 from cyclone_dsl.errors import InvalidPayload, ScheduleError
+from cyclone_dsl.graph.model import NodeOptions
+from cyclone_dsl.graph.validate import check_options
 
 T = TypeVar("T")
 _PENDING_ATTR = "__cyclone_schedules__"
-_ANY_INSTANT = datetime(2000, 1, 1, tzinfo=UTC)
+#: How ``location`` names the machine's local zone (the default, stored as such).
+LOCAL = "Local"
 
 
 @attrs.frozen
@@ -48,13 +51,16 @@ def schedule_duration(what: str, value: timedelta | float | None) -> timedelta |
 def check_schedule(spec: ScheduleSpec) -> None:
     if not isinstance(spec.cron, str) or not croniter.is_valid(spec.cron):
         raise ScheduleError(f"{spec.cron!r} is not a valid cron expression")
-    try:  # from any fixed instant: whether some date matches, not when
-        croniter(spec.cron, _ANY_INSTANT).get_next(datetime)
+    # Whether some date is left, not when (a 7th field is a year: all may be past). The
+    # machine's clock is close enough for that; slots are computed on the database's.
+    now = datetime.now(UTC)  # noqa: TID251
+    try:
+        croniter(spec.cron, now).get_next(datetime)
     except CroniterError as exc:  # February 30th: valid syntax, no date ever matches
         raise ScheduleError(f"{spec.cron!r} never fires: {exc}") from None
     if spec.location is not None and not isinstance(spec.location, str):
         raise ScheduleError(f"location must be an IANA time zone name, not {spec.location!r}")
-    if spec.location is not None:
+    if spec.location is not None and spec.location != LOCAL:
         try:
             ZoneInfo(spec.location)
         except (ZoneInfoNotFoundError, ValueError):
@@ -65,6 +71,17 @@ def check_schedule(spec: ScheduleSpec) -> None:
         payload.check(spec.input)
     except InvalidPayload as exc:
         raise ScheduleError(f"schedule input: {exc}") from None
+    options: dict[str, Any] = {
+        "queue": spec.queue,
+        "priority": spec.priority,
+        "max_attempts": spec.max_attempts,
+        "timeout": spec.timeout,
+        "retention": spec.retention,
+    }
+    given = attrs.evolve(NodeOptions(), **{k: v for k, v in options.items() if v is not None})
+    problems = check_options(given)
+    if problems:
+        raise ScheduleError("; ".join(problems))
 
 
 def schedule(

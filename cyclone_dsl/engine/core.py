@@ -463,9 +463,11 @@ class Engine:
 
     # -- schedules -------------------------------------------------------------------
 
-    def register_schedule(self, tx: Tx, schedule: ScheduleRow) -> datetime:
-        """Create or update a schedule; return its next slot."""
-        return schedules.register(tx, schedule)
+    def register_schedule(
+        self, tx: Tx, schedule: ScheduleRow, *, from_code: bool = False
+    ) -> datetime:
+        """Create or update a schedule; return its next slot (see :func:`schedules.register`)."""
+        return schedules.register(tx, schedule, from_code=from_code)
 
     def set_schedule_enabled(self, tx: Tx, schedule_id: str, enabled: bool) -> None:
         schedules.set_enabled(tx, schedule_id, enabled)

@@ -1,9 +1,9 @@
 """Cron schedules: registration (with definition pinning) and firing (deduplicated per slot).
 
 Slots are computed with croniter in the schedule's time zone from the
-*database* clock. DST: a local time skipped in spring and a time repeated in
-autumn are handled as croniter does (the skipped slot fires at the first
-valid instant after the change; a repeated hour fires once).
+*database* clock. DST: a local time skipped in spring fires at the first valid
+instant after the change (as croniter says); a local time repeated in autumn fires
+once, at its first occurrence, unless the cron fires every hour.
 
 Missed slots (the scanner was down): with the default ``catch_up="latest"``
 only the most recent missed slot fires, once; ``catch_up="all"`` fires each
@@ -12,6 +12,7 @@ missed slot in turn, one per scanner pass.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
@@ -26,7 +27,7 @@ from cyclone_dsl.engine.transitions import Hooks
 from cyclone_dsl.errors import CycloneError, ScheduleError, UnknownDefinition
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.graph.rows import CompiledRun, ScheduleRow
-from cyclone_dsl.payload import JSONValue
+from cyclone_dsl.payload import JSONValue, is_text
 from cyclone_dsl.sql import Q
 
 LOCAL = "Local"
@@ -50,13 +51,30 @@ def zone(location: str | None) -> tzinfo:
 
 
 def next_slot(cron: str, location: str | None, after: datetime) -> datetime:
-    """The first slot strictly after ``after``; :class:`ScheduleError` if there is none."""
-    local = after.astimezone(zone(location))
+    """The first slot strictly after ``after``; :class:`ScheduleError` if there is none.
+
+    A local time repeated in autumn fires once (at its first occurrence) unless the cron
+    fires every hour, whose repeated hour is an hour of its own."""
+    tz = zone(location)
+    local = after.astimezone(tz)
     try:
-        result: datetime = croniter(cron, local).get_next(datetime)
+        iterator = croniter(cron, local)
+        every_hour = iterator.expanded[1] == ["*"] or len(iterator.expanded[1]) == 24
+        result: datetime = iterator.get_next(datetime)
+        while not every_hour and _second_occurrence(result, tz):
+            result = iterator.get_next(datetime)
     except CroniterError as exc:  # a date that never comes (February 30th), or bad syntax
         raise ScheduleError(f"{cron!r} never fires: {exc}") from None
     return result
+
+
+def _second_occurrence(moment: datetime, tz: tzinfo) -> bool:
+    """Whether ``moment`` is the second instant of a local wall time that occurs twice
+    (the hour repeated when clocks go back)."""
+    wall = moment.astimezone(tz).replace(tzinfo=None)
+    first = wall.replace(fold=0, tzinfo=tz).utcoffset()
+    second = wall.replace(fold=1, tzinfo=tz).utcoffset()
+    return first != second and moment.utcoffset() == second and first != moment.utcoffset()
 
 
 def latest_slot(cron: str, location: str | None, at: datetime) -> datetime:
@@ -76,12 +94,21 @@ def db_now(tx: Tx) -> datetime:
     return now
 
 
-def register(tx: Tx, schedule: ScheduleRow) -> datetime:
-    """Upsert a schedule (a changed cron or zone recomputes its next slot); return it."""
+def register(tx: Tx, schedule: ScheduleRow, *, from_code: bool = False) -> datetime:
+    """Upsert a schedule (a changed cron or zone recomputes its next slot); return it.
+
+    ``from_code``: an ``@schedule`` registered by a worker's start or
+    ``register_schedules()``; it does not enable again a schedule that was disabled (by an
+    operator, say), while ``enabled=False`` in the code disables it. A schedule enabled
+    again fires at most the latest of the slots it missed while disabled."""
     if not croniter.is_valid(schedule.cron):
         raise ScheduleError(f"{schedule.cron!r} is not a valid cron expression")
     location = schedule.location or LOCAL
-    first = next_slot(schedule.cron, location, db_now(tx))
+    now = db_now(tx)
+    first = next_slot(schedule.cron, location, now)
+    latest: datetime | None = None
+    with contextlib.suppress(ScheduleError):  # no slot before now (a cron bound by year)
+        latest = latest_slot(schedule.cron, location, now)
     row = tx.one(
         Q.upsert_schedule,
         id=schedule.id,
@@ -90,7 +117,9 @@ def register(tx: Tx, schedule: ScheduleRow) -> datetime:
         cron_spec=schedule.cron,
         location=location,
         next_run_at=first,
+        latest_run_at=latest,
         enabled=schedule.enabled,
+        from_code=from_code,
         max_attempts=schedule.max_attempts,
         timeout=schedule.timeout,
         queue=schedule.queue,
@@ -104,13 +133,30 @@ def register(tx: Tx, schedule: ScheduleRow) -> datetime:
 
 
 def set_enabled(tx: Tx, schedule_id: str, enabled: bool) -> None:
-    if not tx.rows(Q.set_schedule_enabled, id=schedule_id, enabled=enabled):
+    """Enable or disable a schedule. A schedule enabled again fires at most the latest of
+    the slots it missed while disabled, whatever its scanners' ``catch_up``."""
+    row = tx.one(Q.lock_schedule, id=_checked_id(schedule_id))
+    if row is None:
         raise ScheduleError(f"there is no schedule {schedule_id!r}")
+    next_run_at = row["next_run_at"]
+    if enabled and not row["enabled"]:
+        # A row this build refuses keeps its slot: the scanner disables it again, saying why.
+        with contextlib.suppress(ScheduleError):
+            next_run_at = max(
+                next_run_at, latest_slot(row["cron_spec"], row["location"], row["now"])
+            )
+    tx.run(Q.set_schedule_enabled, id=schedule_id, enabled=enabled, next_run_at=next_run_at)
 
 
 def delete(tx: Tx, schedule_id: str) -> None:
-    if not tx.rows(Q.delete_schedule, id=schedule_id):
+    if not tx.rows(Q.delete_schedule, id=_checked_id(schedule_id)):
         raise ScheduleError(f"there is no schedule {schedule_id!r}")
+
+
+def _checked_id(schedule_id: object) -> str:
+    if not is_text(schedule_id):
+        raise ScheduleError(f"a schedule id is a non-empty string, not {schedule_id!r}")
+    return schedule_id
 
 
 def lease_due(tx: Tx, *, owner: str, limit: int, lease: timedelta) -> list[Row]:
@@ -119,14 +165,24 @@ def lease_due(tx: Tx, *, owner: str, limit: int, lease: timedelta) -> list[Row]:
 
 def fire(
     tx: Tx,
-    schedule: Row,
+    leased: Row,
     *,
     owner: str,
     compile_target: Compiler,
     hooks: Hooks,
     catch_up: CatchUp = "latest",
 ) -> int | None:
-    """Fire one leased schedule's due slot; return the run id (None if refused or deduplicated)."""
+    """Fire one leased schedule's due slot; return the run id (None if refused or deduplicated).
+
+    The schedule is read again, locked: an update, a disable or a delete that committed
+    since the lease applies (a changed cron may have moved its slot), and one that comes
+    later waits for this fire to commit."""
+    schedule = tx.one(Q.lock_leased_schedule, id=leased["id"], owner=owner)
+    if schedule is None:
+        return None  # deleted, or its lease taken over
+    if not schedule["enabled"] or schedule["next_run_at"] > schedule["now"]:
+        tx.run(Q.release_schedule_lease, id=schedule["id"], owner=owner)
+        return None
     cron, location = schedule["cron_spec"], schedule["location"]
     slot: datetime = schedule["next_run_at"]
     try:

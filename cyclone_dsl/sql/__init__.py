@@ -149,11 +149,14 @@ class _Queries:
     delete_schedule: LiteralString
     list_schedules: LiteralString
     lease_due_schedules: LiteralString
+    lock_leased_schedule: LiteralString
+    release_schedule_lease: LiteralString
     record_fire: LiteralString
     schedule_fired: LiteralString
     schedule_failed: LiteralString
     disable_failed_schedule: LiteralString
     schedule_refused: LiteralString
+    lock_schedule: LiteralString
     set_schedule_enabled: LiteralString
     # session.sql
     watch_client: LiteralString

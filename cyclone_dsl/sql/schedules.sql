@@ -11,11 +11,19 @@ VALUES (%(id)s, %(kind)s, %(input)s::jsonb, %(cron_spec)s, %(location)s, %(next_
         %(def_version)s)
 ON CONFLICT (id) DO UPDATE
 SET kind = EXCLUDED.kind, input = EXCLUDED.input,
-    next_run_at = CASE WHEN cyclone_schedules.cron_spec = EXCLUDED.cron_spec
-                        AND cyclone_schedules.location = EXCLUDED.location
-                       THEN cyclone_schedules.next_run_at ELSE EXCLUDED.next_run_at END,
+    -- A changed cron or zone starts from its next slot; a schedule enabled again fires
+    -- at most the latest of the slots it missed while disabled.
+    next_run_at = CASE
+        WHEN cyclone_schedules.cron_spec <> EXCLUDED.cron_spec
+          OR cyclone_schedules.location <> EXCLUDED.location THEN EXCLUDED.next_run_at
+        WHEN NOT cyclone_schedules.enabled AND EXCLUDED.enabled AND NOT %(from_code)s
+            THEN greatest(cyclone_schedules.next_run_at,
+                          coalesce(%(latest_run_at)s::timestamptz, EXCLUDED.next_run_at))
+        ELSE cyclone_schedules.next_run_at END,
     cron_spec = EXCLUDED.cron_spec, location = EXCLUDED.location,
-    enabled = EXCLUDED.enabled, max_attempts = EXCLUDED.max_attempts,
+    enabled = CASE WHEN %(from_code)s THEN cyclone_schedules.enabled AND EXCLUDED.enabled
+                   ELSE EXCLUDED.enabled END,
+    max_attempts = EXCLUDED.max_attempts,
     timeout = EXCLUDED.timeout, queue = EXCLUDED.queue, priority = EXCLUDED.priority,
     retention = EXCLUDED.retention, def_version = EXCLUDED.def_version,
     last_error = CASE WHEN cyclone_schedules.def_version IS DISTINCT FROM EXCLUDED.def_version
@@ -53,6 +61,22 @@ RETURNING s.id, s.kind, s.input, s.cron_spec, s.location, s.next_run_at, s.max_a
           extract(epoch FROM s.timeout)::float8 AS timeout_s, s.queue, s.priority,
           extract(epoch FROM s.retention)::float8 AS retention_s, s.def_version,
           now() + %(shift)s::interval AS now
+
+-- name: lock_leased_schedule
+-- The schedule this scanner leased, read again and locked for its fire (None: deleted,
+-- or the lease taken over).
+SELECT id, kind, input, cron_spec, location, next_run_at, enabled, max_attempts,
+       extract(epoch FROM timeout)::float8 AS timeout_s, queue, priority,
+       extract(epoch FROM retention)::float8 AS retention_s, def_version,
+       now() + %(shift)s::interval AS now
+FROM cyclone_schedules
+WHERE id = %(id)s AND lease_owner = %(owner)s
+FOR UPDATE
+
+-- name: release_schedule_lease
+-- Give back a lease whose schedule is no longer due (updated or disabled since).
+UPDATE cyclone_schedules SET lease_owner = NULL, lease_expiry = NULL
+WHERE id = %(id)s AND lease_owner = %(owner)s
 
 -- name: record_fire
 -- Record one slot; the primary key makes a second fire of the same slot a no-op.
@@ -92,7 +116,14 @@ UPDATE cyclone_schedules
 SET last_error = %(error)s, lease_owner = NULL, lease_expiry = NULL, updated_at = now()
 WHERE id = %(id)s AND lease_owner = %(owner)s
 
+-- name: lock_schedule
+-- One schedule, locked, with the database clock.
+SELECT id, cron_spec, location, next_run_at, enabled, now() + %(shift)s::interval AS now
+FROM cyclone_schedules WHERE id = %(id)s
+FOR UPDATE
+
 -- name: set_schedule_enabled
--- Enable or disable a schedule.
-UPDATE cyclone_schedules SET enabled = %(enabled)s, updated_at = now()
-WHERE id = %(id)s RETURNING id
+-- Enable or disable a schedule (its next slot computed by the caller).
+UPDATE cyclone_schedules
+SET enabled = %(enabled)s, next_run_at = %(next_run_at)s, updated_at = now()
+WHERE id = %(id)s

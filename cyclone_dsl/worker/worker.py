@@ -792,7 +792,7 @@ class Worker:
         """Register every ``@schedule`` of the worker's registry; return their ids."""
         rows = runs.registry_schedules(self.registry)
         for row in rows:
-            self._engine.register_schedule(tx, row)
+            self._engine.register_schedule(tx, row, from_code=True)
         return [row.id for row in rows]
 
     def _fetch_lanes_then_shutdown(self) -> None:

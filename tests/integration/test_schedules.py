@@ -175,10 +175,18 @@ def test_slots_follow_croniter_in_the_schedule_zone(cron: str, start: datetime) 
     from zoneinfo import ZoneInfo
 
     paris = ZoneInfo("Europe/Paris")
-    ours, theirs = start, croniter(cron, start.astimezone(paris))
-    for _ in range(4):
+    theirs = croniter(cron, start.astimezone(paris))
+    expected: list[datetime] = []
+    while len(expected) < 4:  # croniter's, but a wall time repeated in autumn fires once
+        slot = theirs.get_next(datetime)
+        if slot.astimezone(paris).replace(tzinfo=None) not in {
+            e.astimezone(paris).replace(tzinfo=None) for e in expected
+        }:
+            expected.append(slot)
+    ours = start
+    for slot in expected:
         ours = schedules.next_slot(cron, "Europe/Paris", ours)
-        assert ours == theirs.get_next(datetime)
+        assert ours == slot
 
 
 def test_schedule_errors_and_unschedule(client: Client) -> None:
