@@ -169,6 +169,12 @@ class _Inflight:
             self.connection = connection
 
 
+def _late(entry: _Inflight) -> bool:
+    """Whether the handler's timeout has passed: what it returns now is not kept (the
+    heartbeat loop, which fails such steps, may not have seen it yet)."""
+    return entry.deadline is not None and time.monotonic() > entry.deadline
+
+
 #: An async handler to start: its entry, function, arguments and whether to keep its output.
 _Start = tuple[_Inflight, Callable[..., Any], list[Any], dict[str, Any], bool]
 
@@ -1244,7 +1250,7 @@ class Worker:
         """Take the decision of a transactional step for its own transaction (False: a
         timeout, a cancel or a lost lease decided it already)."""
         with self._inflight_lock:
-            if entry.settled:
+            if entry.settled or _late(entry):  # late: the heartbeat loop times it out
                 return False
             entry.settled = True
             entry.decided_here = True
@@ -1317,7 +1323,12 @@ class Worker:
             self._on_done(entry, task, keep_output)
             return
         try:
-            if not self._settle(
+            if _late(entry):  # it swallowed its cancellation, or returned just past its timeout
+                if self._settle(entry, execute.timeout_failure(entry.step)):
+                    self._finished(entry, "timeout")
+                else:
+                    self._finished(entry, "abandoned")
+            elif not self._settle(
                 entry, _Returned(entry, task.result(), keep_output, time.monotonic())
             ):
                 self._finished(entry, "abandoned")  # timed out, cancelled or lease lost
@@ -1367,7 +1378,7 @@ class Worker:
             if future.cancelled() or isinstance(exc, asyncio.CancelledError):
                 outcome: Success | Failure | None = None  # cancelled by us: decided elsewhere
                 self._finished(entry, "abandoned")
-            elif isinstance(exc, TimeoutError) and entry.deadline is not None:
+            elif _late(entry) or (isinstance(exc, TimeoutError) and entry.deadline is not None):
                 outcome = execute.timeout_failure(step)
                 self._finished(entry, "timeout")
             elif exc is not None:
