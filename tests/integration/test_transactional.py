@@ -128,6 +128,13 @@ async def async_slow_statement(n: int, *, ctx: StepContext) -> int:
     return n
 
 
+@step(name="tx_just_late", transactional=True, max_attempts=1, timeout=0.3)
+def just_late(n: int, *, ctx: StepContext) -> int:
+    write(ctx)
+    time.sleep(0.32)  # past the timeout, before the heartbeat loop looks (every 0.1 s)
+    return n
+
+
 @step(name="tx_plain")
 def plain(n: int, *, ctx: StepContext) -> int:
     ctx.connection  # noqa: B018 - raises: the step is not transactional
@@ -264,6 +271,19 @@ def test_an_async_handlers_statement_is_cancelled_at_its_timeout(
     assert [row[2] for row in ledger()] == [2]
     (first,) = only_step(client, handle.id).attempts
     assert first.error_kind == "timeout"
+
+
+def test_a_result_returned_just_past_the_timeout_is_rolled_back(
+    client: Client, start_worker: StartWorker, ledger: Callable[[], list[tuple[Any, ...]]]
+) -> None:
+    """A handler that returns past its timeout fails with timeout, and its writes roll
+    back: its transaction must not commit the late result."""
+    start_worker(just_late, concurrency=6)
+    handles = [client.enqueue(just_late, n) for n in range(6)]
+    for handle in handles:
+        assert handle.wait(timeout=20).state == RunState.FAILED
+        assert only_step(client, handle.id).error_kind == "timeout"
+    assert ledger() == []
 
 
 def test_many_transactional_steps_each_write_once(
