@@ -727,7 +727,7 @@ class Worker:
         self._takes_ctx = {kind: step.takes_ctx for kind, step in self.handlers.items()}
         if any(step.is_async for step in self.handlers.values()):
             self._loop = asyncio.new_event_loop()
-            self._spawn(self._loop.run_forever, "asyncio")
+            self._spawn(self._run_loop, "asyncio")
             self._loop_lane.cpu_clock = thread_cpu_clock(self._threads[-1])
         if any(step.transactional for step in self.handlers.values()):
             self._runner = TransactionalRunner(
@@ -899,6 +899,15 @@ class Worker:
             self._events_closed = True
         self._stopped.set()
         log.info("worker %s stopped", self.id)
+
+    def _run_loop(self) -> None:
+        """The async handlers' event loop, closed once the stop ends it."""
+        loop = self._loop
+        assert loop is not None
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
 
     def _close_runner(self) -> None:
         runner, loop = self._runner, self._loop
