@@ -949,6 +949,7 @@ class Client:
     def why_waiting(self, run_id: int) -> dict[str, str]:
         """For each due step of the run that a limit holds back, why, in words:
         ``waiting for a concurrency slot (tenant-7: 3/3)`` or ``rate limited until 12:00:03``.
+        :class:`RunNotFound` for a run that does not exist (or was purged).
         """
         run_id = base.checked_run_id(run_id)
         rows = self._db.transaction(lambda tx: self._engine.wait_reasons(tx, run_id))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cyclone_dsl.db.tx import Row, Tx
+from cyclone_dsl.errors import RunNotFound
 from cyclone_dsl.graph.rows import LimitRow, RunFlow
 from cyclone_dsl.sql import Q
 
@@ -141,5 +142,9 @@ def flow_stats(tx: Tx) -> list[Row]:
 
 
 def wait_reasons(tx: Tx, run_id: int) -> list[Row]:
-    """Why the due steps of a run that limits apply to are not running yet."""
-    return tx.rows(Q.gate_wait_reasons, run_id=run_id)
+    """Why the due steps of a run that limits apply to are not running yet
+    (:class:`RunNotFound` for a run that does not exist, or was purged)."""
+    rows = tx.rows(Q.gate_wait_reasons, run_id=run_id)
+    if not rows and tx.one(Q.get_run, run_id=run_id) is None:
+        raise RunNotFound(run_id)
+    return rows

@@ -19,6 +19,7 @@ from cyclone_dsl import (
     Debounce,
     InvalidArgument,
     RateLimit,
+    RunNotFound,
     RunState,
     StepContext,
     StepState,
@@ -534,3 +535,12 @@ def test_bulk_submits_refuse_inputs_that_are_not_a_collection_of_inputs(
     with pytest.raises(InvalidArgument, match="inputs"):
         client.enqueue_many(keyed, inputs)  # type: ignore[arg-type]
     assert client.list_runs() == []
+
+
+def test_why_waiting_of_a_run_that_does_not_exist_is_run_not_found(client: Client) -> None:
+    """It answered {} (nothing holds it back) for a run purged or never submitted, where
+    every other call about a run raises RunNotFound."""
+    done = client.enqueue(keyed, {"tenant": "t-why"})
+    assert client.why_waiting(done.id) == {}  # exists; its limit is free
+    with pytest.raises(RunNotFound):
+        client.why_waiting(done.id + 1000)
