@@ -451,7 +451,8 @@ def schedules_enable(ctx: click.Context, schedule_id: str, as_json: bool) -> Non
 @as_json
 @click.pass_context
 def schedules_disable(ctx: click.Context, schedule_id: str, as_json: bool) -> None:
-    """Disable a schedule (it keeps its place; enable fires its next slot)."""
+    """Disable a schedule (it keeps its slot; enable fires at most the latest slot it missed;
+    a worker's start does not enable it again)."""
     _enable(ctx, schedule_id, False, as_json)
 
 

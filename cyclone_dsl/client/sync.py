@@ -904,7 +904,11 @@ class Client:
         self._db.transaction(lambda tx: self._engine.delete_schedule(tx, schedule_id))
 
     def enable_schedule(self, schedule_id: str, enabled: bool = True) -> None:
-        """Enable (or disable) a schedule; :class:`ScheduleError` if there is none."""
+        """Enable (or disable) a schedule; :class:`ScheduleError` if there is none.
+
+        Enabled again, it fires at most the latest slot it missed while disabled. A worker's
+        start (registering its ``@schedule``s) does not enable a disabled schedule again.
+        """
         enabled = base.checked_flag("enabled", enabled)
         self._db.transaction(lambda tx: self._engine.set_schedule_enabled(tx, schedule_id, enabled))
 

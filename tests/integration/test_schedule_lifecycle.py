@@ -209,7 +209,7 @@ def test_a_cron_update_during_a_fire_is_not_overwritten_by_the_old_cron(
 def test_enabling_after_a_disabled_stretch_does_not_replay_every_slot_missed_while_disabled(
     client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
-    """cli `schedules disable`: "it keeps its place; enable fires its next slot" - one slot,
+    """cli `schedules disable`: "enable fires at most the latest slot it missed" - one slot,
     not every slot of the disabled stretch (with catch_up="all" a month off would start
     ~43,000 runs of a per-minute schedule at once)."""
     base = datetime(2027, 6, 4, 12, 0, 30, tzinfo=UTC)
