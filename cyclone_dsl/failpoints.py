@@ -1,7 +1,8 @@
 """Named test hooks at the engine's commit points; inert unless armed.
 
 A fault test arms a point to make a process die (``exit``, like a SIGKILL in
-the middle of a transaction) or to raise (``raise``) exactly there, then
+the middle of a transaction), freeze (``stop``: a SIGSTOP to itself, like a paused
+VM, with its transaction left open) or raise (``raise``) exactly there, then
 checks from the database that nothing was half written. Points are armed in
 process with :func:`arm`, or for a subprocess with the environment variable
 ``CYCLONE_FAILPOINTS="child.after_insert=exit,fanout.after_expand=raise"``.
@@ -10,6 +11,8 @@ process with :func:`arm`, or for a subprocess with the environment variable
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from collections.abc import Callable
 
 POINTS = frozenset(
@@ -19,6 +22,7 @@ POINTS = frozenset(
         "child.after_insert",
         "fanout.after_expand",
         "schedule.after_fire_record",
+        "scan.leader",
     }
 )
 
@@ -29,6 +33,12 @@ class FailpointError(RuntimeError):
 
 def _exit() -> None:
     os._exit(137)
+
+
+def _stop() -> None:
+    # To this thread (a kill() of the process lets it run on until another thread takes
+    # the stop, and commit): a stop signal stops every thread of the process.
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
 
 def _raise(name: str) -> Callable[[], None]:
@@ -48,10 +58,14 @@ def arm(name: str, action: str | Callable[[], None]) -> None:
         _armed[name] = action
     elif action == "exit":
         _armed[name] = _exit
+    elif action == "stop":
+        _armed[name] = _stop
     elif action == "raise":
         _armed[name] = _raise(name)
     else:
-        raise ValueError(f"a failpoint action is 'exit', 'raise' or a callable, not {action!r}")
+        raise ValueError(
+            f"a failpoint action is 'exit', 'stop', 'raise' or a callable, not {action!r}"
+        )
 
 
 def disarm(name: str | None = None) -> None:

@@ -22,7 +22,7 @@ from cyclone_dsl.sql import Q
 Pool = ConnectionPool[Any]
 
 #: Worker and client sessions never sit idle inside a transaction for long (seconds).
-IDLE_IN_TRANSACTION_S = 60.0
+IDLE_IN_TRANSACTION_S = 10.0
 
 
 #: ``$CYCLONE_POOLED`` (``1``/``true``/``yes``): the DSN goes through a transaction-mode pooler.

@@ -201,13 +201,16 @@ def check_reachable(dsn: str, *, name: str = "cyclone-check") -> None:
     connect_checked(dsn, name=name).close()
 
 
-#: SQLSTATE classes and codes that mean the session itself is gone (not a statement error).
+#: SQLSTATE classes and codes that mean the session itself is gone (not a statement error):
+#: a shutdown, and the server's idle-in-transaction and idle-session timeouts.
 _LOST_CLASSES = ("08",)
-_LOST_CODES = frozenset({"57P01", "57P02", "57P03"})
+_LOST_CODES = frozenset({"57P01", "57P02", "57P03", "57P05", "25P03"})
 
 
 def is_connection_loss(exc: BaseException) -> bool:
     """Whether ``exc`` is a lost or refused connection (not a failed statement)."""
+    if isinstance(exc, psycopg.errors.IdleInTransactionSessionTimeout):
+        return True
     if not isinstance(exc, psycopg.OperationalError):
         return False
     state = exc.sqlstate

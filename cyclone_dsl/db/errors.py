@@ -6,13 +6,20 @@ and ``cyclone_dsl.migrate`` import psycopg (a ruff banned-api rule holds this).
 
 from __future__ import annotations
 
+from typing import Final
+
 import psycopg
 
 #: The base class of every error the database driver raises.
 DatabaseError = psycopg.Error
-#: A lost connection, a server that went away mid-statement, a deadlock or a
-#: serialization failure (the SQLSTATE says which).
-ConnectionFailure = psycopg.OperationalError
+#: A lost connection, a server that went away mid-statement, a session the server ended
+#: (it sat idle in a transaction past ``idle_in_transaction_session_timeout``: the
+#: process stalled), a deadlock or a serialization failure (the SQLSTATE says which).
+#: Nothing of the transaction was kept: it can be tried again on a new connection.
+ConnectionFailure: Final = (
+    psycopg.OperationalError,
+    psycopg.errors.IdleInTransactionSessionTimeout,
+)
 #: A unique index refused a row (a submit key or unique key taken meanwhile).
 UniqueViolation = psycopg.errors.UniqueViolation
 

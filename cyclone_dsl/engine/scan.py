@@ -9,6 +9,7 @@ from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import complete, events, notify, tracecontext
 from cyclone_dsl.engine.backoff import backoff_seconds
 from cyclone_dsl.engine.transitions import Hooks, after_discards
+from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, StepState
 
@@ -17,7 +18,10 @@ SCAN_LOCK_NAMESPACE = 0x0C7C5CA
 
 def is_leader(tx: Tx, scanner: str) -> bool:
     row = tx.one(Q.try_scan_leader, namespace=SCAN_LOCK_NAMESPACE, scanner=scanner)
-    return bool(row and row["leader"])
+    leader = bool(row and row["leader"])
+    if leader:
+        failpoint("scan.leader")
+    return leader
 
 
 def expired_page(tx: Tx, *, after_id: int, limit: int) -> list[Row]:

@@ -17,7 +17,8 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from cyclone_dsl import Client, DatabaseUnavailable, InvalidArgument, Worker, migrate, step
-from cyclone_dsl.db.diagnose import mask_passwords
+from cyclone_dsl.db.diagnose import is_connection_loss, mask_passwords
+from cyclone_dsl.db.errors import ConnectionFailure
 
 
 @step(name="ce_noop")
@@ -162,3 +163,22 @@ def test_mask_passwords_hides_urls_settings_and_a_known_password() -> None:
     assert mask_passwords("x p@ss y", "postgresql://u:p%40ss@h/db") == "x **** y"
     assert mask_passwords("x secret", password="secret") == "x ****"
     assert mask_passwords("database 'b'", password="b") == "database '****'"
+
+
+def test_a_session_the_server_ended_for_idling_in_a_transaction_is_a_lost_connection(
+    cyclone_dsn: str,
+) -> None:
+    """A process that stalls inside a transaction past the server's
+    idle_in_transaction_session_timeout gets SQLSTATE 25P03 (an InternalError, for the
+    driver) at its next statement. Nothing of the transaction was kept: it is a lost
+    connection, retried by the worker and typed for the client, not a refused statement."""
+    with psycopg.connect(cyclone_dsn, autocommit=True) as conn:
+        conn.execute("SET idle_in_transaction_session_timeout = 100")
+        conn.execute("BEGIN")
+        conn.execute("SELECT 1")
+        time.sleep(0.5)
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute("SELECT 1")
+    assert caught.value.sqlstate == "25P03"
+    assert isinstance(caught.value, ConnectionFailure)
+    assert is_connection_loss(caught.value)

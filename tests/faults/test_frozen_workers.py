@@ -1,0 +1,119 @@
+"""A worker process freezes (SIGSTOP, as a paused VM or a stalled host would) in the middle
+of one of the engine's transactions, which it leaves open.
+
+Expected: what that transaction holds (a scanner's pass lock, a run's lock) does not stop
+the other workers for longer than the server's idle-in-transaction timeout of Cyclone's
+sessions; the frozen worker's steps are taken back and completed by the others, and when
+it wakes up nothing it wrote in that transaction is kept.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cyclone_dsl import Client
+from cyclone_dsl.states import RunState
+from tests.faults import handlers
+from tests.faults.conftest import read_log, wait_for
+
+Spawn = Callable[..., subprocess.Popen[str]]
+
+#: How long a frozen worker's open transaction may stop the others: the idle-in-transaction
+#: timeout of Cyclone's sessions (10 s, see docs/howto/deploy.md).
+STALL_S = 10.0
+#: The time a run may take once that transaction is ended: a lease (1 s), a scanner pass
+#: (0.2 s), worker start-up and the load of a busy machine.
+SLACK_S = 15.0
+
+
+def is_stopped(proc: subprocess.Popen[str]) -> bool:
+    """Whether the process is stopped by a signal (its state in ``/proc`` is ``T``)."""
+    stat = Path(f"/proc/{proc.pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+def freeze_at(spawn_worker: Spawn, point: str) -> subprocess.Popen[str]:
+    """A worker that stops itself at ``point``, inside that point's transaction."""
+    frozen = spawn_worker(CYCLONE_FAILPOINTS=f"{point}=stop", CYCLONE_FAULT_LEASE="1")
+    wait_for(lambda: is_stopped(frozen), timeout=60)
+    return frozen
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_frozen_in_a_scanner_pass_does_not_stop_reclaims(
+    client: Client, spawn_worker: Spawn, fault_log: Path
+) -> None:
+    """The frozen worker holds the lease scanner's pass lock: no other worker's scanner can
+    take back an expired lease until the server ends that transaction."""
+    frozen = freeze_at(spawn_worker, "scan.leader")
+    handle = client.enqueue(handlers.work, 1)
+    victim = spawn_worker(CYCLONE_FAILPOINTS="complete.before_commit=exit")
+    assert victim.wait(60) == 137, "the failpoint did not fire"
+    started = time.monotonic()
+    survivor = spawn_worker()
+    result = handle.result(timeout=STALL_S + SLACK_S)
+    assert result == {"x": 1, "by": survivor.pid}
+    assert time.monotonic() - started < STALL_S + SLACK_S
+    assert client.get_run(handle.id).step("fault_work").reclaims == 1
+    frozen.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_frozen_while_it_completes_a_step_does_not_hold_its_run(
+    client: Client, spawn_worker: Spawn, fault_log: Path
+) -> None:
+    """The frozen worker holds the run's lock and its step's uncommitted completion. The
+    scanner that takes the step back waits on that lock (and, while it waits, holds its
+    pass lock: no lease of any run is taken back) until the server ends the transaction.
+    Woken up, the frozen worker finds its connection gone: its completion is not kept."""
+    handle = client.enqueue(handlers.work, 1)
+    frozen = freeze_at(spawn_worker, "complete.before_commit")
+    assert {row[0] for row in read_log(fault_log)} == {frozen.pid}
+    other_handle = client.enqueue(handlers.work, 2)
+    victim = spawn_worker(CYCLONE_FAILPOINTS="complete.before_commit=exit")
+    assert victim.wait(60) == 137, "the failpoint did not fire"
+    started = time.monotonic()
+    survivor = spawn_worker()
+    result = handle.result(timeout=STALL_S + SLACK_S)
+    assert result == {"x": 1, "by": survivor.pid}
+    assert other_handle.result(timeout=SLACK_S) == {"x": 2, "by": survivor.pid}
+    assert time.monotonic() - started < STALL_S + SLACK_S
+    frozen.send_signal(signal.SIGCONT)
+    time.sleep(2)  # the frozen worker wakes up and tries to commit
+    run = client.get_run(handle.id)
+    assert run.state is RunState.COMPLETED and run.step("fault_work").reclaims == 1
+    assert handle.result(timeout=1) == {"x": 1, "by": survivor.pid}
+    ends = [row[0] for row in read_log(fault_log) if row[1] == handle.id and row[3] == "end"]
+    assert ends == [frozen.pid, survivor.pid]
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_stalled_past_the_idle_timeout_keeps_its_outcome(
+    client: Client, spawn_worker: Spawn, fault_log: Path
+) -> None:
+    """The worker stalls in the middle of completing a step for longer than the server lets
+    a transaction sit idle, but not as long as its lease. The server ends its session; woken
+    up, the worker commits the outcome again on a new connection (the step is still its
+    own), rather than take the ended session for a refused outcome and fail the step."""
+    handle = client.enqueue(handlers.work, 1)
+    stalled = spawn_worker(
+        CYCLONE_FAILPOINTS="complete.before_commit=stop", CYCLONE_FAULT_LEASE="60"
+    )
+    wait_for(lambda: is_stopped(stalled), timeout=60)
+    time.sleep(STALL_S + 3)
+
+    def resumed_and_ended() -> bool:
+        if is_stopped(stalled):  # the failpoint stops it again at each try, for an instant
+            stalled.send_signal(signal.SIGCONT)
+        return client.get_run(handle.id).state.is_terminal
+
+    wait_for(resumed_and_ended, timeout=SLACK_S)
+    assert handle.result(timeout=1) == {"x": 1, "by": stalled.pid}
+    step = client.get_run(handle.id).step("fault_work")
+    assert (step.attempt, step.reclaims) == (0, 0)  # no failure, no reclaim
