@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cyclone_dsl import Client
+from cyclone_dsl import Client, RunHandle
 from cyclone_dsl.states import RunState
 from tests.faults import handlers
 from tests.faults.conftest import read_log, wait_for
@@ -45,6 +45,24 @@ def freeze_at(spawn_worker: Spawn, point: str) -> subprocess.Popen[str]:
     return frozen
 
 
+def die_completing_a_step(spawn_worker: Spawn) -> None:
+    """A worker takes an available step and dies before its completion commits: the step
+    waits for a scanner to take its lease back."""
+    victim = spawn_worker(CYCLONE_FAILPOINTS="complete.before_commit=exit")
+    assert victim.wait(60) == 137, "the failpoint did not fire"
+
+
+def completed_by_a_new_worker(
+    spawn_worker: Spawn, handle: RunHandle, x: int
+) -> subprocess.Popen[str]:
+    """Start a worker; the run ends with its result within the stall's bound."""
+    started = time.monotonic()
+    survivor = spawn_worker()
+    assert handle.result(timeout=STALL_S + SLACK_S) == {"x": x, "by": survivor.pid}
+    assert time.monotonic() - started < STALL_S + SLACK_S
+    return survivor
+
+
 @pytest.mark.timeout(150)
 def test_a_worker_frozen_in_a_scanner_pass_does_not_stop_reclaims(
     client: Client, spawn_worker: Spawn, fault_log: Path
@@ -53,13 +71,8 @@ def test_a_worker_frozen_in_a_scanner_pass_does_not_stop_reclaims(
     take back an expired lease until the server ends that transaction."""
     frozen = freeze_at(spawn_worker, "scan.leader")
     handle = client.enqueue(handlers.work, 1)
-    victim = spawn_worker(CYCLONE_FAILPOINTS="complete.before_commit=exit")
-    assert victim.wait(60) == 137, "the failpoint did not fire"
-    started = time.monotonic()
-    survivor = spawn_worker()
-    result = handle.result(timeout=STALL_S + SLACK_S)
-    assert result == {"x": 1, "by": survivor.pid}
-    assert time.monotonic() - started < STALL_S + SLACK_S
+    die_completing_a_step(spawn_worker)
+    completed_by_a_new_worker(spawn_worker, handle, 1)
     assert client.get_run(handle.id).step("fault_work").reclaims == 1
     frozen.send_signal(signal.SIGCONT)
 
@@ -76,14 +89,9 @@ def test_a_worker_frozen_while_it_completes_a_step_does_not_hold_its_run(
     frozen = freeze_at(spawn_worker, "complete.before_commit")
     assert {row[0] for row in read_log(fault_log)} == {frozen.pid}
     other_handle = client.enqueue(handlers.work, 2)
-    victim = spawn_worker(CYCLONE_FAILPOINTS="complete.before_commit=exit")
-    assert victim.wait(60) == 137, "the failpoint did not fire"
-    started = time.monotonic()
-    survivor = spawn_worker()
-    result = handle.result(timeout=STALL_S + SLACK_S)
-    assert result == {"x": 1, "by": survivor.pid}
+    die_completing_a_step(spawn_worker)
+    survivor = completed_by_a_new_worker(spawn_worker, handle, 1)
     assert other_handle.result(timeout=SLACK_S) == {"x": 2, "by": survivor.pid}
-    assert time.monotonic() - started < STALL_S + SLACK_S
     frozen.send_signal(signal.SIGCONT)
     time.sleep(2)  # the frozen worker wakes up and tries to commit
     run = client.get_run(handle.id)
