@@ -64,41 +64,31 @@ def completed_by_a_new_worker(
 
 
 @pytest.mark.timeout(150)
-def test_a_worker_frozen_in_a_scanner_pass_does_not_stop_reclaims(
+def test_workers_frozen_in_a_scanner_pass_and_in_a_completion_stall_the_others_briefly(
     client: Client, spawn_worker: Spawn, fault_log: Path
 ) -> None:
-    """The frozen worker holds the lease scanner's pass lock: no other worker's scanner can
-    take back an expired lease until the server ends that transaction."""
-    frozen = freeze_at(spawn_worker, "scan.leader")
+    """One worker freezes while it completes a step: it holds that run's lock and the
+    step's uncommitted completion, and the scanner that takes the step back waits on the
+    lock. Another freezes in a scanner pass: it holds the lease scanner's lock, so no
+    other worker takes back any expired lease. Both hold on until the server ends their
+    transactions; woken up, the first finds its connection gone: its completion is not
+    kept."""
     handle = client.enqueue(handlers.work, 1)
-    die_completing_a_step(spawn_worker)
-    completed_by_a_new_worker(spawn_worker, handle, 1)
-    assert client.get_run(handle.id).step("fault_work").reclaims == 1
-    frozen.send_signal(signal.SIGCONT)
-
-
-@pytest.mark.timeout(150)
-def test_a_worker_frozen_while_it_completes_a_step_does_not_hold_its_run(
-    client: Client, spawn_worker: Spawn, fault_log: Path
-) -> None:
-    """The frozen worker holds the run's lock and its step's uncommitted completion. The
-    scanner that takes the step back waits on that lock (and, while it waits, holds its
-    pass lock: no lease of any run is taken back) until the server ends the transaction.
-    Woken up, the frozen worker finds its connection gone: its completion is not kept."""
-    handle = client.enqueue(handlers.work, 1)
-    frozen = freeze_at(spawn_worker, "complete.before_commit")
-    assert {row[0] for row in read_log(fault_log)} == {frozen.pid}
+    completing = freeze_at(spawn_worker, "complete.before_commit")
+    assert {row[0] for row in read_log(fault_log)} == {completing.pid}
+    scanning = freeze_at(spawn_worker, "scan.leader")
     other_handle = client.enqueue(handlers.work, 2)
     die_completing_a_step(spawn_worker)
     survivor = completed_by_a_new_worker(spawn_worker, handle, 1)
     assert other_handle.result(timeout=SLACK_S) == {"x": 2, "by": survivor.pid}
-    frozen.send_signal(signal.SIGCONT)
-    time.sleep(2)  # the frozen worker wakes up and tries to commit
+    for frozen in (completing, scanning):
+        frozen.send_signal(signal.SIGCONT)
+    time.sleep(2)  # the frozen workers wake up; the first tries to commit
     run = client.get_run(handle.id)
     assert run.state is RunState.COMPLETED and run.step("fault_work").reclaims == 1
     assert handle.result(timeout=1) == {"x": 1, "by": survivor.pid}
     ends = [row[0] for row in read_log(fault_log) if row[1] == handle.id and row[3] == "end"]
-    assert ends == [frozen.pid, survivor.pid]
+    assert ends == [completing.pid, survivor.pid]
 
 
 @pytest.mark.timeout(150)
