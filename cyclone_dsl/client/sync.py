@@ -925,20 +925,22 @@ class Client:
         """Delete terminal runs that ended more than ``older_than`` ago, in batches.
 
         Each batch is its own short transaction. A child run is kept while its
-        parent exists and has not completed. Purging frees the runs' submit keys.
+        parent exists and has not completed; a batch that deletes such a parent lets
+        a later batch take its ended child runs. Purging frees the runs' submit keys.
         """
         wanted = base.purge_states(states)
         base.check_older_than(older_than)
         batch_size = base.checked_count("batch_size", batch_size)
+        up_to: int = self._db.transaction(self._engine.bulk_bound)
         total = 0
         while True:
             deleted = self._db.transaction(
                 lambda tx: self._engine.purge(
-                    tx, states=wanted, older_than=older_than, limit=batch_size
+                    tx, states=wanted, older_than=older_than, limit=batch_size, up_to=up_to
                 )
             )
             total += deleted
-            if deleted < batch_size:
+            if deleted == 0:  # a short batch may have freed child runs of its parents
                 return total
 
     def set_queue_limit(self, queue: str, limit: int | None) -> None:

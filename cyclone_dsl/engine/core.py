@@ -262,16 +262,27 @@ class Engine:
         return signals.deliver(tx, run_id, name, payload_text, self._hooks)
 
     def purge(
-        self, tx: Tx, *, states: Sequence[RunState], older_than: timedelta, limit: int
+        self,
+        tx: Tx,
+        *,
+        states: Sequence[RunState],
+        older_than: timedelta,
+        limit: int,
+        up_to: int | None = None,
     ) -> int:
-        """Delete one batch of terminal runs that ended more than ``older_than`` ago.
+        """Delete one batch of terminal runs that ended more than ``older_than`` ago (ids
+        up to ``up_to``, if given: see :meth:`bulk_bound`).
 
         A child run is kept while its parent exists and has not completed.
         """
         if any(not state.is_terminal for state in states):
             raise InvalidArgument("only terminal runs (completed, failed, cancelled) can be purged")
         deleted = tx.rows(
-            Q.purge_runs, states=[s.value for s in states], older_than=older_than, limit=limit
+            Q.purge_runs,
+            states=[s.value for s in states],
+            older_than=older_than,
+            limit=limit,
+            up_to=up_to,
         )
         return len(deleted)
 

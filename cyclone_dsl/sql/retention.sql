@@ -1,10 +1,12 @@
 -- name: purge_runs
 -- Delete a batch of terminal runs that ended before the cutoff (cascades to their rows).
--- A child run is kept while its parent exists and has not completed.
+-- A child run is kept while its parent exists and has not completed. Only ids up to
+-- up_to, when given (a purge ends, however many runs end meanwhile).
 WITH doomed AS (
     SELECT r.id FROM cyclone_runs AS r
     WHERE r.state = ANY(%(states)b::text[])
       AND r.finished_at < now() + %(shift)s::interval - %(older_than)s::interval
+      AND r.id <= coalesce(%(up_to)s::bigint, r.id)
       AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS p
                       WHERE p.id = r.parent_run_id AND p.state <> 'completed')
     ORDER BY r.id
@@ -46,9 +48,18 @@ SELECT kind, state, count, extract(epoch FROM oldest_available_age)::float8 AS o
 FROM cyclone_v_kinds ORDER BY kind, state
 
 -- name: count_purgeable
--- How many runs a purge with these states and cutoff would delete now (a dry run).
-SELECT count(*) AS runs FROM cyclone_runs AS r
-WHERE r.state = ANY(%(states)b::text[])
-  AND r.finished_at < now() + %(shift)s::interval - %(older_than)s::interval
-  AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS p
-                  WHERE p.id = r.parent_run_id AND p.state <> 'completed')
+-- How many runs a purge with these states and cutoff would delete now (a dry run): those
+-- purge_runs takes, and the child runs it then takes once their parent is deleted.
+WITH RECURSIVE doomed AS (
+    SELECT r.id FROM cyclone_runs AS r
+    WHERE r.state = ANY(%(states)b::text[])
+      AND r.finished_at < now() + %(shift)s::interval - %(older_than)s::interval
+      AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS p
+                      WHERE p.id = r.parent_run_id AND p.state <> 'completed')
+    UNION
+    SELECT c.id FROM doomed AS d
+    JOIN cyclone_runs AS c ON c.parent_run_id = d.id
+    WHERE c.state = ANY(%(states)b::text[])
+      AND c.finished_at < now() + %(shift)s::interval - %(older_than)s::interval
+)
+SELECT count(*) AS runs FROM doomed

@@ -214,6 +214,23 @@ def test_child_failure_fails_the_parent_node(
     assert child_run.parent_run_id == handle.id and child_run.parent_node_id == "fc_fan_fail"
 
 
+def test_one_purge_deletes_a_failed_parent_and_its_child_runs(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """A child run is kept while its parent has not completed (a retry of the parent may
+    need it), so a failed parent's children became purgeable only once the parent was
+    deleted: one purge() left them behind, and its dry-run count left them out."""
+    start_worker(*HANDLERS, fan_fail)
+    handle = client.submit(child_fails, 5)
+    with pytest.raises(RunFailed):
+        handle.result(timeout=30)
+    assert len(client.list_runs()) == 2
+    assert client.count_purgeable() == 2
+    assert client.purge(batch_size=1) == 2
+    assert client.list_runs() == []
+    assert client.count_purgeable() == 0
+
+
 @step(name="fc_block")
 def block(x: int) -> int:
     time.sleep(30)
