@@ -17,6 +17,7 @@ from urllib.parse import unquote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from cyclone_dsl.db.errors import ConnectionFailure
 from cyclone_dsl.errors import DatabaseUnavailable, InvalidArgument
 
 #: Seconds a start-up check waits for the server (unless the DSN sets connect_timeout).
@@ -209,9 +210,7 @@ _LOST_CODES = frozenset({"57P01", "57P02", "57P03", "57P05", "25P03"})
 
 def is_connection_loss(exc: BaseException) -> bool:
     """Whether ``exc`` is a lost or refused connection (not a failed statement)."""
-    if isinstance(exc, psycopg.errors.IdleInTransactionSessionTimeout):
-        return True
-    if not isinstance(exc, psycopg.OperationalError):
+    if not isinstance(exc, ConnectionFailure):
         return False
     state = exc.sqlstate
     return state is None or state.startswith(_LOST_CLASSES) or state in _LOST_CODES
