@@ -14,6 +14,20 @@ MAX_DURATION = timedelta(days=365_000)
 """The longest duration accepted: a thousand years."""
 
 
+def as_timedelta(value: object) -> timedelta | object:
+    """A timedelta from a timedelta or a number of seconds; anything else (and a number no
+    timedelta holds: NaN, infinity, too large) is returned as it is, for the caller's
+    check (:func:`is_duration`) to refuse."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            return timedelta(seconds=value)
+        except (ValueError, OverflowError):
+            return value
+    return value
+
+
 def is_duration(value: object) -> bool:
     """Whether ``value`` is a positive timedelta of at most :data:`MAX_DURATION`."""
     return isinstance(value, timedelta) and timedelta(0) < value <= MAX_DURATION

@@ -29,7 +29,10 @@ def parse_duration(text: str) -> timedelta:
         raise ValueError(
             f"{text!r} is not a duration: write a number and a unit, as in 30s, 15m, 12h, 7d or 2w"
         )
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    try:
+        return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    except OverflowError:
+        raise ValueError(f"{text!r} is longer than any duration Cyclone takes") from None
 
 
 class Duration(click.ParamType[timedelta]):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 from cyclone_dsl.dsl.flow import MAX_LIMIT
-from cyclone_dsl.durations import is_duration, refusal
+from cyclone_dsl.durations import MAX_DURATION, is_duration, refusal
 from cyclone_dsl.engine import LIVE_FOR
 from cyclone_dsl.errors import InvalidArgument, RunNotFound
 from cyclone_dsl.graph.validate import MAX_SIGNAL_NAME_BYTES, queue_problem
@@ -57,8 +57,26 @@ def checked_inputs(inputs: object) -> list[JSONValue]:
 
 
 def check_older_than(older_than: object) -> None:
-    if not isinstance(older_than, timedelta) or older_than < timedelta(0):
-        raise InvalidArgument(f"older_than must be a timedelta >= 0, not {older_than!r}")
+    # A cutoff before PostgreSQL's first timestamp (4713 BC) would raise in SQL.
+    if not isinstance(older_than, timedelta) or not timedelta(0) <= older_than <= MAX_DURATION:
+        raise InvalidArgument(
+            f"older_than must be a timedelta from 0 to 1000 years, not {older_than!r}"
+        )
+
+
+#: How long a purge keeps trying the runs its batches skipped because another
+#: transaction held them (a retry or a signal of them, another purge's batch).
+PURGE_LOCK_WAIT_S: Final = 2.0
+
+
+def purge_pauses() -> Iterator[float]:
+    """The pauses before a purge tries its skipped runs again: doubling, from 20 ms, up
+    to :data:`PURGE_LOCK_WAIT_S` in all."""
+    pause, waited = 0.02, 0.0
+    while waited + pause <= PURGE_LOCK_WAIT_S:
+        yield pause
+        waited += pause
+        pause *= 2
 
 
 def checked_text(name: str, value: object) -> str:

@@ -8,6 +8,7 @@ a short pooled transaction, or in the caller's own transaction for the
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -926,13 +927,17 @@ class Client:
 
         Each batch is its own short transaction. A child run is kept while its
         parent exists and has not completed; a batch that deletes such a parent lets
-        a later batch take its ended child runs. Purging frees the runs' submit keys.
+        a later batch take its ended child runs. A run that another transaction holds
+        (a retry or a signal of it) is skipped and tried again for up to
+        :data:`~cyclone_dsl.client.base.PURGE_LOCK_WAIT_S` seconds; one held longer is
+        left to the next purge. Purging frees the runs' submit keys.
         """
         wanted = base.purge_states(states)
         base.check_older_than(older_than)
         batch_size = base.checked_count("batch_size", batch_size)
         up_to: int = self._db.transaction(self._engine.bulk_bound)
         total = 0
+        pauses = base.purge_pauses()
         while True:
             deleted = self._db.transaction(
                 lambda tx: self._engine.purge(
@@ -940,8 +945,17 @@ class Client:
                 )
             )
             total += deleted
-            if deleted == 0:  # a short batch may have freed child runs of its parents
+            if deleted:  # a batch may have freed the child runs of the parents it took
+                continue
+            pause = next(pauses, None)
+            if pause is None or not self._db.transaction(
+                lambda tx: self._engine.purge_left(
+                    tx, states=wanted, older_than=older_than, up_to=up_to
+                ),
+                one_statement=True,
+            ):
                 return total
+            time.sleep(pause)
 
     def set_queue_limit(self, queue: str, limit: int | None) -> None:
         """Cap how many steps of ``queue`` run at once, across all workers (None: no cap).

@@ -13,7 +13,6 @@ import contextvars
 import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 import attrs
@@ -51,18 +50,6 @@ OPTION_NAMES = frozenset(
 
 def active_builder() -> Builder | None:
     return _active.get()
-
-
-def duration(value: object, what: str) -> timedelta | object:
-    """A timedelta from a timedelta or a number of seconds; anything else is kept for validation."""
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        try:
-            return timedelta(seconds=value)
-        except (ValueError, OverflowError):  # NaN, infinity, past timedelta's range
-            return value
-    return value
 
 
 @attrs.define(eq=False)

@@ -11,8 +11,7 @@ import attrs
 from croniter import CroniterError, croniter
 
 from cyclone_dsl import payload
-from cyclone_dsl.dsl.builder import duration
-from cyclone_dsl.durations import is_duration, refusal
+from cyclone_dsl.durations import as_timedelta, is_duration, refusal
 from cyclone_dsl.errors import InvalidPayload, ScheduleError
 from cyclone_dsl.graph.model import NodeOptions
 from cyclone_dsl.graph.validate import check_options
@@ -42,7 +41,7 @@ def schedule_duration(what: str, value: timedelta | float | None) -> timedelta |
     or seconds; :class:`ScheduleError` for anything else."""
     if value is None:
         return None
-    converted = duration(value, what)
+    converted = as_timedelta(value)
     if not isinstance(converted, timedelta) or not is_duration(converted):
         raise ScheduleError(refusal(what, value))
     return converted

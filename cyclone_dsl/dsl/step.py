@@ -16,10 +16,11 @@ from typing import Any, Literal, ParamSpec, TypeAlias, TypeVar, overload
 import attrs
 from typing_extensions import Unpack
 
-from cyclone_dsl.dsl.builder import OPTION_NAMES, active_builder, duration
+from cyclone_dsl.dsl.builder import OPTION_NAMES, active_builder
 from cyclone_dsl.dsl.flow import Concurrency, RateLimit
 from cyclone_dsl.dsl.schedule import ScheduleSpec, pending_schedules
 from cyclone_dsl.dsl.signatures import CallOptions, OnDepFailure, StepCalls
+from cyclone_dsl.durations import as_timedelta
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.graph.model import NodeOptions
 from cyclone_dsl.graph.validate import INT32_MAX, check_options
@@ -39,7 +40,7 @@ def make_options(base: NodeOptions, overrides: dict[str, Any]) -> NodeOptions:
     changes = {k: v for k, v in overrides.items() if v is not None}
     for name in ("timeout", "retention"):
         if name in changes:
-            changes[name] = duration(changes[name], name)
+            changes[name] = as_timedelta(changes[name])
     return attrs.evolve(base, **changes)
 
 

@@ -6,15 +6,16 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from cyclone_dsl.dsl.builder import NodeRef, Ref, duration, require_builder
+from cyclone_dsl.dsl.builder import NodeRef, Ref, require_builder
 from cyclone_dsl.dsl.signatures import After, OnSkip
+from cyclone_dsl.durations import as_timedelta
 from cyclone_dsl.graph.conditions import Condition
 from cyclone_dsl.graph.model import WaitSpec
 from cyclone_dsl.graph.rows import KIND_SIGNAL, KIND_TIMER
 
 
 def _timeout(value: timedelta | float | None) -> Any:
-    return None if value is None else duration(value, "timeout")
+    return None if value is None else as_timedelta(value)
 
 
 def _id_of(name: object) -> str:
@@ -119,7 +120,7 @@ def wait_timer(
 ) -> NodeRef[None]:
     """Wait ``length`` (from activation); completed by the timer scanner, not by a worker."""
     builder = require_builder("wait_timer")
-    spec = WaitSpec(duration=duration(length, "duration"), timer=True)  # type: ignore[arg-type]
+    spec = WaitSpec(duration=as_timedelta(length), timer=True)  # type: ignore[arg-type]
     return builder.add(
         "timer",
         KIND_TIMER,

@@ -286,6 +286,16 @@ class Engine:
         )
         return len(deleted)
 
+    def purge_left(
+        self, tx: Tx, *, states: Sequence[RunState], older_than: timedelta, up_to: int
+    ) -> bool:
+        """Whether a run :meth:`purge` would take is left (one a batch skipped: another
+        transaction held it)."""
+        row = tx.one(
+            Q.purge_left, states=[s.value for s in states], older_than=older_than, up_to=up_to
+        )
+        return bool(row and row["left_over"])
+
     def count_purgeable(self, tx: Tx, *, states: Sequence[RunState], older_than: timedelta) -> int:
         """How many runs :meth:`purge` with these arguments would delete now."""
         row = tx.one(Q.count_purgeable, states=[s.value for s in states], older_than=older_than)

@@ -134,6 +134,7 @@ class _Queries:
     replayed_to: LiteralString
     # retention.sql
     purge_runs: LiteralString
+    purge_left: LiteralString
     expire_runs: LiteralString
     queue_stats: LiteralString
     kind_stats: LiteralString

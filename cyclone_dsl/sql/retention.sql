@@ -16,6 +16,18 @@ WITH doomed AS (
 DELETE FROM cyclone_runs AS r USING doomed WHERE r.id = doomed.id
 RETURNING r.id
 
+-- name: purge_left
+-- Whether a run purge_runs would take is still there: a batch skips the runs another
+-- transaction holds (a retry or a signal of them, the batch of another purge).
+SELECT EXISTS (
+    SELECT 1 FROM cyclone_runs AS r
+    WHERE r.state = ANY(%(states)b::text[])
+      AND r.finished_at < now() + %(shift)s::interval - %(older_than)s::interval
+      AND r.id <= %(up_to)s::bigint
+      AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS p
+                      WHERE p.id = r.parent_run_id AND p.state <> 'completed')
+) AS left_over
+
 -- name: expire_runs
 -- Delete a batch of terminal runs past their retention (the longest step override,
 -- else the default). A child run is kept while its parent exists and has not completed.

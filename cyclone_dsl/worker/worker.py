@@ -67,7 +67,7 @@ from cyclone_dsl.db.tx import ConnectionTx, Tx, in_autocommit, in_transaction
 from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.registry import Registry, default_registry, object_list
 from cyclone_dsl.dsl.step import StepDef
-from cyclone_dsl.durations import MAX_DURATION
+from cyclone_dsl.durations import MAX_DURATION, as_timedelta, is_duration, refusal
 from cyclone_dsl.engine import (
     CANCEL_CHANNEL,
     CHILD_WAKE,
@@ -122,6 +122,16 @@ EVENT_CONNECTIONS = 8
 _ENDED_RUNS: contextvars.ContextVar[list[EndedRun] | None] = contextvars.ContextVar(
     "cyclone_ended_runs", default=None
 )
+
+
+def _checked_retention(retention: object) -> timedelta | None:
+    """How long ended runs are kept, from a timedelta or seconds (None: forever)."""
+    if retention is None:
+        return None
+    kept_for = as_timedelta(retention)
+    if not isinstance(kept_for, timedelta) or not is_duration(kept_for):
+        raise InvalidArgument(f"{refusal('retention', retention)} (or None: keep ended runs)")
+    return kept_for
 
 
 def _check_seconds(option: str, seconds: object, *, positive: bool) -> None:
@@ -259,7 +269,7 @@ class Worker:
         batch_size: int = 100,
         max_output_bytes: int = payload.DEFAULT_MAX_BYTES,
         scanners: bool = True,
-        retention: timedelta | None = DEFAULT_RETENTION,
+        retention: timedelta | float | None = DEFAULT_RETENTION,
         catch_up: str = "latest",
         name: str | None = None,
         registry: Registry | None = None,
@@ -301,6 +311,7 @@ class Worker:
             ("grace", grace, False),
         ):
             _check_seconds(option, seconds, positive=positive)
+        kept_for = _checked_retention(retention)
         for option, count in (
             ("max_reclaims", max_reclaims),
             ("max_output_bytes", max_output_bytes),
@@ -442,7 +453,7 @@ class Worker:
         self._default_max_reclaims = max_reclaims
         self._scan_interval = scan_interval
         self._with_scanners = scanners
-        self._retention = retention
+        self._retention = kept_for
         if catch_up not in ("latest", "all"):
             raise InvalidArgument("catch_up must be 'latest' or 'all'")
         self._catch_up: Any = catch_up
@@ -502,7 +513,7 @@ class Worker:
                     "batch_size": batch_size,
                     "max_output_bytes": max_output_bytes,
                     "scanners": scanners,
-                    "retention": None if retention is None else retention.total_seconds(),
+                    "retention": None if kept_for is None else kept_for.total_seconds(),
                     "catch_up": catch_up,
                     "queue_limits": self.queue_limits,
                     "transactional_dsn": transactional_dsn,

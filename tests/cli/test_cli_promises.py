@@ -166,6 +166,23 @@ def test_purge_refuses_a_bad_duration(cyclone: Cli, text: str) -> None:
     assert "is not a duration" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("text", "refusal"),
+    [
+        ("10000000d", "older_than must be a timedelta from 0 to 1000 years"),
+        ("99999999999999d", "is longer than any duration Cyclone takes"),
+    ],
+)
+def test_purge_refuses_a_duration_past_the_timestamp_range(
+    cyclone: Cli, text: str, refusal: str
+) -> None:
+    for extra in (("--dry-run",), ("--yes",)):
+        result = cyclone("purge", "--older-than", text, *extra)
+        assert result.returncode == 2
+        assert refusal in result.stderr
+        assert "Traceback" not in result.stderr
+
+
 def test_runs_has_a_header_and_submit_once_says_nothing_new(cyclone: Cli, client: Client) -> None:
     first = cyclone("submit", "tests.cli.flows:flow", "--once", "k1", "--input", "1")
     again = cyclone("submit", "tests.cli.flows:flow", "--once", "k1", "--input", "1")
