@@ -1,4 +1,4 @@
-"""``python -m bench [--quick] [--json PATH]``: Cyclone against baselines, as ratios.
+"""``python -m bench [--quick | --smoke] [--json PATH]``: Cyclone against baselines, as ratios.
 
 Every figure of one table comes from the same run on the same PostgreSQL
 server (the embedded one, or ``CYCLONE_DATABASE_URL``), because absolute
@@ -28,6 +28,20 @@ from cyclone_dsl.db.embedded import embedded_database
 from cyclone_dsl.worker.adaptive import WorkerSettings
 
 SIZES = {
+    # The test suite's run: every scenario, sizes too small for its figures to mean much.
+    "smoke": {
+        "jobs": 500,
+        "runs": 100,
+        "peer_runs": 30,
+        "fan": 300,
+        "samples": 5,
+        "poll_samples": 2,
+        "submits": 100,
+        "bulk": 500,
+        "history": 5_000,
+        "expired": 2_000,
+        "slow_jobs": 300,
+    },
     "quick": {
         "jobs": 2000,
         "runs": 300,
@@ -359,6 +373,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes (under 2 minutes)")
     parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes: checks that every scenario runs (its figures mean little)",
+    )
+    parser.add_argument(
         "--only",
         choices=["all", "processes", "submits", "async"],
         default="all",
@@ -373,7 +392,8 @@ def main() -> int:
     if args.markdown:
         print(markdown(json.loads(args.markdown.read_text())))
         return 0
-    size = SIZES["quick" if args.quick else "full"]
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    size = SIZES[mode]
     started = time.perf_counter()
     with embedded_database() as admin:
         with psycopg.connect(admin) as conn:
@@ -386,8 +406,7 @@ def main() -> int:
         rows = measure(admin, size, args.only)
     report = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "mode": ("quick" if args.quick else "full")
-        + ("" if args.only == "all" else f", {args.only}"),
+        "mode": mode + ("" if args.only == "all" else f", {args.only}"),
         "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
         "versions": {
             "cyclone": __version__,
