@@ -3,10 +3,11 @@
 The first submit inserts the run with its first steps held until ``delay`` from
 now (their ``scheduled_at``: the claim takes nothing before). A submit of the
 same key while none of the run's steps has been claimed gives the run its own
-input and moves the start to ``delay`` after itself; once a step was claimed,
-the window is closed and the submit opens a new one. Submits of one key are
-serialised by a transaction-level advisory lock, so two first submits never
-make two runs.
+input and deadline and moves the start to ``delay`` after itself; once a step
+was claimed, the window is closed and the submit opens a new one, as does a
+submit whose definition differs from the run's (another deploy's: the run's
+rows have the other shape). Submits of one key are serialised by a
+transaction-level advisory lock, so two first submits never make two runs.
 """
 
 from __future__ import annotations
@@ -46,15 +47,26 @@ def submit(
         key=key,
     )
     window = tx.one(Q.open_debounce, workflow=compiled.workflow, key=key)
-    if window is not None and _moved(tx, compiled, window["run_id"], key=key, delay=delay):
+    if window is not None and _moved(
+        tx, compiled, window["run_id"], key=key, delay=delay, deadline=deadline
+    ):
         return Submitted(window["run_id"], created=False)
     run_id = insert_run(tx, compiled, deadline=deadline, hooks=hooks)
     tx.one(Q.hold_debounced, run_id=run_id, workflow=compiled.workflow, key=key, delay=delay)
     return Submitted(run_id, created=True)
 
 
-def _moved(tx: Tx, compiled: CompiledRun, run_id: int, *, key: str, delay: timedelta) -> bool:
-    """Give the window's run the new input and a later start; False if it has started."""
+def _moved(
+    tx: Tx,
+    compiled: CompiledRun,
+    run_id: int,
+    *,
+    key: str,
+    delay: timedelta,
+    deadline: timedelta | None,
+) -> bool:
+    """Give the window's run the new input and deadline and a later start; False if it
+    has started or is of another definition (a submit of another deploy)."""
     try:
         with tx.savepoint():
             row = tx.one(
@@ -62,7 +74,9 @@ def _moved(tx: Tx, compiled: CompiledRun, run_id: int, *, key: str, delay: timed
                 run_id=run_id,
                 workflow=compiled.workflow,
                 key=key,
+                def_version=compiled.def_version,
                 delay=delay,
+                deadline=deadline,
                 input=compiled.input,
                 nodes=[s.node for s in compiled.steps],
                 inputs=[s.input for s in compiled.steps],

@@ -580,12 +580,13 @@ ON CONFLICT (workflow, key) DO UPDATE SET run_id = EXCLUDED.run_id, fire_at = EX
 RETURNING (SELECT count(*) FROM held) AS held
 
 -- name: move_debounced
--- Another submit in the window: the run takes the new input and starts %(delay)s from now,
--- unless one of its steps was claimed (then nothing changes and the window is closed).
+-- Another submit in the window: the run takes the new input and deadline (none: NULL) and
+-- starts %(delay)s from now, unless one of its steps was claimed or the run is of another
+-- definition (another deploy's rows and edges); then nothing changes and the window closes.
 -- Each step row is checked as it is updated, so a claim racing this update is seen.
 WITH unstarted AS (
     SELECT r.id FROM cyclone_runs AS r
-    WHERE r.id = %(run_id)s AND r.state = 'running'
+    WHERE r.id = %(run_id)s AND r.state = 'running' AND r.def_version = %(def_version)s
       AND NOT EXISTS (SELECT 1 FROM cyclone_steps AS s
                       WHERE s.run_id = r.id
                         AND (s.lease_generation > 0 OR s.state NOT IN ('available', 'pending')))
@@ -600,7 +601,9 @@ WITH unstarted AS (
       AND s.lease_generation = 0 AND s.state IN ('available', 'pending')
     RETURNING s.id
 ), run AS (
-    UPDATE cyclone_runs AS r SET input = %(input)s::jsonb, updated_at = now()
+    UPDATE cyclone_runs AS r
+    SET input = %(input)s::jsonb, updated_at = now(),
+        deadline_at = now() + %(shift)s::interval + %(deadline)s::interval
     FROM unstarted WHERE r.id = unstarted.id
     RETURNING r.id
 ), window_ AS (

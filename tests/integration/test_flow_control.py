@@ -19,6 +19,7 @@ from cyclone_dsl import (
     Debounce,
     InvalidArgument,
     RateLimit,
+    Registry,
     RunNotFound,
     RunState,
     StepContext,
@@ -28,6 +29,7 @@ from cyclone_dsl import (
     wait_signal,
     workflow,
 )
+from cyclone_dsl.dsl.workflow import WorkflowDef
 
 
 class Tracker:
@@ -453,6 +455,76 @@ def test_debounced_submits_make_one_run_with_the_last_input(
     assert other.result(timeout=20) == -1
     assert len(client.list_runs()) == 2
     assert time.monotonic() - started < 20
+
+
+def test_a_debounced_run_takes_the_deadline_of_its_last_submit(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """The window moves past the first submit's deadline: the run, which starts after the
+    last submit with the last input, keeps to the last submit's deadline, not the first's
+    (it failed by a deadline that passed before it could start)."""
+    debounce = Debounce(key="doc", delay=timedelta(seconds=0.5))
+    deadline = timedelta(seconds=1.5)
+    handles = []
+    for n in range(8):  # 2 s of submits, 0.25 s apart: the window stays open
+        handles.append(
+            client.submit(refresh_wf, {"doc": "d4", "n": n}, debounce=debounce, deadline=deadline)
+        )
+        time.sleep(0.25)
+    assert len({h.id for h in handles}) == 1
+    start_worker(refresh_wf)
+    assert handles[-1].result(timeout=20) == 7
+    # The last submit without a deadline leaves the run without one.
+    first = client.submit(
+        refresh_wf, {"doc": "d5", "n": 1}, debounce=debounce, deadline=timedelta(seconds=0.2)
+    )
+    last = client.submit(refresh_wf, {"doc": "d5", "n": 2}, debounce=debounce)
+    assert last.id == first.id
+    time.sleep(0.5)
+    assert last.result(timeout=20) == 2
+
+
+@step(name="fc_double")
+def double(job: dict[str, Any]) -> object:
+    return job["n"] * 2
+
+
+def refresh_then_double(job):  # type: ignore[no-untyped-def]
+    return double(job, after=[refresh(job)])
+
+
+def double_then_refresh(job):  # type: ignore[no-untyped-def]
+    return refresh(job, after=[double(job)])
+
+
+def test_a_debounced_submit_of_another_deploy_opens_its_own_window(
+    cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    """Two deploys whose definitions have the same nodes in another shape: the new
+    deploy's submit does not move its input into the old deploy's run (whose rows and
+    edges are the old shape); it opens a window of its own, and each run keeps its input."""
+    debounce = Debounce(key="doc", delay=timedelta(seconds=0.3))
+    old_registry, new_registry = Registry(), Registry()
+    old = WorkflowDef(refresh_then_double, "fc_debounced_deploys")
+    new = WorkflowDef(double_then_refresh, "fc_debounced_deploys")
+    old_registry.add_workflow_tree(old)
+    new_registry.add_workflow_tree(new)
+    assert old.def_version != new.def_version
+    with (
+        Client(cyclone_dsn, registry=old_registry) as old_client,
+        Client(cyclone_dsn, registry=new_registry) as new_client,
+    ):
+        first = old_client.submit("fc_debounced_deploys", {"doc": "d6", "n": 1}, debounce=debounce)
+        second = new_client.submit("fc_debounced_deploys", {"doc": "d6", "n": 2}, debounce=debounce)
+        third = new_client.submit("fc_debounced_deploys", {"doc": "d6", "n": 3}, debounce=debounce)
+        assert second.created and second.id != first.id
+        assert not third.created and third.id == second.id
+        start_worker(registry=old_registry, name="old")
+        start_worker(registry=new_registry, name="new")
+        assert first.result(timeout=20) == 2  # refresh, then double: its own input
+        assert third.result(timeout=20) == 3  # double, then refresh: the last input
+        assert old_client.get_run(first.id).def_version == old.def_version
+        assert new_client.get_run(third.id).def_version == new.def_version
 
 
 def test_concurrent_first_submits_of_a_key_make_one_run(client: Client) -> None:
