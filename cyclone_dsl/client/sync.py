@@ -145,8 +145,10 @@ class Client:
         """Start a run of ``workflow`` with ``input``; the whole graph is written at once.
 
         With ``debounce``, submits of one key inside its window make one run,
-        which starts ``debounce.delay`` after the last of them, with its input;
-        the handle of a submit that joined an open window has ``created=False``.
+        which starts ``debounce.delay`` after the last of them, with its input and
+        ``deadline``; the handle of a submit that joined an open window has
+        ``created=False``. A submit of another definition (another deploy's) opens a
+        window of its own.
         """
         if debounce is not None:
             compiled = runs.compile_workflow(self.registry, workflow, input)
