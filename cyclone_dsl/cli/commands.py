@@ -28,7 +28,7 @@ from cyclone_dsl.cli.main import (
 )
 from cyclone_dsl.cli.reads import check_read_url, read_url_option, reading_client
 from cyclone_dsl.cli.render import event_line, render_run
-from cyclone_dsl.cli.values import Duration, human_duration, to_json_line
+from cyclone_dsl.cli.values import Duration, Retention, human_duration, to_json_line
 from cyclone_dsl.client import base
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.db.connect import ENV_READ_URL
@@ -611,8 +611,21 @@ def queue_limit(ctx: click.Context, queue: str, limit: str, as_json: bool) -> No
 @imports
 @click.option("--once", is_flag=True, help="One pass, then exit.")
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between passes.")
+@click.option(
+    "--retention",
+    type=Retention(),
+    default=human_duration(DEFAULT_RETENTION),
+    show_default=True,
+    help="How long ended runs are kept when no step sets a retention; none: keep them.",
+)
 @click.pass_context
-def scan(ctx: click.Context, modules: tuple[str, ...], once: bool, interval: float) -> None:
+def scan(
+    ctx: click.Context,
+    modules: tuple[str, ...],
+    once: bool,
+    interval: float,
+    retention: timedelta | None,
+) -> None:
     """Run the scanner alone: expired leases, timeouts, timers, deadlines, schedules, retention."""
     from cyclone_dsl.db.connect import make_pool
     from cyclone_dsl.dsl import runs
@@ -637,7 +650,7 @@ def scan(ctx: click.Context, modules: tuple[str, ...], once: bool, interval: flo
             default_max_reclaims=3,
             stopping=stopping,
             owner="cyclone-scan",
-            retention=DEFAULT_RETENTION,
+            retention=retention,
         )
         try:
             if once:

@@ -16,15 +16,17 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, NoReturn
 
 import click
 
-from cyclone_dsl.cli.values import to_json
+from cyclone_dsl.cli.values import Retention, human_duration, to_json
 from cyclone_dsl.db import diagnose
 from cyclone_dsl.db.connect import ENV_LISTEN_URL, ENV_POOLED
 from cyclone_dsl.db.embedded import ENV_URL, embedded_database
 from cyclone_dsl.db.errors import DatabaseError
+from cyclone_dsl.engine import DEFAULT_RETENTION
 from cyclone_dsl.errors import (
     CycloneError,
     DatabaseUnavailable,
@@ -260,6 +262,34 @@ def migrate(
     show_default=True,
     help="Seconds between claims when no wake-up comes (without LISTEN: always).",
 )
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds a claimed step is leased; heartbeats renew it while its handler runs.",
+)
+@click.option(
+    "--retention",
+    type=Retention(),
+    default=human_duration(DEFAULT_RETENTION),
+    show_default=True,
+    help="How long ended runs are kept when no step sets a retention (30s, 12h, 7d, 2w), "
+    "then the scanner deletes them; none: keep them.",
+)
+@click.option(
+    "--no-scanners",
+    is_flag=True,
+    help="Do not run the maintenance scanner (expired leases, timeouts, timers, deadlines, "
+    "schedules, retention): run it elsewhere, as `cyclone scan` or other workers.",
+)
+@click.option(
+    "--catch-up",
+    type=click.Choice(["latest", "all"]),
+    default="latest",
+    show_default=True,
+    help="Missed schedule slots: fire only the latest, or each in turn.",
+)
 @click.option("--pooled", is_flag=True, help="As `cyclone --pooled`, for this worker.")
 @click.option("--listen-url", default=None, help="As `cyclone --listen-url`, for this worker.")
 @click.option(
@@ -294,6 +324,10 @@ def worker(
     grace: float,
     transactional_dsn: str | None,
     poll_interval: float,
+    lease: float,
+    retention: timedelta | None,
+    no_scanners: bool,
+    catch_up: str,
     pooled: bool,
     listen_url: str | None,
     metrics_port: int | None,
@@ -320,6 +354,10 @@ def worker(
             grace=grace,
             transactional_dsn=transactional_dsn,
             poll_interval=poll_interval,
+            lease=lease,
+            retention=retention,
+            scanners=not no_scanners,
+            catch_up=catch_up,
             pooled=pooled or ctx.obj["pooled"],
             listen_dsn=listen_url or ctx.obj["listen_url"] or "",
             metrics_port=metrics_port,

@@ -51,6 +51,24 @@ class Duration(click.ParamType[timedelta]):
             self.fail(str(exc), param, ctx)
 
 
+class Retention(click.ParamType[timedelta | None]):
+    """A retention: a :func:`parse_duration` duration, or ``none`` (keep ended runs)."""
+
+    name = "duration|none"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> timedelta | None:
+        if value is None or isinstance(value, timedelta):
+            return value
+        if str(value).strip().lower() == "none":
+            return None
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(f"{exc}, or none", param, ctx)
+
+
 def _plain(value: object) -> Any:
     if isinstance(value, datetime | date):
         return value.isoformat()

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from cyclone_dsl import LATEST_EXTENSION_VERSION, Client, Worker
 from cyclone_dsl.cli.main import cli
 from tests.cli import flows
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 Cli = Callable[..., subprocess.CompletedProcess[str]]
@@ -205,6 +206,45 @@ def test_a_conflicting_worker_is_one_line_and_exit_2(
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "kind 'cli_add'" in lines[0], result.stderr
+
+
+def test_worker_retention_deletes_ended_runs_after_it(cyclone_dsn: str, client: Client) -> None:
+    """`cyclone worker --retention 1s`: the worker's scanner deletes a run a second after
+    it ended (the default keeps it 7 days)."""
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "cyclone_dsl.cli", "--dsn", cyclone_dsn, "worker"),
+            *("tests.cli.flows", "--processes", "1", "--retention", "1s", "--lease", "5"),
+            *("--catch-up", "all", "--grace", "5"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        handle = client.submit(flows.flow, 1)
+        assert handle.result(timeout=30) == 2
+        wait_until(lambda: client.list_runs() == [], timeout=20, what="retention to take the run")
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "refusal"),
+    [
+        (("--retention", "0s"), "retention must be a positive duration"),
+        (("--retention", "soon"), "'soon' is not a duration"),
+        (("--lease", "0"), "0.0 is not in the range x>0"),
+    ],
+)
+def test_worker_refuses_a_bad_retention_or_lease(
+    cyclone: Cli, args: tuple[str, ...], refusal: str
+) -> None:
+    result = cyclone("worker", "tests.cli.flows", "--processes", "1", *args)
+    assert result.returncode == 2
+    assert refusal in result.stderr, result.stderr
 
 
 def test_a_module_without_handlers_is_one_line(cyclone: Cli) -> None:
