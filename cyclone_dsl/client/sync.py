@@ -553,28 +553,40 @@ class Client:
         return [Run.from_row(r) for r in rows]
 
     def progress(self, run_id: int) -> tuple[int, int]:
-        """(terminal steps, all steps) of a run."""
+        """(terminal steps, all steps) of a run; :class:`RunNotFound` for a run that does
+        not exist (or was purged)."""
         run_id = base.checked_run_id(run_id)
         row = self._read_one(Q.run_progress, run_id=run_id)
-        return (row["done"], row["total"]) if row else (0, 0)
+        if row is None:
+            raise RunNotFound(run_id)
+        return (row["done"], row["total"])
 
     def dependencies(self, run_id: int) -> dict[str, list[str]]:
-        """Each node of a run with the nodes it depends on."""
-        run_id = base.checked_run_id(run_id)
+        """Each node of a run with the nodes it depends on (nodes without any are left
+        out); :class:`RunNotFound` for a run that does not exist (or was purged)."""
         graph: dict[str, list[str]] = {}
-        for edge in self._read(Q.get_run_deps, run_id=run_id):
+        for edge in self._rows_of_run(Q.get_run_deps, run_id, "node"):
             graph.setdefault(edge["node"], []).append(edge["dep_node"])
         return graph
 
     def signals_of(self, run_id: int) -> list[dict[str, Any]]:
-        """The run's signal mailbox (consumed rows included), in delivery order."""
-        run_id = base.checked_run_id(run_id)
-        return self._read(Q.run_signals, run_id=run_id)
+        """The run's signal mailbox (consumed rows included), in delivery order;
+        :class:`RunNotFound` for a run that does not exist (or was purged)."""
+        return self._rows_of_run(Q.run_signals, run_id, "id")
 
     def children_of(self, run_id: int) -> list[dict[str, Any]]:
-        """The child runs started by a run's child nodes."""
+        """The child runs started by a run's child nodes; :class:`RunNotFound` for a run
+        that does not exist (or was purged)."""
+        return self._rows_of_run(Q.child_runs_of_run, run_id, "id")
+
+    def _rows_of_run(self, query: LiteralString, run_id: int, key: str) -> list[dict[str, Any]]:
+        """The rows of a query that joins the run to what it lists: none when the run
+        does not exist (:class:`RunNotFound`), one with ``key`` NULL when it lists nothing."""
         run_id = base.checked_run_id(run_id)
-        return self._read(Q.child_runs, run_id=run_id)
+        rows = self._read(query, run_id=run_id)
+        if not rows:
+            raise RunNotFound(run_id)
+        return [row for row in rows if row[key] is not None]
 
     def run_counts(self) -> dict[str, int]:
         """How many runs are in each state."""

@@ -127,6 +127,7 @@ class _Queries:
     run_signals: LiteralString
     run_counts: LiteralString
     child_runs: LiteralString
+    child_runs_of_run: LiteralString
     step_throughput: LiteralString
     # replica.sql
     standby_status: LiteralString

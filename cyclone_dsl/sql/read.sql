@@ -70,19 +70,28 @@ LEFT JOIN cyclone_steps AS res ON res.run_id = r.id AND res.node = r.result_node
 WHERE r.id = %(run_id)s
 
 -- name: run_progress
--- How many steps of a run are terminal.
-SELECT count(*) FILTER (WHERE state IN ('completed', 'discarded', 'cancelled')) AS done,
-       count(*) AS total
-FROM cyclone_steps WHERE run_id = %(run_id)s
+-- How many steps of a run are terminal (no row: the run does not exist).
+SELECT count(s.id) FILTER (WHERE s.state IN ('completed', 'discarded', 'cancelled')) AS done,
+       count(s.id) AS total
+FROM cyclone_runs AS r LEFT JOIN cyclone_steps AS s ON s.run_id = r.id
+WHERE r.id = %(run_id)s
+GROUP BY r.id
 
 -- name: get_run_deps
--- The dependency edges of a run.
-SELECT node, dep_node, dep_type FROM cyclone_deps WHERE run_id = %(run_id)s ORDER BY node, dep_node
+-- The dependency edges of a run; one row of NULLs for a run without edges, none for a run
+-- that does not exist.
+SELECT d.node, d.dep_node, d.dep_type
+FROM cyclone_runs AS r LEFT JOIN cyclone_deps AS d ON d.run_id = r.id
+WHERE r.id = %(run_id)s
+ORDER BY d.node, d.dep_node
 
 -- name: run_signals
--- A run's signal mailbox, in delivery order.
-SELECT id, name, payload, created_at, consumed_by, consumed_at
-FROM cyclone_signals WHERE run_id = %(run_id)s ORDER BY id
+-- A run's signal mailbox, in delivery order; one row of NULLs for an empty mailbox, none
+-- for a run that does not exist.
+SELECT x.id, x.name, x.payload, x.created_at, x.consumed_by, x.consumed_at
+FROM cyclone_runs AS r LEFT JOIN cyclone_signals AS x ON x.run_id = r.id
+WHERE r.id = %(run_id)s
+ORDER BY x.id
 
 -- name: run_counts
 -- How many runs are in each state.
@@ -92,6 +101,14 @@ SELECT state, count(*) AS count FROM cyclone_runs GROUP BY state ORDER BY state
 -- The child runs of a run.
 SELECT id, workflow, state, parent_node_id FROM cyclone_runs
 WHERE parent_run_id = %(run_id)s ORDER BY id
+
+-- name: child_runs_of_run
+-- The child runs of a run; one row of NULLs for a run without any, none for a run that
+-- does not exist.
+SELECT c.id, c.workflow, c.state, c.parent_node_id
+FROM cyclone_runs AS r LEFT JOIN cyclone_runs AS c ON c.parent_run_id = r.id
+WHERE r.id = %(run_id)s
+ORDER BY c.id
 
 -- name: step_throughput
 -- Steps started in each of %(buckets)s equal buckets of the last %(window)s (by their

@@ -70,6 +70,27 @@ def test_a_run_id_past_the_bigint_range_is_no_run(client: Client, name: str) -> 
             method(wrong, **call_arguments(method))
 
 
+#: Methods that do not read the run when called: a handle is made without a read, and
+#: events() reads on the first next().
+LAZY = {"handle", "events"}
+
+
+@pytest.mark.parametrize("name", SYNC)
+def test_a_run_that_does_not_exist_is_run_not_found(client: Client, name: str) -> None:
+    """signals_of, children_of, dependencies and progress answered [], {} or (0, 0) for a
+    run that never existed or was purged, as if it had no signals, edges or steps."""
+    missing = client.enqueue(work, 1).id + 1000
+    method = getattr(client, name)
+
+    def read() -> None:
+        answer = method(missing, **call_arguments(method))
+        if name in LAZY:
+            next(iter(answer.events() if name == "handle" else answer))
+
+    with pytest.raises(RunNotFound):
+        read()
+
+
 @pytest.mark.parametrize("name", ASYNC)
 def test_an_async_method_refuses_what_is_not_a_run_id(cyclone_dsn: str, name: str) -> None:
     async def check() -> None:
