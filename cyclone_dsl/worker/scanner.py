@@ -181,7 +181,8 @@ class Scanner:
         return fired
 
     def expire_runs(self) -> int:
-        """Delete terminal runs past their retention, a batch per transaction."""
+        """Delete terminal runs past their retention, a batch per transaction, until a
+        batch deletes none (one that deleted a parent frees its ended child runs)."""
         retention = self.retention
         assert retention is not None
         total = 0
@@ -193,6 +194,6 @@ class Scanner:
                 ),
             )
             total += deleted
-            if deleted < RETENTION_BATCH:
+            if deleted == 0:
                 return total
         return total

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -573,6 +575,32 @@ def test_retention_takes_a_failed_chain_over_its_passes(
     with pytest.raises(RunFailed):
         handle.result(timeout=20)
     wait_until(lambda: run_ids(client) == set(), timeout=15, what="retention to take the chain")
+
+
+def test_one_retention_pass_takes_a_failed_chain_of_child_runs(
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    """A child run is kept while its parent exists: a pass that stopped at its first short
+    batch deleted the parent and left each level of children to a later pass."""
+    start(start_worker, top, scanners=False)
+    failing.set()
+    handle = client.submit(top, 1)
+    with pytest.raises(RunFailed):
+        handle.result(timeout=20)
+    assert len(run_ids(client)) == 3
+    time.sleep(1.1)  # past the 1 s retention below
+    scan = subprocess.run(
+        [
+            *(sys.executable, "-m", "cyclone_dsl.cli", "--dsn", cyclone_dsn),
+            *("scan", "--once", "--retention", "1s"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert scan.returncode == 0, scan.stderr
+    assert run_ids(client) == set()
 
 
 # -- 8. bad input --------------------------------------------------------------------------
