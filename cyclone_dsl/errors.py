@@ -133,10 +133,10 @@ class NodeNotFound(CycloneError, LookupError):
 class AlreadyTerminal(CycloneError):
     """The run has already completed, failed or been cancelled."""
 
-    def __init__(self, run_id: int, state: str) -> None:
+    def __init__(self, run_id: int, state: str, why: str = "") -> None:
         self.run_id = run_id
         self.state = state
-        super().__init__(f"run {run_id} is already {state}")
+        super().__init__(f"run {run_id} is already {state}" + (f": {why}" if why else ""))
 
 
 class InvalidTransition(CycloneError):

@@ -8,7 +8,12 @@ import attrs
 
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine import notify
-from cyclone_dsl.engine.transitions import Hooks, after_completions, after_discards
+from cyclone_dsl.engine.transitions import (
+    Hooks,
+    after_completions,
+    after_discards,
+    end_past_deadline,
+)
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import StepState
@@ -46,7 +51,8 @@ def complete(
     """
     if not results:
         return set()
-    tx.rows(Q.lock_runs_of_steps, ids=[r.step_id for r in results])
+    # A run past its deadline fails first: these steps' completions are then fenced out.
+    end_past_deadline(tx, tx.rows(Q.lock_runs_of_steps, ids=[r.step_id for r in results]), hooks)
     if old_snapshot:
         tx.rows(Q.lock_open_siblings, ids=[r.step_id for r in results])
     done = tx.rows(
@@ -66,7 +72,7 @@ def fail(tx: Tx, failures: Sequence[Failure], hooks: Hooks) -> dict[int, str]:
     state its step moved to (``discarded``: failed for good; else it retries)."""
     if not failures:
         return {}
-    tx.rows(Q.lock_runs_of_steps, ids=[f.step_id for f in failures])
+    end_past_deadline(tx, tx.rows(Q.lock_runs_of_steps, ids=[f.step_id for f in failures]), hooks)
     rows = tx.rows(
         Q.fail_steps,
         ids=[f.step_id for f in failures],

@@ -35,7 +35,18 @@ def submit(
     hooks: Hooks,
 ) -> Submitted:
     """Submit ``compiled`` into the debounce window of its workflow and ``key``."""
-    if special_roots(compiled):
+    roots = special_roots(compiled)
+    guarded = {g.node for g in compiled.guards}
+    if any(node in guarded for node in roots):
+        # Its conditions are judged on the first submit's input when the run starts; a
+        # later submit's input could not change which branch runs.
+        raise InvalidArgument(
+            f"workflow {compiled.workflow!r} starts with a conditional step "
+            f"({', '.join(repr(n) for n in roots if n in guarded)}: when= or otherwise=): "
+            "debounce replaces a held run's input, so its first nodes must be unconditional "
+            "steps; put an unconditional step first"
+        )
+    if roots:
         raise InvalidArgument(
             f"workflow {compiled.workflow!r} starts with a wait, timer, child run or fan-out: "
             "debounce holds a run's first steps, so its first nodes must be steps"

@@ -43,6 +43,10 @@ def deliver(tx: Tx, run_id: int, name: str, payload_text: str, hooks: Hooks) -> 
     state = RunState(run["state"])
     if state.is_terminal:
         raise AlreadyTerminal(run_id, state.value)
+    if run["past_deadline"]:
+        # Refused, not consumed: the run ended at its deadline, before this signal came.
+        # (Raising rolls back, so the scanner's next pass records the failure.)
+        raise AlreadyTerminal(run_id, RunState.FAILED.value, "it passed its deadline")
     wait = tx.one(Q.find_signal_wait, run_id=run_id, name=name)
     if wait is None:
         raise SignalNotDeliverable(

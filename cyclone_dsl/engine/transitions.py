@@ -60,6 +60,27 @@ def lock_run(tx: Tx, run_id: int) -> Row | None:
     return next((r for r in tx.rows(Q.lock_runs, run_ids=[run_id]) if r["id"] == run_id), None)
 
 
+def end_past_deadline(tx: Tx, locked: Iterable[Row], hooks: Hooks) -> set[int]:
+    """Fail the runs among ``locked`` (rows of ``lock_runs``) whose deadline has passed;
+    return their ids.
+
+    Every transition that moves a run on calls this once its runs are locked: a deadline
+    that passed first wins, whether or not the scanner has got to it yet.
+    """
+    due = [r["id"] for r in locked if r["past_deadline"]]
+    if not due:
+        return set()
+    ended = end_runs(
+        tx,
+        due,
+        RunState.FAILED,
+        error="the run passed its deadline",
+        error_kind=ErrorKind.DEADLINE,
+        hooks=hooks,
+    )
+    return {r["id"] for r in ended}
+
+
 def activate(tx: Tx, run_nodes: Iterable[tuple[int, str]], hooks: Hooks) -> None:
     """Activate every listed pending node whose dependencies have all completed (a node of a
     conditional graph may end skipped instead; see the ``activate_candidates`` fragment)."""

@@ -8,27 +8,29 @@ from cyclone_dsl.engine.transitions import (
     activate,
     after_completions,
     after_discards,
-    end_runs,
+    end_past_deadline,
     lock_run,
 )
 from cyclone_dsl.errors import AlreadyTerminal, InvalidTransition, RunNotFound
 from cyclone_dsl.sql import Q
-from cyclone_dsl.states import ErrorKind, RunState
+from cyclone_dsl.states import RunState
 
 
-def _in_running_runs(tx: Tx, page: list[Row]) -> list[int]:
+def _in_running_runs(tx: Tx, page: list[Row], hooks: Hooks) -> list[int]:
     """Lock the runs of a scanner page's steps; return the ids of the steps whose run still
     runs. The page was read before the locks: a run paused meanwhile (its timers and
-    timeouts stand still) is seen only now."""
+    timeouts stand still) is seen only now. A run past its deadline fails here: its
+    deadline came first."""
     locked = tx.rows(Q.lock_runs, run_ids=sorted({r["run_id"] for r in page}))
-    running = {r["id"] for r in locked if r["state"] == RunState.RUNNING}
+    ended = end_past_deadline(tx, locked, hooks)
+    running = {r["id"] for r in locked if r["state"] == RunState.RUNNING} - ended
     return [r["id"] for r in page if r["run_id"] in running]
 
 
 def fire_timers(tx: Tx, page: list[Row], hooks: Hooks) -> int:
     if not page:
         return 0
-    ids = _in_running_runs(tx, page)
+    ids = _in_running_runs(tx, page, hooks)
     if not ids:
         return 0
     done = tx.rows(Q.fire_timers, ids=ids)
@@ -39,7 +41,7 @@ def fire_timers(tx: Tx, page: list[Row], hooks: Hooks) -> int:
 def time_out_signal_waits(tx: Tx, page: list[Row], hooks: Hooks) -> int:
     if not page:
         return 0
-    ids = _in_running_runs(tx, page)
+    ids = _in_running_runs(tx, page, hooks)
     if not ids:
         return 0
     failed = tx.rows(Q.time_out_signal_waits, ids=ids)
@@ -51,20 +53,8 @@ def time_out_signal_waits(tx: Tx, page: list[Row], hooks: Hooks) -> int:
 def fail_past_deadline(tx: Tx, page: list[Row], hooks: Hooks) -> int:
     if not page:
         return 0
-    run_ids = sorted(r["id"] for r in page)
-    tx.rows(Q.lock_runs, run_ids=run_ids)
-    due = [r["id"] for r in tx.rows(Q.runs_past_deadline, run_ids=run_ids)]
-    if not due:
-        return 0
-    ended = end_runs(
-        tx,
-        due,
-        RunState.FAILED,
-        error="the run passed its deadline",
-        error_kind=ErrorKind.DEADLINE,
-        hooks=hooks,
-    )
-    return len(ended)
+    locked = tx.rows(Q.lock_runs, run_ids=sorted(r["id"] for r in page))
+    return len(end_past_deadline(tx, locked, hooks))
 
 
 def pause(tx: Tx, run_id: int) -> None:

@@ -190,7 +190,6 @@ class _Queries:
     fire_timers: LiteralString
     time_out_signal_waits: LiteralString
     expired_deadlines: LiteralString
-    runs_past_deadline: LiteralString
     pause_run: LiteralString
     resume_run: LiteralString
     # workers.sql

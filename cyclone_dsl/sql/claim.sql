@@ -36,8 +36,8 @@ coalesce((SELECT false FROM cyclone_ext_gates AS g WHERE g.step_id = s.id), true
 
 -- fragment: claimable
 -- Step s may be claimed now by this worker: available and due in %(queue)s, of one of its
--- %(kinds)s, in a run whose (workflow, def_version) it has the definition of, and not
--- behind an earlier step of its sequence_key.
+-- %(kinds)s, in a run whose (workflow, def_version) it has the definition of and whose
+-- deadline has not passed, and not behind an earlier step of its sequence_key.
 s.state = 'available'
       AND s.queue = %(queue)s
       AND {{claimable_rest}}
@@ -58,6 +58,8 @@ s.kind = ANY(%(kinds)b::text[])
       -- that hashed every run of those definitions whenever the runs table looked small.
       AND (SELECT 1 FROM cyclone_runs AS r
            WHERE r.id = s.run_id
+             -- nothing starts in a run past its deadline (the scanner is yet to fail it)
+             AND (r.deadline_at IS NULL OR r.deadline_at >= now() + %(shift)s::interval)
              AND (r.workflow, r.def_version) IN (
                  SELECT v.workflow, v.def_version
                  FROM unnest(%(workflows)b::text[], %(versions)b::text[])

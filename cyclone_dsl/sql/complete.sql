@@ -15,7 +15,9 @@ up(id) AS (
           FROM up) AS p
     WHERE p.id IS NOT NULL
 )
-SELECT r.id, r.state, r.has_fan_out, r.paused_at
+SELECT r.id, r.state, r.has_fan_out, r.paused_at,
+       coalesce(r.state = 'running' AND r.deadline_at < now() + %(shift)s::interval, false)
+           AS past_deadline
 FROM cyclone_runs AS r
 -- an id lookup, never a scan of every run
 WHERE r.id = ANY(ARRAY(SELECT id FROM mine UNION SELECT id FROM up))

@@ -583,27 +583,35 @@ RETURNING (SELECT count(*) FROM held) AS held
 -- Another submit in the window: the run takes the new input and deadline (none: NULL) and
 -- starts %(delay)s from now, unless one of its steps was claimed or the run is of another
 -- definition (another deploy's rows and edges); then nothing changes and the window closes.
+-- A paused run is joined too, and stays paused; its deadline's clock starts at the resume
+-- (which adds the pause's length: here counted from paused_at). A paused step of the held
+-- run gets the later start as an available one does (one downstream of the run's first
+-- steps can only activate after them, and activation keeps the later of the two times).
 -- Each step row is checked as it is updated, so a claim racing this update is seen.
 WITH unstarted AS (
     SELECT r.id FROM cyclone_runs AS r
-    WHERE r.id = %(run_id)s AND r.state = 'running' AND r.def_version = %(def_version)s
+    WHERE r.id = %(run_id)s AND r.state IN ('running', 'paused')
+      AND r.def_version = %(def_version)s
       AND NOT EXISTS (SELECT 1 FROM cyclone_steps AS s
                       WHERE s.run_id = r.id
-                        AND (s.lease_generation > 0 OR s.state NOT IN ('available', 'pending')))
+                        AND (s.lease_generation > 0
+                             OR s.state NOT IN ('available', 'pending', 'paused')))
 ), steps AS (
     UPDATE cyclone_steps AS s
     SET input = n.input::jsonb,
-        scheduled_at = CASE WHEN s.state = 'available'
+        scheduled_at = CASE WHEN s.state IN ('available', 'paused')
                             THEN now() + %(shift)s::interval + %(delay)s::interval
                             ELSE s.scheduled_at END
     FROM unstarted, unnest(%(nodes)b::text[], %(inputs)b::text[]) AS n(node, input)
     WHERE s.run_id = unstarted.id AND s.node = n.node
-      AND s.lease_generation = 0 AND s.state IN ('available', 'pending')
+      AND s.lease_generation = 0 AND s.state IN ('available', 'pending', 'paused')
     RETURNING s.id
 ), run AS (
     UPDATE cyclone_runs AS r
     SET input = %(input)s::jsonb, updated_at = now(),
-        deadline_at = now() + %(shift)s::interval + %(deadline)s::interval
+        deadline_at = CASE WHEN r.state = 'paused' THEN r.paused_at
+                           ELSE statement_timestamp() + %(shift)s::interval END
+                      + %(deadline)s::interval
     FROM unstarted WHERE r.id = unstarted.id
     RETURNING r.id
 ), window_ AS (

@@ -48,13 +48,6 @@ WHERE r.state = 'running' AND r.deadline_at IS NOT NULL
 ORDER BY r.id
 LIMIT %(limit)s
 
--- name: runs_past_deadline
--- Of these locked runs, those still running and past their deadline.
-SELECT r.id FROM unnest(%(run_ids)b::bigint[]) AS t(id)
-JOIN cyclone_runs AS r ON r.id = t.id
-WHERE r.state = 'running'
-  AND r.deadline_at < now() + %(shift)s::interval
-
 -- name: pause_run
 -- Pause a running run and its ready or pending work.
 WITH run AS (
