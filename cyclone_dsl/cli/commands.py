@@ -36,6 +36,7 @@ from cyclone_dsl.dsl.registry import Registry, default_registry
 from cyclone_dsl.dsl.workflow import WorkflowDef
 from cyclone_dsl.engine import DEFAULT_RETENTION
 from cyclone_dsl.errors import RunFailed
+from cyclone_dsl.graph.rows import KIND_CHILD
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.states import RunState, StepState
 
@@ -505,7 +506,9 @@ def stats(ctx: click.Context, read_url: str | None, as_json: bool) -> None:
     if data["unserved"]:
         lines += ["", "waiting for a worker that has their definition (see the versioning guide):"]
         lines += [
-            f"  {u['steps']:>6} steps of {u['kind']!r} in queue {u['queue']!r}"
+            f"  {u['steps']:>6} "
+            + ("child runs to start" if u["kind"] == KIND_CHILD else f"steps of {u['kind']!r}")
+            + f" in queue {u['queue']!r}"
             + (
                 ""
                 if u["def_version"] == "standalone"

@@ -1013,7 +1013,9 @@ class Client:
         ``unserved`` lists due available steps whose queue, kind and run version
         (``workflow``, ``def_version``) no live worker serves, grouped, with ``steps``
         and the ``oldest`` due time: work that waits for a worker of another deploy (see
-        the versioning guide). It looks at the first 10,000 due steps at most.
+        the versioning guide). It looks at the first 10,000 due steps at most. Child
+        nodes whose child run waits for a worker of their run's version to start it count
+        too, as ``kind`` ``@child``.
 
         ``limits`` lists every limited share (flow control): ``scope``
         (``step:<kind>``, ``run:<workflow>``, ``rate:<name>`` or ``queue:<queue>``),

@@ -371,13 +371,25 @@ def compiler_for(registry: Registry) -> ScheduleCompiler:
 
 def child_compiler(
     registry: Registry, also: Registry | None = None
-) -> Callable[[str, JSONValue], CompiledRun]:
-    """Compiles child runs from ``registry``, else from ``also``; an unknown workflow raises
-    :class:`UnknownWorkflow` (the engine leaves the child for a worker that has it)."""
+) -> Callable[[str, JSONValue, tuple[str, str]], CompiledRun]:
+    """Compiles child runs from ``registry``, else from ``also``, for parent runs of a
+    version this process has. An unknown workflow, or a parent run of a version this
+    process has not (another deploy's, whose child definitions may differ), raises
+    :class:`UnknownWorkflow`: the engine leaves the child for a worker that serves the
+    parent's version."""
 
-    def compile_child(workflow: str, run_input: JSONValue) -> CompiledRun:
+    def definition_of(workflow: str) -> WorkflowDef:
         if also is not None and workflow not in registry.workflows:
-            return compile_definition(also.workflow(workflow), run_input)
-        return compile_definition(registry.workflow(workflow), run_input)
+            return also.workflow(workflow)
+        return registry.workflow(workflow)
+
+    def compile_child(workflow: str, run_input: JSONValue, parent: tuple[str, str]) -> CompiledRun:
+        parent_workflow, parent_version = parent
+        if definition_of(parent_workflow).def_version != parent_version:
+            raise UnknownWorkflow(
+                f"this process has workflow {parent_workflow!r} at another version than "
+                f"{parent_version}, the parent run's"
+            )
+        return compile_definition(definition_of(workflow), run_input)
 
     return compile_child

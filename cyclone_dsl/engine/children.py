@@ -27,6 +27,10 @@ def _start(tx: Tx, activated: list[Row], hooks: Hooks, *, defer_unknown: bool) -
     if not nodes:
         return
     inputs = {r["id"]: r for r in tx.rows(Q.assemble_inputs, ids=[n["id"] for n in nodes])}
+    parents = {
+        r["id"]: (r["workflow"], r["def_version"])
+        for r in tx.rows(Q.versions_of_runs, run_ids=sorted({n["run_id"] for n in nodes}))
+    }
     deferred = False
     for index, node in enumerate(nodes):
         if index and not _still_waiting(tx, node):
@@ -41,12 +45,15 @@ def _start(tx: Tx, activated: list[Row], hooks: Hooks, *, defer_unknown: bool) -
         try:
             if hooks.compile_child is None:
                 raise UnknownWorkflow("this process has no registry to compile child workflows")
-            compiled = hooks.compile_child(node["child_workflow"], inputs[node["id"]]["input"])
+            compiled = hooks.compile_child(
+                node["child_workflow"], inputs[node["id"]]["input"], parents[node["run_id"]]
+            )
         except CycloneError as exc:
             if isinstance(exc, UnknownWorkflow) and defer_unknown:
-                # This process (a CLI, another application's scanner) does not have the
-                # child's definition: the node waits, and a worker that serves the run
-                # (so has the definitions it calls) starts the child.
+                # This process (a CLI, another application's scanner, another deploy) does
+                # not have the child's definition as the run's version has it: the node
+                # waits, and a worker that serves the run (so has the definitions it
+                # calls) starts the child.
                 deferred = True
                 continue
             _fail_node(

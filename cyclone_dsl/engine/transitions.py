@@ -21,8 +21,10 @@ from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, OnDepFailure, RunState, StepState
 
-#: Compiles a child run: (workflow name, input) -> rows. Supplied by the client or worker.
-ChildCompiler = Callable[[str, JSONValue], CompiledRun]
+#: Compiles a child run: (workflow name, input, the parent run's (workflow, def_version))
+#: -> rows. Supplied by the client or worker; raises UnknownWorkflow when this process has
+#: not the parent's version (its child definitions may differ: another deploy's).
+ChildCompiler = Callable[[str, JSONValue, tuple[str, str]], CompiledRun]
 
 
 RowsHook = Callable[[Tx, list[Row], "Hooks"], None]

@@ -25,6 +25,7 @@ class _Queries:
     waiting_child_nodes: LiteralString
     ended_children_of_waiting_nodes: LiteralString
     open_child_runs_of_nodes: LiteralString
+    versions_of_runs: LiteralString
     # claim.sql
     claim_steps: LiteralString
     heartbeat_steps: LiteralString

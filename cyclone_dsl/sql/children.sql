@@ -84,3 +84,9 @@ SELECT c.id FROM cyclone_runs AS c
 WHERE c.parent_run_id = %(run_id)s AND c.parent_node_id = ANY(%(nodes)b::text[])
   AND c.state IN ('running', 'paused')
 ORDER BY c.id
+
+-- name: versions_of_runs
+-- The (workflow, def_version) of these runs: the version a child node's run was submitted
+-- with decides which definition of the child workflow starts.
+SELECT r.id, r.workflow, r.def_version FROM cyclone_runs AS r
+WHERE r.id = ANY(%(run_ids)b::bigint[])

@@ -86,19 +86,30 @@ ORDER BY live DESC, w.heartbeat_at DESC, w.id
 -- name: unserved_work
 -- Due available steps that no live worker serves (its queue, its kind and its run's
 -- workflow version), grouped, among the first %(sample)s due steps of the given queues
--- (NULL: every queue). A bounded sample keeps this cheap on a large backlog.
+-- (NULL: every queue). A bounded sample keeps this cheap on a large backlog. Child nodes
+-- whose child run no process could start (kind '@child', waiting for a worker with the
+-- run's version: see start_deferred) count too; any live worker of that version starts them.
 WITH live AS (
     SELECT w.id, w.queues FROM cyclone_ext_workers AS w
     WHERE w.stopped_at IS NULL
       AND w.heartbeat_at > now() + %(shift)s::interval - %(live_for)s::interval
 ), due AS (
-    SELECT s.queue, s.kind, r.workflow, r.def_version, s.scheduled_at
-    FROM cyclone_steps AS s
-    JOIN cyclone_runs AS r ON r.id = s.run_id
-    WHERE s.state = 'available'
-      AND s.scheduled_at <= now() + %(shift)s::interval
-      AND (%(queues)b::text[] IS NULL OR s.queue = ANY(%(queues)b::text[]))
-    LIMIT %(sample)s
+    (SELECT s.queue, s.kind, r.workflow, r.def_version, s.scheduled_at
+     FROM cyclone_steps AS s
+     JOIN cyclone_runs AS r ON r.id = s.run_id
+     WHERE s.state = 'available'
+       AND s.scheduled_at <= now() + %(shift)s::interval
+       AND (%(queues)b::text[] IS NULL OR s.queue = ANY(%(queues)b::text[]))
+     LIMIT %(sample)s)
+    UNION ALL
+    (SELECT s.queue, s.kind, r.workflow, r.def_version, s.scheduled_at
+     FROM cyclone_steps AS s
+     JOIN cyclone_runs AS r ON r.id = s.run_id
+     WHERE s.state = 'waiting_child' AND s.kind = '@child' AND r.state = 'running'
+       AND (%(queues)b::text[] IS NULL OR s.queue = ANY(%(queues)b::text[]))
+       AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS c
+                       WHERE c.parent_run_id = s.run_id AND c.parent_node_id = s.node)
+     LIMIT %(sample)s)
 )
 SELECT d.queue, d.kind, d.workflow, d.def_version, count(*) AS steps,
        min(d.scheduled_at) AS oldest
@@ -106,8 +117,10 @@ FROM due AS d
 WHERE NOT EXISTS (
     SELECT 1 FROM live AS l
     JOIN cyclone_ext_worker_versions AS v ON v.worker_id = l.id
-    JOIN cyclone_ext_worker_handlers AS h ON h.worker_id = l.id
-    WHERE d.queue = ANY(l.queues) AND v.workflow = d.workflow
-      AND v.def_version = d.def_version AND h.kind = d.kind)
+    WHERE v.workflow = d.workflow AND v.def_version = d.def_version
+      AND (d.kind = '@child'
+           OR (d.queue = ANY(l.queues)
+               AND EXISTS (SELECT 1 FROM cyclone_ext_worker_handlers AS h
+                           WHERE h.worker_id = l.id AND h.kind = d.kind))))
 GROUP BY d.queue, d.kind, d.workflow, d.def_version
 ORDER BY oldest, d.queue, d.kind

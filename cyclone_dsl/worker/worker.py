@@ -81,6 +81,7 @@ from cyclone_dsl.engine import (
     run_ids_of,
 )
 from cyclone_dsl.errors import InvalidArgument, WorkerCrashed
+from cyclone_dsl.graph.rows import KIND_CHILD
 from cyclone_dsl.graph.validate import INT32_MAX, queue_problem
 from cyclone_dsl.migrate import check_database
 from cyclone_dsl.observability import logs
@@ -1813,6 +1814,8 @@ class Worker:
             what = (
                 f"standalone {row['kind']!r}"
                 if row["def_version"] == "standalone"
+                else f"child runs to start in workflow {row['workflow']!r} at {row['def_version']}"
+                if row["kind"] == KIND_CHILD
                 else f"kind {row['kind']!r} of workflow {row['workflow']!r} at {row['def_version']}"
             )
             log.warning(

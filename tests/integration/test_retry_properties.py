@@ -134,7 +134,7 @@ def workflows(draw: st.DrawFn) -> Graph:
     return Graph("rp_root", tuple(nodes), nodes[-1].id)
 
 
-def compile_child(workflow: str, run_input: JSONValue) -> CompiledRun:
+def compile_child(workflow: str, run_input: JSONValue, parent: tuple[str, str]) -> CompiledRun:
     assert workflow == "rp_child"
     return compile_run(CHILD_GRAPH, run_input)
 
