@@ -226,6 +226,32 @@ def test_work_after_the_deadline_does_not_complete_the_run(
     )
 
 
+@workflow(name="dla_slow_wf")
+def slow_wf(x):  # type: ignore[no-untyped-def]
+    return slow(x)
+
+
+@workflow(name="dla_parent_of_slow")
+def parent_of_slow(x):  # type: ignore[no-untyped-def]
+    return echo(child(slow_wf, x), node_id="after_child")
+
+
+def test_a_child_step_ending_after_its_parents_deadline_ends_the_parent(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """The child run has no deadline of its own; its step's end locks the parent, finds it
+    past its deadline, fails it, and the child run is cancelled with it."""
+    _reset("slow", "echo")
+    start_worker(*STEPS, scan_interval=30)  # one scan at start, then none in this test
+    time.sleep(0.3)
+    handle = client.submit(parent_of_slow, 7, deadline=timedelta(seconds=0.3))
+    failure = _deadline_failure(client, handle.id)
+    assert (failure.state, failure.error_kind) == ("failed", "deadline")
+    (kid,) = client.children_of(handle.id)
+    assert client.get_run(kid["id"]).state is RunState.CANCELLED
+    assert calls.get("echo", 0) == 0, "the parent's next step ran past its deadline"
+
+
 def test_submit_tx_counts_the_deadline_from_the_submit(client: Client, cyclone_dsn: str) -> None:
     with psycopg.connect(cyclone_dsn) as conn:
         conn.execute("SELECT pg_sleep(1.0)")  # the caller's transaction has work before
