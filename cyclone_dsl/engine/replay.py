@@ -62,9 +62,13 @@ def replay(tx: Tx, run_id: int, node: str, hooks: Hooks) -> list[str]:
         if current not in cone:
             cone.add(current)
             todo.extend(dependents[current])
-    busy = sorted(n for n in cone if steps[n]["state"] not in _REPLAYABLE)
+    # A pending fan-out node with open items is collecting them: under way too.
+    busy = sorted(n for n in cone if steps[n]["state"] not in _REPLAYABLE or steps[n]["open_items"])
     if busy:
-        listed = ", ".join(f"{n!r} ({steps[n]['state']})" for n in busy)
+        listed = ", ".join(
+            f"{n!r} ({steps[n]['state']}{', items under way' if steps[n]['open_items'] else ''})"
+            for n in busy
+        )
         raise InvalidTransition(
             f"run {run_id}: cannot replay {node!r} while {listed} is under way: wait for it "
             "to end, or cancel the run first"

@@ -31,11 +31,17 @@ WHERE r.parent_run_id = %(run_id)s AND r.parent_node_id = ANY(%(nodes)b::text[])
 ORDER BY r.id
 
 -- name: retry_steps
--- The graph nodes of a run (item tasks left out), in id order, for an operator retry.
+-- The graph nodes of a run (item tasks left out), in id order, for an operator retry; a
+-- fan-out node tells whether it has items, and whether one of them is still open (a
+-- pending fan-out collecting items is under way).
 SELECT s.id, s.node, s.kind, s.state, s.on_dep_failure, s.unique_key,
        s.fan_out_parallel IS NOT NULL AND EXISTS (
            SELECT 1 FROM cyclone_steps AS i
-           WHERE i.run_id = s.run_id AND i.item_of = s.node) AS has_items
+           WHERE i.run_id = s.run_id AND i.item_of = s.node) AS has_items,
+       s.fan_out_parallel IS NOT NULL AND EXISTS (
+           SELECT 1 FROM cyclone_steps AS i
+           WHERE i.run_id = s.run_id AND i.item_of = s.node
+             AND i.state NOT IN ('completed', 'discarded', 'cancelled')) AS open_items
 FROM cyclone_steps AS s
 WHERE s.run_id = %(run_id)s AND s.item_of IS NULL
 ORDER BY s.id
