@@ -180,6 +180,11 @@ class _Inflight:
             self.connection = connection
 
 
+def _claim_key(step: Claimed) -> tuple[int, int]:
+    """One claim of a step: its id and the lease generation the claim took."""
+    return (step.id, step.generation)
+
+
 def _late(entry: _Inflight) -> bool:
     """Whether the handler's timeout has passed: what it returns now is not kept (the
     heartbeat loop, which fails such steps, may not have seen it yet)."""
@@ -461,8 +466,10 @@ class Worker:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._closing = threading.Event()  # set once no lease is held: heartbeats end
-        self._inflight: dict[int, _Inflight] = {}  # claimed, outcome not decided yet
-        self._running: dict[int, _Inflight] = {}  # handler started and not returned yet
+        # Keyed by claim (step id, lease generation): a step retried and claimed again by
+        # this worker while its cancelled execution runs on is another entry.
+        self._inflight: dict[tuple[int, int], _Inflight] = {}  # claimed, not decided yet
+        self._running: dict[tuple[int, int], _Inflight] = {}  # handler not returned yet
         self._inflight_lock = threading.Lock()
         self._outcomes: queue.Queue[Success | Failure | _Returned | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
@@ -1103,8 +1110,8 @@ class Worker:
         lane = self._lane_of[step.kind]
         entry = _Inflight(step, ctx, deadline, lane, claimed_at)
         with self._inflight_lock:
-            self._inflight[step.id] = entry
-            self._running[step.id] = entry
+            self._inflight[_claim_key(step)] = entry
+            self._running[_claim_key(step)] = entry
             lane.running += 1
             lane.peak = max(lane.peak, lane.running)
         try:
@@ -1275,7 +1282,7 @@ class Worker:
                 return False
             entry.settled = True
             entry.decided_here = True
-            self._inflight.pop(entry.step.id, None)
+            self._inflight.pop(_claim_key(entry.step), None)
         return True
 
     def _on_transaction_done(self, entry: _Inflight, future: Settled) -> None:
@@ -1426,7 +1433,7 @@ class Worker:
             if entry.settled:
                 return False
             entry.settled = True
-            self._inflight.pop(entry.step.id, None)
+            self._inflight.pop(_claim_key(entry.step), None)
         if isinstance(outcome, _Returned):
             self._outcomes.put(outcome)  # a completer makes it a Success or a Failure
         elif outcome is not None:
@@ -1443,7 +1450,7 @@ class Worker:
             if entry.returned:
                 return
             entry.returned = True
-            self._running.pop(entry.step.id, None)
+            self._running.pop(_claim_key(entry.step), None)
             entry.lane.running -= 1
             entry.lane.returned += 1
         if entry.stuck_reported:
@@ -1589,7 +1596,7 @@ class Worker:
     # -- leases --------------------------------------------------------------------------
 
     def _beat(self, step: Claimed) -> bool:
-        entry = self._inflight.get(step.id)
+        entry = self._inflight.get(_claim_key(step))
         held = self._tx(lambda tx: self._renew(tx, [entry] if entry is not None else [], [step]))
         return step.id in held
 

@@ -1053,3 +1053,48 @@ def test_retry_many_by_error_kind(client: Client, start_worker: Callable[..., Wo
     assert client.get_run(fails.id).state is RunState.FAILED
     client.signal(waits.id, "ra_go", "v")
     assert waits.result(timeout=15) == "after v"
+
+
+# -- the worker's bookkeeping when a retried step comes back to the same worker -------------
+
+first_release = threading.Event()
+second_release = threading.Event()
+
+
+@step(name="ra_deaf", max_attempts=1)
+def ra_deaf(tag: str) -> str:
+    """Ignores cancellation: the first execution runs on after its run was cancelled."""
+    _count("deaf")
+    (first_release if CALLS["deaf"] == 1 else second_release).wait(10)
+    return f"deaf {tag}"
+
+
+@workflow(name="ra_deaf_wf")
+def ra_deaf_wf(tag):  # type: ignore[no-untyped-def]
+    return ra_deaf(tag)
+
+
+def test_a_retried_step_claimed_by_the_same_worker_keeps_its_slot_when_the_old_handler_returns(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """The worker keeps its handlers by step id: the old execution's return must not free
+    the slot (nor stop the heartbeats) of the new execution of the same step."""
+    first_release.clear()
+    second_release.clear()
+    worker = start_worker(ra_deaf, concurrency=2)
+    handle = client.submit(ra_deaf_wf, "x")
+    try:
+        wait_until(lambda: CALLS["deaf"] == 1, what="the first execution to start")
+        client.cancel(handle.id)
+        client.retry(handle.id, "ra_deaf")
+        wait_until(lambda: CALLS["deaf"] == 2, what="the retried step to start on this worker")
+        assert worker.slots_in_use == 2
+        first_release.set()  # the old, cancelled execution returns
+        wait_until(lambda: worker.slots_in_use < 2, what="the old execution's slot to be freed")
+        time.sleep(0.2)
+        assert worker.slots_in_use == 1, "the new execution's slot was freed with the old one"
+    finally:
+        first_release.set()
+        second_release.set()
+    assert handle.result(timeout=10) == "deaf x"
+    assert worker.slots_in_use == 0
