@@ -106,6 +106,13 @@ def encode(value: object, *, what: str = "payload", max_bytes: int | None = None
     return text
 
 
+def encoded_size(value: object) -> int:
+    """The size in bytes of ``value`` as :func:`encode` writes it (compact UTF-8 JSON): the
+    size every payload limit counts."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return len(text.encode("utf-8"))
+
+
 def decode(text: str | bytes | None) -> JSONValue:
     """Decode JSON text read back from the database."""
     if text is None:

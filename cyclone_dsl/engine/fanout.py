@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from cyclone_dsl import payload
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import gates, notify
 from cyclone_dsl.engine.transitions import (
@@ -114,13 +115,13 @@ def advance(tx: Tx, run_id: int, node: str, hooks: Hooks) -> None:
         return
     row = done[0]
     limit = row["fan_out_max_bytes"]
-    if limit and row["output_bytes"] is not None and row["output_bytes"] > limit:
+    size = None if row["collected"] is None else payload.encoded_size(row["collected"])
+    if limit and size is not None and size > limit:
         failed = tx.rows(
             Q.discard_node_completed,
             id=row["id"],
             error=(
-                f"the collected output of {node!r} is {row['output_bytes']} bytes, "
-                f"over its max_bytes of {limit}"
+                f"the collected output of {node!r} is {size} bytes, over its max_bytes of {limit}"
             ),
             error_kind=ErrorKind.OUTPUT_LIMIT.value,
         )

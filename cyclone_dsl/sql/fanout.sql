@@ -78,8 +78,10 @@ WHERE s.run_id = %(run_id)s AND s.node = %(node)s AND s.state = 'pending'
       SELECT 1 FROM cyclone_steps AS i
       WHERE i.run_id = s.run_id AND i.item_of = s.node
         AND i.state IN ('pending', 'available', 'running', 'paused', 'waiting_child'))
+-- The collected output comes back to be measured as every payload is (compact JSON): its
+-- text form here has a space after each comma and colon.
 RETURNING s.id, s.run_id, s.node, s.item_of, true AS has_downstream, s.fan_out_max_bytes,
-          octet_length(s.output::text) AS output_bytes
+          s.output AS collected
 
 -- name: discard_node
 -- Fail a node that is not running (a fan-out, a child node, a wait) for good.
