@@ -100,6 +100,14 @@ def _fail_node(tx: Tx, node: Row, error: str, hooks: Hooks) -> None:
 CHILD_WAKE = KIND_CHILD
 
 
+def wake_unstarted_on_resume(tx: Tx, run: Row, hooks: Hooks) -> None:
+    """Resume hook: child runs left for a worker to start wait while their parent is
+    paused; tell the workers they may start them now."""
+    found = tx.one(Q.has_unstarted_children, run_id=run["id"])
+    if found is not None and found["found"]:
+        notify.wake_queues(tx, [CHILD_WAKE])
+
+
 def start_deferred(
     tx: Tx, *, versions: Sequence[tuple[str, str]], hooks: Hooks, limit: int = 100
 ) -> int:

@@ -22,7 +22,7 @@ def build_hooks(compile_child: ChildCompiler | None) -> Hooks:
         ],
         on_items_completed=[fanout.items_finished],
         on_items_discarded=[fanout.items_discarded],
-        on_resumed=[fanout.gate_on_resume],
+        on_resumed=[fanout.gate_on_resume, children.wake_unstarted_on_resume],
         on_runs_ended=[children.settle_parents],
         on_nodes_cancelled=[children.cancel_with_nodes],
         retry_child=control.retry_child_run,

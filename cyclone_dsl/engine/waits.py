@@ -63,6 +63,10 @@ def pause(tx: Tx, run_id: int) -> None:
     run = _locked(tx, run_id)
     if RunState(run["state"]) == RunState.PAUSED:
         raise InvalidTransition(f"run {run_id} is already paused")
+    if run["past_deadline"]:
+        # Its deadline came first: a pause would stop that clock after the fact. (Raising
+        # rolls back, so the scanner's next pass records the failure, as for a signal.)
+        raise AlreadyTerminal(run_id, RunState.FAILED.value, "it passed its deadline")
     tx.rows(Q.pause_run, run_id=run_id)
     for below in _descendants(tx, run_id):
         if below["state"] == RunState.RUNNING:

@@ -26,6 +26,7 @@ class _Queries:
     ended_children_of_waiting_nodes: LiteralString
     open_child_runs_of_nodes: LiteralString
     versions_of_runs: LiteralString
+    has_unstarted_children: LiteralString
     # claim.sql
     claim_steps: LiteralString
     heartbeat_steps: LiteralString

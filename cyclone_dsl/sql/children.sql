@@ -44,12 +44,13 @@ FROM cyclone_runs WHERE parent_run_id = %(run_id)s AND parent_node_id = %(node)s
 
 -- name: unstarted_children
 -- Child nodes waiting for a child run that was never started (the process that activated
--- them did not have the child's definition), in runs of the given (workflow, def_version).
+-- them did not have the child's definition), in running runs of the given (workflow,
+-- def_version): a paused run's wait for its resume (see wake_unstarted_children).
 -- Read without locks; start_deferred locks the runs, then checks again.
 SELECT s.id, s.run_id
 FROM cyclone_steps AS s
 JOIN cyclone_runs AS r ON r.id = s.run_id
-WHERE s.state = 'waiting_child' AND s.kind = '@child'
+WHERE s.state = 'waiting_child' AND s.kind = '@child' AND r.state = 'running'
   AND (r.workflow, r.def_version) IN (
       SELECT v.workflow, v.def_version
       FROM unnest(%(workflows)b::text[], %(versions)b::text[]) AS v(workflow, def_version))
@@ -90,3 +91,12 @@ ORDER BY c.id
 -- with decides which definition of the child workflow starts.
 SELECT r.id, r.workflow, r.def_version FROM cyclone_runs AS r
 WHERE r.id = ANY(%(run_ids)b::bigint[])
+
+-- name: has_unstarted_children
+-- Whether this run has a child node waiting for a child run never started.
+SELECT EXISTS (
+    SELECT 1 FROM cyclone_steps AS s
+    WHERE s.run_id = %(run_id)s AND s.state = 'waiting_child' AND s.kind = '@child'
+      AND NOT EXISTS (SELECT 1 FROM cyclone_runs AS c
+                      WHERE c.parent_run_id = s.run_id AND c.parent_node_id = s.node)
+) AS found

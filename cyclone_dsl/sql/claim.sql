@@ -65,12 +65,14 @@ s.kind = ANY(%(kinds)b::text[])
                  FROM unnest(%(workflows)b::text[], %(versions)b::text[])
                      AS v(workflow, def_version))
            LIMIT 1) IS NOT NULL
+      -- A running step of the key holds every other; an available or paused one only
+      -- those after it (a paused step keeps its place: it does not hold the ones ahead).
       AND (s.sequence_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM cyclone_steps AS h
             WHERE h.sequence_key = s.sequence_key
               AND h.state IN ('available', 'running', 'paused')
               AND h.id <> s.id
-              AND (h.state <> 'available' OR (h.scheduled_at, h.id) < (s.scheduled_at, s.id))))
+              AND (h.state = 'running' OR (h.scheduled_at, h.id) < (s.scheduled_at, s.id))))
 
 -- fragment: claim_chosen
 -- Lease the steps of CTE ``chosen`` (ids, locked) and return each with its handler input;
