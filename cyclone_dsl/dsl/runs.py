@@ -251,10 +251,14 @@ def step_options(
 
 
 def schedule_row(target: StepDef[Any, Any] | WorkflowDef, spec: ScheduleSpec) -> ScheduleRow:
-    """The row that registers ``spec`` of ``target`` (validated; a workflow is pinned)."""
+    """The row that registers ``spec`` of ``target`` (validated; a workflow is pinned).
+
+    Its input is checked as a submit or an enqueue of it would be, so that a schedule is
+    refused now rather than fail at each of its slots."""
     check_schedule(spec)
     input_text = encode(spec.input, what="the schedule input")
     if isinstance(target, WorkflowDef):  # its options were checked with the spec
+        compile_definition(target, spec.input)
         return ScheduleRow(
             id=spec.id or target.name,
             kind=target.name,
@@ -277,6 +281,9 @@ def schedule_row(target: StepDef[Any, Any] | WorkflowDef, spec: ScheduleSpec) ->
         timeout=spec.timeout,
         retention=spec.retention,
     )
+    check_standalone_handler(target)
+    check_standalone_inputs(target, (spec.input,))
+    standalone_flow(target, spec.input)
     return ScheduleRow(
         id=spec.id or target.name,
         kind=target.name,
@@ -340,21 +347,26 @@ def with_schedule_options(compiled: CompiledRun, row: Mapping[str, Any]) -> Comp
     return attrs.evolve(compiled, steps=tuple(attrs.evolve(s, **changes) for s in compiled.steps))
 
 
-#: (kind, input, schedule row) -> (rows of the run, the local def_version or None for a step)
-ScheduleCompiler = Callable[[str, JSONValue, Mapping[str, Any]], tuple[CompiledRun, str | None]]
+#: (kind, input, schedule row) -> the rows of the run; UnknownDefinition when this process
+#: has not the kind, or not the definition the schedule pins.
+ScheduleCompiler = Callable[[str, JSONValue, Mapping[str, Any]], CompiledRun]
 
 
 def compiler_for(registry: Registry) -> ScheduleCompiler:
     """How a scanner of this process turns a due schedule into a run."""
 
-    def compile_target(
-        kind: str, run_input: JSONValue, row: Mapping[str, Any]
-    ) -> tuple[CompiledRun, str | None]:
+    def compile_target(kind: str, run_input: JSONValue, row: Mapping[str, Any]) -> CompiledRun:
         if kind in registry.workflows:
             definition = registry.workflows[kind]
-            compiled = with_schedule_options(compile_workflow(registry, definition, run_input), row)
-            return compiled, definition.def_version
-        compiled = compile_standalone(
+            pinned = row["def_version"]
+            if pinned is not None and pinned != definition.def_version:
+                raise UnknownDefinition(
+                    f"the schedule pins definition {pinned}, this process has "
+                    f"{definition.def_version}; a process with the pinned definition will "
+                    "fire it, or re-register the schedule to pin the new one"
+                )
+            return with_schedule_options(compile_workflow(registry, definition, run_input), row)
+        return compile_standalone(
             registry,
             kind,
             run_input,
@@ -364,7 +376,6 @@ def compiler_for(registry: Registry) -> ScheduleCompiler:
             timeout=_seconds(row["timeout_s"]),
             retention=_seconds(row["retention_s"]),
         )
-        return compiled, None
 
     return compile_target
 

@@ -32,8 +32,9 @@ from cyclone_dsl.sql import Q
 
 LOCAL = "Local"
 CatchUp = Literal["latest", "all"]
-#: (kind, input, schedule row) -> (rows of the run, the local def_version or None for a step)
-Compiler = Callable[[str, JSONValue, Mapping[str, Any]], tuple[CompiledRun, str | None]]
+#: (kind, input, schedule row) -> the rows of the run. Raises UnknownDefinition when this
+#: process has not the kind, or not the definition the schedule pins (its ``def_version``).
+Compiler = Callable[[str, JSONValue, Mapping[str, Any]], CompiledRun]
 
 
 def zone(location: str | None) -> tzinfo:
@@ -186,40 +187,40 @@ def fire(
     cron, location = schedule["cron_spec"], schedule["location"]
     slot: datetime = schedule["next_run_at"]
     try:
+        if not croniter.is_valid(cron):
+            raise ScheduleError(f"{cron!r} is not a valid cron expression")
+        zone(location)
         if catch_up == "latest":
             slot = max(slot, latest_slot(cron, location, schedule["now"]))
-        following = next_slot(cron, location, slot)
     except ScheduleError as exc:
         # A row this build would have refused (another implementation or a hand wrote it)
         # can never fire here: it is disabled, not retried on every pass.
         tx.run(Q.disable_failed_schedule, id=schedule["id"], owner=owner, error=f"disabled: {exc}")
         return None
+    following: datetime | None
     try:
-        compiled, local_version = compile_target(schedule["kind"], schedule["input"], schedule)
+        following = next_slot(cron, location, slot)
+    except ScheduleError:
+        following = None  # the last slot of a cron bound by year: fire it, then retire it
+    try:
+        # Before anything is decided about the slot: a process without the pinned
+        # definition leaves it, even one that could not compile its input.
+        compiled = compile_target(schedule["kind"], schedule["input"], schedule)
     except UnknownDefinition as exc:
         tx.run(Q.schedule_refused, id=schedule["id"], owner=owner, error=f"refused here: {exc}")
         return None
     except CycloneError as exc:
-        tx.run(
-            Q.schedule_failed,
-            id=schedule["id"],
-            owner=owner,
-            error=f"fire of {slot.isoformat()} failed: {exc}",
-            next_run_at=following,
-        )
-        return None
-    pinned = schedule["def_version"]
-    if local_version is not None and pinned is not None and pinned != local_version:
-        tx.run(
-            Q.schedule_refused,
-            id=schedule["id"],
-            owner=owner,
-            error=(
-                f"refused here: the schedule pins definition {pinned}, this process has "
-                f"{local_version}; a process with the pinned definition will fire it, or "
-                "re-register the schedule to pin the new one"
-            ),
-        )
+        error = f"fire of {slot.isoformat()} failed: {exc}"
+        if following is None:
+            tx.run(Q.disable_failed_schedule, id=schedule["id"], owner=owner, error=error)
+        else:
+            tx.run(
+                Q.schedule_failed,
+                id=schedule["id"],
+                owner=owner,
+                error=error,
+                next_run_at=following,
+            )
         return None
     run_id: int | None = None
     try:
@@ -233,7 +234,12 @@ def fire(
             run_id = candidate
     except _AlreadyFired:
         run_id = None  # another scanner fired this slot (before a crash, say): no second run
-    tx.run(Q.schedule_fired, id=schedule["id"], owner=owner, next_run_at=following, run_id=run_id)
+    if following is None:
+        tx.run(Q.schedule_retired, id=schedule["id"], owner=owner, run_id=run_id)
+    else:
+        tx.run(
+            Q.schedule_fired, id=schedule["id"], owner=owner, next_run_at=following, run_id=run_id
+        )
     return run_id
 
 

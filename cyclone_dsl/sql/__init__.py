@@ -157,6 +157,7 @@ class _Queries:
     release_schedule_lease: LiteralString
     record_fire: LiteralString
     schedule_fired: LiteralString
+    schedule_retired: LiteralString
     schedule_failed: LiteralString
     disable_failed_schedule: LiteralString
     schedule_refused: LiteralString

@@ -94,6 +94,16 @@ SET next_run_at = %(next_run_at)s,
     lease_owner = NULL, lease_expiry = NULL, updated_at = now()
 WHERE id = %(id)s AND lease_owner = %(owner)s
 
+-- name: schedule_retired
+-- The last slot of a cron bound by year was fired (or found fired): disable the schedule,
+-- its slot kept (fired once: record_fire holds it), saying why; release the lease.
+UPDATE cyclone_schedules
+SET enabled = false, last_run_id = coalesce(%(run_id)s, last_run_id),
+    last_error = 'disabled: ' || quote_literal(cron_spec) || ' has no slot after the last it fired',
+    consecutive_failures = 0,
+    lease_owner = NULL, lease_expiry = NULL, updated_at = now()
+WHERE id = %(id)s AND lease_owner = %(owner)s
+
 -- name: schedule_failed
 -- Record a failed fire; advance to the next slot when told to, and release the lease.
 UPDATE cyclone_schedules

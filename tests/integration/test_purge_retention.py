@@ -44,126 +44,126 @@ def _reset_events() -> Iterator[None]:
     failing.clear()
 
 
-@step(name="pa_echo")
+@step(name="prt_echo")
 def echo(x: object) -> object:
     return x
 
 
-@step(name="pa_gate")
+@step(name="prt_gate")
 def wait_gate(x: int) -> int:
     gate.wait(20)
     return x
 
 
-@step(name="pa_boom", max_attempts=1)
+@step(name="prt_boom", max_attempts=1)
 def boom(x: int) -> int:
     raise ValueError(f"boom {x}")
 
 
-@step(name="pa_flaky", max_attempts=1)
+@step(name="prt_flaky", max_attempts=1)
 def flaky(x: int) -> int:
     if failing.is_set():
         raise ValueError("flaky")
     return x + 100
 
 
-@step(name="pa_fail_on_two", max_attempts=1)
+@step(name="prt_fail_on_two", max_attempts=1)
 def fail_on_two(x: int) -> int:
     if x == 2 and failing.is_set():
         raise ValueError("two")
     return x * 10
 
 
-@step(name="pa_items")
+@step(name="prt_items")
 def items(n: int) -> list[int]:
     return list(range(n))
 
 
-@step(name="pa_pair")
+@step(name="prt_pair")
 def pair(a: object, b: object) -> list[object]:
     return [a, b]
 
 
-@workflow(name="pa_child_ok")
+@workflow(name="prt_child_ok")
 def child_ok(x):  # type: ignore[no-untyped-def]
     return echo(x)
 
 
-@workflow(name="pa_child_flaky")
+@workflow(name="prt_child_flaky")
 def child_flaky(x):  # type: ignore[no-untyped-def]
     return flaky(x)
 
 
-@workflow(name="pa_item_wf")
+@workflow(name="prt_item_wf")
 def item_wf(x):  # type: ignore[no-untyped-def]
     return fail_on_two(x)
 
 
-@workflow(name="pa_parent_ok_child")
+@workflow(name="prt_parent_ok_child")
 def parent_ok_child(x):  # type: ignore[no-untyped-def]
     c = child(child_ok, x)
     g = wait_gate(x)
     return pair(c, g)
 
 
-@workflow(name="pa_parent_contained")
+@workflow(name="prt_parent_contained")
 def parent_contained(x):  # type: ignore[no-untyped-def]
     c = child(child_flaky, x)
     echo(c, on_dep_failure="cancel_branch")
     return wait_gate(x)
 
 
-@workflow(name="pa_parent_fails_after_child")
+@workflow(name="prt_parent_fails_after_child")
 def parent_fails_after_child(x):  # type: ignore[no-untyped-def]
     c = child(child_ok, x)
     return boom(c)
 
 
-@workflow(name="pa_mid")
+@workflow(name="prt_mid")
 def mid(x):  # type: ignore[no-untyped-def]
     return child(child_flaky, x)
 
 
-@workflow(name="pa_top")
+@workflow(name="prt_top")
 def top(x):  # type: ignore[no-untyped-def]
     return child(mid, x)
 
 
-@workflow(name="pa_fan_children")
+@workflow(name="prt_fan_children")
 def fan_children(n):  # type: ignore[no-untyped-def]
     fanned = for_each(item_wf, over=items(n))
     return pair(fanned, wait_gate(n))
 
 
-@workflow(name="pa_fan_steps")
+@workflow(name="prt_fan_steps")
 def fan_steps(n):  # type: ignore[no-untyped-def]
     fanned = for_each(fail_on_two, over=items(n))
     return pair(fanned, wait_gate(n))
 
 
-@workflow(name="pa_approval")
+@workflow(name="prt_approval")
 def approval(x):  # type: ignore[no-untyped-def]
     return echo(wait_signal("approved"))
 
 
-@workflow(name="pa_gated_signal")
+@workflow(name="prt_gated_signal")
 def gated_signal(x):  # type: ignore[no-untyped-def]
     first = wait_gate(x)
     return echo(wait_signal("go", after=[first]))
 
 
-@workflow(name="pa_gated_child")
+@workflow(name="prt_gated_child")
 def gated_child(x):  # type: ignore[no-untyped-def]
     return wait_gate(x)
 
 
-@workflow(name="pa_fail_beside_child")
+@workflow(name="prt_fail_beside_child")
 def fail_beside_child(x):  # type: ignore[no-untyped-def]
     child(gated_child, x)
     return boom(x)
 
 
-@workflow(name="pa_two_steps")
+@workflow(name="prt_two_steps")
 def two_steps(x):  # type: ignore[no-untyped-def]
     return flaky(echo(x))
 
@@ -235,22 +235,22 @@ def test_purge_keeps_the_failed_child_of_a_running_parent_and_a_retry_reuses_it(
     assert handle.result(timeout=20) == 3
     run = handle.get()
     assert run.state is RunState.COMPLETED
-    assert run.step("pa_child_flaky").error_kind == "child_failed"
+    assert run.step("prt_child_flaky").error_kind == "child_failed"
     # The parent completed: its failed child may go now; the parent stays.
     assert client.purge(states=("failed",)) == 1
     assert run_ids(client) == {handle.id}
     # A retry of the contained child node starts a fresh child run, which completes.
     failing.clear()
-    client.retry(handle.id, "pa_child_flaky")
+    client.retry(handle.id, "prt_child_flaky")
     wait_until(
-        lambda: handle.get().step("pa_echo").state is StepState.COMPLETED,
+        lambda: handle.get().step("prt_echo").state is StepState.COMPLETED,
         what="the retried branch to complete",
     )
     assert handle.result(timeout=20) == 3
     fresh = child_id(client, handle.id)
     assert fresh != kid
     assert client.get_run(fresh).state is RunState.COMPLETED
-    assert handle.get().step("pa_echo").output == 103
+    assert handle.get().step("prt_echo").output == 103
 
 
 # -- 2. a failed parent and its ended child runs go in one purge ---------------------------
@@ -296,7 +296,7 @@ def test_purge_of_failed_only_leaves_a_cancelled_child_that_a_later_purge_takes(
     assert client.purge(states=("failed",)) == 1
     assert run_ids(client) == {kid}
     with pytest.raises(InvalidTransition):
-        client.retry(kid, "pa_gate")
+        client.retry(kid, "prt_gate")
     assert client.purge() == 1
     assert run_ids(client) == set()
 
@@ -353,7 +353,7 @@ def test_purge_while_a_step_fan_out_runs_then_a_retry_after_the_purge_of_others(
     assert run_ids(client) == {handle.id}
     failing.clear()
     gate.set()
-    client.retry(handle.id, "pa_fail_on_two")
+    client.retry(handle.id, "prt_fail_on_two")
     assert handle.result(timeout=20) == [[0, 10, 20, 30], 4]
 
 
@@ -454,7 +454,7 @@ def test_purge_racing_retry_of_a_failed_run(
     with Client(cyclone_dsn) as other:
         for i in range(ROUNDS):
             h = _failed(client, two_steps, i)
-            got, purged = _race(functools.partial(other.retry, h.id, "pa_flaky"), client)
+            got, purged = _race(functools.partial(other.retry, h.id, "prt_flaky"), client)
             if isinstance(got, RunNotFound):
                 assert purged == 1
                 with pytest.raises(RunNotFound):
@@ -469,11 +469,11 @@ def test_purge_racing_retry_of_a_failed_run(
 
 
 def _race_parent_retry(client: Client, other: Client, i: int) -> tuple[RunHandle, int, object, int]:
-    """Fail a run of pa_mid (its child run fails), then race a retry of its child node
+    """Fail a run of prt_mid (its child run fails), then race a retry of its child node
     against a purge of failed runs."""
     h = _failed(client, mid, i)
     kid = child_id(client, h.id)
-    got, purged = _race(lambda: other.retry(h.id, "pa_child_flaky"), client)
+    got, purged = _race(lambda: other.retry(h.id, "prt_child_flaky"), client)
     return h, kid, got, purged
 
 
@@ -511,7 +511,7 @@ def test_purge_racing_fork_of_a_failed_run(
     with Client(cyclone_dsn) as other:
         for i in range(ROUNDS):
             h = _failed(client, two_steps, i)
-            got, purged = _race(functools.partial(other.fork, h.id, "pa_flaky"), client)
+            got, purged = _race(functools.partial(other.fork, h.id, "prt_flaky"), client)
             assert purged in (0, 1)
             if isinstance(got, RunNotFound):
                 assert purged == 1
@@ -520,8 +520,8 @@ def test_purge_racing_fork_of_a_failed_run(
                 assert got.result(timeout=20) == i + 100
                 run = got.get()
                 assert run.forked_from == h.id
-                assert run.step("pa_echo").state is StepState.COMPLETED
-                assert run.step("pa_echo").output == i
+                assert run.step("prt_echo").state is StepState.COMPLETED
+                assert run.step("prt_echo").output == i
             if purged == 0:
                 assert client.get_run(h.id).state is RunState.FAILED
             client.purge()
