@@ -139,6 +139,21 @@ class AlreadyTerminal(CycloneError):
         super().__init__(f"run {run_id} is already {state}" + (f": {why}" if why else ""))
 
 
+class PassedDeadline(AlreadyTerminal):
+    """The run, or a parent run above it, passed its deadline before this call: it has
+    ended there (the call records that end if no scanner had yet). Raised by a signal or
+    a pause that comes too late; ``deadline_run_id`` is the run whose deadline passed."""
+
+    def __init__(self, run_id: int, deadline_run_id: int) -> None:
+        self.deadline_run_id = deadline_run_id
+        if deadline_run_id == run_id:
+            super().__init__(run_id, "failed", "it passed its deadline")
+        else:
+            super().__init__(
+                run_id, "cancelled", f"its parent run {deadline_run_id} passed its deadline"
+            )
+
+
 class InvalidTransition(CycloneError):
     """The operation does not apply to the current state of the run or node."""
 

@@ -7,6 +7,7 @@ a short pooled transaction, or in the caller's own transaction for the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -47,7 +48,7 @@ from cyclone_dsl.engine import (
     TemplateRun,
     template_fits,
 )
-from cyclone_dsl.errors import InvalidArgument, InvalidTransition, RunNotFound
+from cyclone_dsl.errors import InvalidArgument, InvalidTransition, PassedDeadline, RunNotFound
 from cyclone_dsl.graph.rows import CompiledRun
 from cyclone_dsl.migrate import check_database
 from cyclone_dsl.payload import JSONValue, encode
@@ -764,17 +765,33 @@ class Client:
         :attr:`Delivery.NOT_STORED` when the wait already completed. Raises
         :class:`MailboxFull` past the wait's capacity (1, or N for ``wait_n``),
         :class:`SignalNotDeliverable` for a name no wait declares and
-        :class:`AlreadyTerminal` for a run that has ended.
+        :class:`AlreadyTerminal` for a run that has ended, and its subclass
+        :class:`PassedDeadline` for one past its deadline or whose parent run is (the
+        signal is not stored).
         """
         run_id = base.checked_run_id(run_id)
         base.check_key("signal name", name)
         text = encode(payload, what="the signal payload")
-        return self._db.transaction(lambda tx: self._engine.signal(tx, run_id, name, text))
+        with self._ending_past_deadline():
+            return self._db.transaction(lambda tx: self._engine.signal(tx, run_id, name, text))
 
     def pause(self, run_id: int) -> None:
-        """Pause a running run: ready and pending steps wait; running steps finish."""
+        """Pause a running run: ready and pending steps wait; running steps finish. A run
+        past its deadline (or whose parent is) raises :class:`PassedDeadline`."""
         run_id = base.checked_run_id(run_id)
-        self._db.transaction(lambda tx: self._engine.pause(tx, run_id))
+        with self._ending_past_deadline():
+            self._db.transaction(lambda tx: self._engine.pause(tx, run_id))
+
+    @contextlib.contextmanager
+    def _ending_past_deadline(self) -> Iterator[None]:
+        """A call refused with :class:`PassedDeadline` rolled back: record the deadline's
+        end now (the scanner may be late), then raise."""
+        try:
+            yield
+        except PassedDeadline as late:
+            ended = late.deadline_run_id
+            self._db.transaction(lambda tx: self._engine.end_past_deadline(tx, ended))
+            raise
 
     def resume(self, run_id: int) -> None:
         """Resume a paused run; its deadline and timed waits move by the pause length."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -12,6 +13,7 @@ from cyclone_dsl.durations import as_timedelta
 from cyclone_dsl.graph.conditions import Condition
 from cyclone_dsl.graph.model import WaitSpec
 from cyclone_dsl.graph.rows import KIND_SIGNAL, KIND_TIMER
+from cyclone_dsl.graph.validate import MAX_NODE_ID_BYTES
 
 
 def _timeout(value: timedelta | float | None) -> Any:
@@ -21,6 +23,16 @@ def _timeout(value: timedelta | float | None) -> Any:
 def _id_of(name: object) -> str:
     """A wait's default node id; a name that is not a string is reported by validation."""
     return name if isinstance(name, str) else "signal"
+
+
+def _any_id(names: tuple[Any, ...]) -> str:
+    """wait_any's default node id: ``any_`` and its names, or, past the node id limit (long
+    names, each valid), ``any_`` and a digest of them."""
+    joined = "_".join(_id_of(n) for n in names)
+    text = "any_" + joined
+    if len(text.encode("utf-8", "surrogatepass")) <= MAX_NODE_ID_BYTES:
+        return text
+    return "any_" + hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def wait_signal(
@@ -97,7 +109,7 @@ def wait_any(
         )
     listed: tuple[Any, ...] = (names,) if isinstance(names, Ref | str) else tuple(names)
     spec = WaitSpec(signal_names=listed, duration=_timeout(timeout))
-    default_id = "any_" + "_".join(_id_of(n) for n in listed)
+    default_id = _any_id(listed)
     return builder.add(
         default_id,
         KIND_SIGNAL,

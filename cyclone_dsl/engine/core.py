@@ -261,6 +261,12 @@ class Engine:
     def signal(self, tx: Tx, run_id: int, name: str, payload_text: str) -> Delivery:
         return signals.deliver(tx, run_id, name, payload_text, self._hooks)
 
+    def end_past_deadline(self, tx: Tx, run_id: int) -> int:
+        """Fail ``run_id`` if it (or a run above it) is past its deadline, as the scanner
+        would: after a call refused with :class:`PassedDeadline`, whose own transaction
+        rolled back. Return how many runs ended."""
+        return waits.fail_past_deadline(tx, [{"id": run_id}], self._hooks)
+
     def purge(
         self,
         tx: Tx,

@@ -6,7 +6,7 @@ import json
 from enum import StrEnum
 
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine.transitions import Hooks, after_completions, lock_run
+from cyclone_dsl.engine.transitions import Hooks, after_completions, lock_run_checking_deadline
 from cyclone_dsl.errors import (
     AlreadyTerminal,
     MailboxFull,
@@ -37,16 +37,12 @@ def _capacity(wait: Row) -> int:
 
 def deliver(tx: Tx, run_id: int, name: str, payload_text: str, hooks: Hooks) -> Delivery:
     """Deliver one signal (the run row is locked first, so senders serialise per run)."""
-    run = lock_run(tx, run_id)
+    run = lock_run_checking_deadline(tx, run_id)  # refused, not consumed, past a deadline
     if run is None:
         raise RunNotFound(run_id)
     state = RunState(run["state"])
     if state.is_terminal:
         raise AlreadyTerminal(run_id, state.value)
-    if run["past_deadline"]:
-        # Refused, not consumed: the run ended at its deadline, before this signal came.
-        # (Raising rolls back, so the scanner's next pass records the failure.)
-        raise AlreadyTerminal(run_id, RunState.FAILED.value, "it passed its deadline")
     wait = tx.one(Q.find_signal_wait, run_id=run_id, name=name)
     if wait is None:
         raise SignalNotDeliverable(

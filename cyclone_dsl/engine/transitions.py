@@ -16,6 +16,7 @@ import attrs
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import notify
 from cyclone_dsl.engine.tracecontext import TraceHook
+from cyclone_dsl.errors import PassedDeadline
 from cyclone_dsl.graph.rows import CompiledRun
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
@@ -60,6 +61,20 @@ def lock_run(tx: Tx, run_id: int) -> Row | None:
     """Lock a run and its ancestor runs (in id order); return the run's own row (id, state,
     has_fan_out, paused_at), or None when there is no such run."""
     return next((r for r in tx.rows(Q.lock_runs, run_ids=[run_id]) if r["id"] == run_id), None)
+
+
+def lock_run_checking_deadline(tx: Tx, run_id: int) -> Row | None:
+    """:func:`lock_run` for a call that moves a running run on from outside (a signal, a
+    pause): :class:`PassedDeadline` when the run or a run above it is past its deadline,
+    its end being due first (the caller records it: see ``Engine.end_past_deadline``)."""
+    locked = tx.rows(Q.lock_runs, run_ids=[run_id])
+    run = next((r for r in locked if r["id"] == run_id), None)
+    if run is None or RunState(run["state"]).is_terminal:
+        return run
+    late = [r["id"] for r in locked if r["past_deadline"]]
+    if late:
+        raise PassedDeadline(run_id, min(late))  # the topmost: its end ends the others
+    return run
 
 
 def end_past_deadline(tx: Tx, locked: Iterable[Row], hooks: Hooks) -> set[int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine.transitions import (
     Hooks,
@@ -10,6 +12,7 @@ from cyclone_dsl.engine.transitions import (
     after_discards,
     end_past_deadline,
     lock_run,
+    lock_run_checking_deadline,
 )
 from cyclone_dsl.errors import AlreadyTerminal, InvalidTransition, RunNotFound
 from cyclone_dsl.sql import Q
@@ -60,13 +63,11 @@ def fail_past_deadline(tx: Tx, page: list[Row], hooks: Hooks) -> int:
 def pause(tx: Tx, run_id: int) -> None:
     """Pause a running run and its running child runs (to any depth): ready and pending work
     waits; running steps finish."""
-    run = _locked(tx, run_id)
+    # Past a deadline (its own, or a parent's), the pause would stop that clock after the
+    # fact: refused.
+    run = _locked(tx, run_id, lock=lock_run_checking_deadline)
     if RunState(run["state"]) == RunState.PAUSED:
         raise InvalidTransition(f"run {run_id} is already paused")
-    if run["past_deadline"]:
-        # Its deadline came first: a pause would stop that clock after the fact. (Raising
-        # rolls back, so the scanner's next pass records the failure, as for a signal.)
-        raise AlreadyTerminal(run_id, RunState.FAILED.value, "it passed its deadline")
     tx.rows(Q.pause_run, run_id=run_id)
     for below in _descendants(tx, run_id):
         if below["state"] == RunState.RUNNING:
@@ -101,8 +102,8 @@ def _descendants(tx: Tx, run_id: int) -> list[Row]:
     return [r for r in tx.rows(Q.lock_runs, run_ids=ids) if r["id"] in set(ids)]
 
 
-def _locked(tx: Tx, run_id: int) -> Row:
-    run = lock_run(tx, run_id)
+def _locked(tx: Tx, run_id: int, *, lock: Callable[[Tx, int], Row | None] = lock_run) -> Row:
+    run = lock(tx, run_id)
     if run is None:
         raise RunNotFound(run_id)
     state = RunState(run["state"])

@@ -18,6 +18,8 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 #: The longest signal name (bytes of UTF-8): the longest client.signal sends.
 MAX_SIGNAL_NAME_BYTES = 1024
+#: The longest node id (bytes of UTF-8): two of them fit one key of cyclone_deps' index.
+MAX_NODE_ID_BYTES = 1024
 Problem = tuple[str | None, str]
 
 
@@ -105,6 +107,11 @@ def _node_problems(node: Node, known: set[str]) -> list[str]:
         )
     elif "[" in node.id or "]" in node.id:
         problems.append("node ids may not contain '[' or ']' (they name fan-out items)")
+    elif len(node.id.encode("utf-8")) > MAX_NODE_ID_BYTES:
+        problems.append(
+            f"node ids are at most {MAX_NODE_ID_BYTES} bytes of UTF-8, this one has "
+            f"{len(node.id.encode('utf-8'))}: give the node a shorter id with .named()"
+        )
     for dep in node.deps:
         if dep not in known:
             problems.append(
@@ -124,6 +131,8 @@ def _node_problems(node: Node, known: set[str]) -> list[str]:
             problems.append(f"wait_n needs n from 1 to {INT32_MAX}, not {wait.count!r}")
         if wait.duration is not None and not is_duration(wait.duration):
             problems.append(refusal("a wait's timer or timeout", wait.duration))
+        elif wait.timer and wait.duration is None:
+            problems.append(refusal("a timer's length", None))
         names = wait.signal_names or ((wait.signal_name,) if wait.signal_name is not None else ())
         if not wait.timer and not names:
             problems.append("a signal wait needs at least one signal name")

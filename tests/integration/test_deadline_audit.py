@@ -32,7 +32,13 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.durations import MAX_DURATION
-from cyclone_dsl.errors import AlreadyTerminal, InvalidArgument, InvalidTransition, RunFailed
+from cyclone_dsl.errors import (
+    AlreadyTerminal,
+    InvalidArgument,
+    InvalidTransition,
+    PassedDeadline,
+    RunFailed,
+)
 from cyclone_dsl.states import RunState, StepState
 from cyclone_dsl.testing import set_clock_shift
 from tests.waiting import wait_until
@@ -210,6 +216,29 @@ def test_signal_after_the_deadline_does_not_complete_the_run(
     start_worker(*STEPS)  # its scanner has its chance to fail the run
     run = handle.wait(timeout=8)
     assert run.state is RunState.FAILED, f"the run ended {run.state.value} past its deadline"
+
+
+def test_a_late_signal_or_pause_is_refused_and_records_the_deadline_at_once(
+    client: Client, clock_shift: Callable[[timedelta], None]
+) -> None:
+    """No scanner runs here: the refused call itself records the deadline's end."""
+    for late_call in (
+        lambda run_id: client.signal(run_id, "dla_go", "late"),
+        client.pause,
+    ):
+        handle = client.submit(signal_result, 1, deadline=timedelta(hours=1))
+        clock_shift(timedelta(hours=2))
+        try:
+            with pytest.raises(PassedDeadline, match="passed its deadline") as refused:
+                late_call(handle.id)
+            assert isinstance(refused.value, AlreadyTerminal)
+            assert refused.value.deadline_run_id == handle.id
+            run = handle.get()
+            assert run.state is RunState.FAILED
+            assert run.step("dla_go").error_kind == "deadline"
+            assert client.signals_of(handle.id) == []
+        finally:
+            clock_shift(timedelta(0))
 
 
 def test_work_after_the_deadline_does_not_complete_the_run(
