@@ -7,7 +7,13 @@ from collections.abc import Sequence
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import notify
 from cyclone_dsl.engine.submit import insert_run
-from cyclone_dsl.engine.transitions import Hooks, after_completions, after_discards, end_runs
+from cyclone_dsl.engine.transitions import (
+    Hooks,
+    after_completions,
+    after_discards,
+    end_past_deadline,
+    end_runs,
+)
 from cyclone_dsl.errors import CycloneError, InvalidTransition, UnknownWorkflow
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.graph.rows import KIND_CHILD
@@ -121,7 +127,8 @@ def start_deferred(
     )
     if not found:
         return 0
-    tx.rows(Q.lock_runs, run_ids=sorted({r["run_id"] for r in found}))
+    # A run past its deadline ends first: its child nodes are then no longer waiting.
+    end_past_deadline(tx, tx.rows(Q.lock_runs, run_ids=sorted({r["run_id"] for r in found})), hooks)
     nodes = tx.rows(Q.waiting_child_nodes, ids=[r["id"] for r in found])
     _start(tx, nodes, hooks, defer_unknown=False)  # the caller has the run's definitions
     return len(nodes)

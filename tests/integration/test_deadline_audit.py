@@ -22,6 +22,7 @@ from cyclone_dsl import (
     AsyncClient,
     Client,
     Debounce,
+    Registry,
     RunFilter,
     StepContext,
     Worker,
@@ -279,6 +280,30 @@ def test_a_child_step_ending_after_its_parents_deadline_ends_the_parent(
     (kid,) = client.children_of(handle.id)
     assert client.get_run(kid["id"]).state is RunState.CANCELLED
     assert calls.get("echo", 0) == 0, "the parent's next step ran past its deadline"
+
+
+@workflow(name="dla_parent_of_echo")
+def parent_of_echo(x):  # type: ignore[no-untyped-def]
+    return echo(child(echo_wf, x), node_id="after_child")
+
+
+def test_a_child_left_for_a_worker_is_not_started_past_its_parents_deadline(
+    cyclone_dsn: str,
+    start_worker: Callable[..., Worker],
+    clock_shift: Callable[[timedelta], None],
+) -> None:
+    _reset("echo")
+    only_parent = Registry()
+    only_parent.register(parent_of_echo)  # not its child workflow: a worker starts the child
+    with Client(cyclone_dsn, registry=only_parent) as narrow:
+        handle = narrow.submit(parent_of_echo, 3, deadline=timedelta(hours=1))
+        assert narrow.children_of(handle.id) == []
+        clock_shift(timedelta(hours=2))
+        start_worker(*STEPS, echo_wf, parent_of_echo, scanners=False)  # no deadline scanner
+        failure = _deadline_failure(narrow, handle.id)
+        assert (failure.state, failure.error_kind) == ("failed", "deadline")
+        assert narrow.children_of(handle.id) == []
+        assert calls.get("echo", 0) == 0
 
 
 def test_submit_tx_counts_the_deadline_from_the_submit(client: Client, cyclone_dsn: str) -> None:
