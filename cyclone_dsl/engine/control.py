@@ -292,6 +292,7 @@ def _apply(tx: Tx, plan: _Plan, hooks: Hooks) -> None:
         tx.rows(Q.retry_reset_items, run_id=run_id, nodes=list(plan.fan_outs))
     if plan.reopen:
         tx.rows(Q.retry_reopen_run, run_id=run_id)
+        gates.release_run_slots(tx, run_id)
     gates.unpark(tx, run_id)
     # Waits get a fresh timeout and timers their full duration; fan-outs without items
     # expand; child nodes without a child run start one; buffered signals are consumed.

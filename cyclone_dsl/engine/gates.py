@@ -80,6 +80,12 @@ def gate_items(tx: Tx, fan_out_ids: Sequence[int]) -> None:
         tx.rows(Q.gate_fan_out_items, ids=list(fan_out_ids))
 
 
+def release_run_slots(tx: Tx, run_id: int) -> None:
+    """An ended run reopened by an operator retry lets go of its run slots (it waits for
+    one again, under the limit as it is now)."""
+    tx.rows(Q.release_run_slots, run_id=run_id)
+
+
 def unpark(tx: Tx, run_id: int) -> None:
     """Steps of this run came back (an operator retry): their gates apply again."""
     tx.rows(Q.unpark_gates, run_id=run_id)

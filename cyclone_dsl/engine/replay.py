@@ -100,6 +100,7 @@ def replay(tx: Tx, run_id: int, node: str, hooks: Hooks) -> list[str]:
         tx.rows(Q.replay_drop_items, run_id=run_id, nodes=fan_outs)
     if RunState(run["state"]).is_terminal:
         tx.rows(Q.retry_reopen_run, run_id=run_id)
+        gates.release_run_slots(tx, run_id)
     gates.unpark(tx, run_id)
     activate(tx, ((run_id, n) for n in ordered), hooks)
     finish_if_done(tx, [run_id], hooks)

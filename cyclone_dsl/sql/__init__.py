@@ -93,6 +93,7 @@ class _Queries:
     delete_limit: LiteralString
     park_ended_gates: LiteralString
     park_gates_of_steps: LiteralString
+    release_run_slots: LiteralString
     unpark_gates: LiteralString
     charge_rate_units: LiteralString
     flow_stats: LiteralString

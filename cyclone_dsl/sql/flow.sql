@@ -232,7 +232,8 @@ slots_of_ended_steps AS (
         FROM cyclone_ext_slots AS sl
         JOIN cyclone_steps AS x ON x.id = ANY(ARRAY[sl.holder])
         WHERE sl.scope = w.scope AND sl.key = w.key AND sl.slot <= l.max_count
-          AND l.per IS NULL AND w.scope NOT LIKE 'run:%%' AND x.state <> 'running'
+          AND l.per IS NULL AND w.scope NOT LIKE 'run:%%'
+          AND NOT {{held_by_current_claim}}
         ORDER BY sl.used_at NULLS FIRST, sl.slot
         LIMIT w.n
         FOR UPDATE OF sl SKIP LOCKED
@@ -356,7 +357,7 @@ slots_of_ended_steps AS (
     JOIN cyclone_ext_limits AS l ON l.scope = sl.scope
     JOIN cyclone_steps AS x ON x.id = ANY(ARRAY[sl.holder])  -- probed (slots_of_ended_steps)
     WHERE sl.scope = 'queue:' || %(queue)s AND sl.key = '' AND sl.slot <= l.max_count
-      AND x.state <> 'running'
+      AND NOT {{held_by_current_claim}}
     ORDER BY sl.slot
     LIMIT %(limit)s
     FOR UPDATE OF sl SKIP LOCKED
@@ -374,7 +375,8 @@ excess AS (
     FROM cyclone_ext_slots AS sl
     JOIN cyclone_ext_limits AS l ON l.scope = sl.scope
     WHERE sl.scope = 'queue:' || %(queue)s AND sl.key = '' AND sl.slot > l.max_count
-      AND EXISTS (SELECT 1 FROM cyclone_steps AS x WHERE x.id = sl.holder AND x.state = 'running')
+      AND EXISTS (SELECT 1 FROM cyclone_steps AS x
+                  WHERE x.id = sl.holder AND {{held_by_current_claim}})
 ),
 -- As many steps as there are free slots. The inner LIMIT is what the planner sizes the
 -- claim by (a LIMIT it cannot evaluate counts as a tenth of the queue: on a large queue,
@@ -443,6 +445,14 @@ WHERE g.step_id = ANY(ARRAY(
     ORDER BY l.step_id
     FOR NO KEY UPDATE SKIP LOCKED))
 
+-- name: release_run_slots
+-- An operator retry reopens this ended run: the run slots it held are let go, and it takes
+-- one again as a new run would (under the limit as it is now, which may have been lowered).
+UPDATE cyclone_ext_slots AS sl SET holder = NULL
+WHERE sl.holder = %(run_id)s
+  AND (sl.scope, sl.key) IN (SELECT DISTINCT g.run_scope, g.run_key FROM cyclone_ext_gates AS g
+                             WHERE g.run_id = %(run_id)s AND g.run_scope IS NOT NULL)
+
 -- name: unpark_gates
 -- An operator retry brought steps of this run back: their gate rows take their queue again.
 UPDATE cyclone_ext_gates AS g SET queue = s.queue
@@ -484,8 +494,16 @@ CASE
         EXISTS (SELECT 1 FROM cyclone_runs AS x
                 WHERE x.id = sl.holder AND x.state IN ('running', 'paused'))
     ELSE
-        EXISTS (SELECT 1 FROM cyclone_steps AS x WHERE x.id = sl.holder AND x.state = 'running')
+        EXISTS (SELECT 1 FROM cyclone_steps AS x
+                WHERE x.id = sl.holder AND {{held_by_current_claim}})
 END
+
+-- fragment: held_by_current_claim
+-- Step x (running) holds slot sl through the claim that runs it now: that claim set the
+-- slot's used_at and the step's started_at to one time. A slot the step took for an
+-- earlier execution (before a retry or a reclaim, when the claim took another slot) is
+-- free: a step holds one slot of a share, never two.
+coalesce(x.state = 'running' AND sl.used_at >= x.started_at, false)
 
 -- name: flow_stats
 -- Per limited (scope, key): the limit, how many of its slots are taken, how many due steps
@@ -524,38 +542,41 @@ ORDER BY u.scope, u.key
 
 -- name: gate_wait_reasons
 -- For each due step of a run that a limit holds back: the limit, its key, how full it is
--- and, for a rate, when its next slot frees.
-WITH due AS (
-    SELECT g.* FROM cyclone_ext_gates AS g
-    JOIN cyclone_steps AS s ON s.id = g.step_id
-    WHERE g.run_id = %(run_id)s AND s.state = 'available'
+-- and, for a rate, when its next slot frees. A step is held back by a share without room
+-- for what it needs (one slot; a rate budget: its units, as the claim takes them), and by
+-- its queue's cap, gated or not.
+WITH due_steps AS (
+    SELECT s.id, s.queue FROM cyclone_steps AS s
+    WHERE s.run_id = %(run_id)s AND s.state = 'available'
       AND s.scheduled_at <= now() + %(shift)s::interval
+), due AS (
+    SELECT g.* FROM cyclone_ext_gates AS g JOIN due_steps AS s ON s.id = g.step_id
 ), wanted AS (
-    SELECT d.step_id, d.step_scope AS scope, d.step_key AS key FROM due AS d
+    SELECT d.step_id, d.step_scope AS scope, d.step_key AS key, 1 AS units FROM due AS d
     WHERE d.step_scope IS NOT NULL
     UNION ALL
-    SELECT d.step_id, d.run_scope, d.run_key FROM due AS d
+    SELECT d.step_id, d.run_scope, d.run_key, 1 FROM due AS d
     WHERE d.run_scope IS NOT NULL AND NOT EXISTS (
         SELECT 1 FROM cyclone_ext_slots AS h
         WHERE h.scope = d.run_scope AND h.key = d.run_key AND h.holder = d.run_id)
     UNION ALL
-    SELECT d.step_id, d.rate_scope, d.rate_key FROM due AS d WHERE d.rate_scope IS NOT NULL
+    SELECT d.step_id, d.rate_scope, d.rate_key, d.rate_units FROM due AS d
+    WHERE d.rate_scope IS NOT NULL
     UNION ALL
-    SELECT d.step_id, l.scope, '' FROM due AS d
-    JOIN cyclone_ext_limits AS l ON l.scope = 'queue:' || d.queue
+    SELECT s.id, l.scope, '', 1 FROM due_steps AS s
+    JOIN cyclone_ext_limits AS l ON l.scope = 'queue:' || s.queue
 ), usage AS (
-    SELECT w.step_id, w.scope, w.key, l.max_count,
+    SELECT w.step_id, w.scope, w.key, l.max_count, least(w.units, l.max_count) AS units,
            count(*) FILTER (WHERE {{slot_in_use}}) AS in_use,
            min(sl.used_at) FILTER (WHERE {{slot_in_use}}) + l.per AS free_at
     FROM wanted AS w
     JOIN cyclone_ext_limits AS l ON l.scope = w.scope
     JOIN cyclone_ext_slots AS sl ON sl.scope = w.scope AND sl.key = w.key
-    GROUP BY w.step_id, w.scope, w.key, l.max_count, l.per
+    GROUP BY w.step_id, w.scope, w.key, w.units, l.max_count, l.per
 )
-SELECT s.node, u.scope, u.key, u.max_count, u.in_use,
-       CASE WHEN u.in_use >= u.max_count THEN u.free_at END AS free_at
+SELECT s.node, u.scope, u.key, u.max_count, u.in_use, u.free_at
 FROM usage AS u JOIN cyclone_steps AS s ON s.id = u.step_id
-WHERE u.in_use >= u.max_count
+WHERE u.in_use + u.units > u.max_count
 ORDER BY s.id, u.scope
 
 -- name: lock_debounce_key
