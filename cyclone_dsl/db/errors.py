@@ -22,5 +22,6 @@ ConnectionFailure: Final = (
 )
 #: A unique index refused a row (a submit key or unique key taken meanwhile).
 UniqueViolation = psycopg.errors.UniqueViolation
+SerializationFailure = psycopg.errors.SerializationFailure
 
-__all__ = ["ConnectionFailure", "DatabaseError", "UniqueViolation"]
+__all__ = ["ConnectionFailure", "DatabaseError", "SerializationFailure", "UniqueViolation"]

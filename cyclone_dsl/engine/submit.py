@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 import attrs
 
-from cyclone_dsl.db.errors import UniqueViolation
+from cyclone_dsl.db.errors import SerializationFailure, UniqueViolation
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine import gates, tracecontext
 from cyclone_dsl.engine.transitions import Hooks, activate
@@ -323,9 +323,23 @@ def insert_run_once(
                     tx, compiled, deadline=deadline, submit_key=submit_key, hooks=hooks
                 )
         except UniqueViolation:
+            _lost_in_old_snapshot(tx, f"submit key {submit_key!r}")
             continue  # another caller committed the key meanwhile: read it back
         return Submitted(run_id, created=True)
     raise SubmitContended(f"submit key {submit_key!r} is contended; try again")
+
+
+def _lost_in_old_snapshot(tx: Tx, what: str) -> None:
+    """A key race lost in a transaction whose snapshot predates the winner's commit
+    (repeatable read, serializable: a caller's ``*_tx``) can never read the winner back:
+    raise a serialization failure, which the caller's retry of the whole transaction
+    handles as any other (and the retry then finds the winner's run)."""
+    row = tx.one(Q.transaction_isolation)
+    if row is not None and row["level"] != "read committed":
+        raise SerializationFailure(
+            f"{what} was taken by a transaction that committed after this one's snapshot "
+            f"({row['level']}): roll back and run the transaction again"
+        )
 
 
 def insert_standalone(
@@ -363,6 +377,7 @@ def insert_standalone(
                     hooks=hooks,
                 )
         except UniqueViolation:
+            _lost_in_old_snapshot(tx, f"unique key {unique_key!r} of {kind!r}")
             # The holder committed, or rolled back and freed the key: look again.
             continue
         return Submitted(run_id, created=True)

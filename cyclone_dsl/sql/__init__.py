@@ -185,6 +185,7 @@ class _Queries:
     insert_run_graphs: LiteralString
     insert_fan_out_limits: LiteralString
     record_guards: LiteralString
+    transaction_isolation: LiteralString
     # trace.sql
     insert_trace_contexts: LiteralString
     trace_contexts_of: LiteralString

@@ -154,3 +154,8 @@ SELECT %(def_version)s, g.node, g.condition::jsonpath, g.variables, g.sources, g
 FROM jsonb_to_recordset(%(guards)s::jsonb)
     AS g(node text, condition text, variables jsonb, sources text[], on_skip text)
 ON CONFLICT (def_version, node) DO NOTHING
+
+-- name: transaction_isolation
+-- The isolation level of the current transaction ('read committed', 'repeatable read',
+-- 'serializable').
+SELECT current_setting('transaction_isolation') AS level
