@@ -384,9 +384,13 @@ class Engine:
         kind: str,
         payload_text: str,
         cap: int = DEFAULT_MAX_EVENTS_PER_STEP,
+        decided: bool = False,
     ) -> Recorded | None:
         """Store one event of a running step's execution and wake its run's followers
         (see :mod:`cyclone_dsl.engine.events`); None when the step no longer exists.
+        ``decided``: the worker has already decided this execution's end (its timeout
+        passed, its run was cancelled), which it may not have committed yet: the event is
+        stored fenced.
 
         One statement: on an autocommit ``tx`` it commits on its own, without waiting for
         the WAL flush (the step's completion flushes it).
@@ -399,6 +403,7 @@ class Engine:
             kind=kind,
             payload_text=payload_text,
             cap=cap,
+            decided=decided,
         )
 
     # -- scanner passes: each call handles one page, in the caller's transaction --------

@@ -49,6 +49,7 @@ def record(
     kind: str,
     payload_text: str,
     cap: int,
+    decided: bool = False,
 ) -> Recorded | None:
     """Store one event of the execution (``step_id``, ``generation``) and wake followers
     (the same statement sends the NOTIFY).
@@ -66,6 +67,7 @@ def record(
         attempt=attempt,
         kind=kind,
         payload=payload_text,
+        decided=decided,
         cap=cap,
     )
     if row is None:

@@ -4,7 +4,8 @@
 -- or waits for this insert to commit (and then marks it fenced itself). The step's count
 -- goes up only below the cap; the run's seq row, locked until the commit, numbers the
 -- run's events in commit order. No row when the step does not exist; found but no seq
--- when the step reached the cap (nothing stored).
+-- when the step reached the cap (nothing stored). %(decided)s: the worker has decided the
+-- execution's end already (not committed yet, maybe): the event is fenced.
 -- The COMMIT does not wait for its WAL flush (set_config(..., true)), as a claim's: the
 -- step's completion commits synchronously and flushes its events with it, so a server
 -- crash can only lose events of an execution whose outcome it loses too. The NOTIFY
@@ -14,7 +15,8 @@ WITH relaxed AS (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
 ), step AS (
     SELECT s.id, s.run_id, s.node,
-           s.state = 'running' AND s.lease_generation = %(generation)s AS live
+           s.state = 'running' AND s.lease_generation = %(generation)s
+               AND NOT %(decided)s AS live
     FROM cyclone_steps AS s
     WHERE s.id = %(step_id)s
     FOR SHARE

@@ -1240,6 +1240,10 @@ class Worker:
         """Store one event of a running handler, on the events pool (in autocommit: the
         event commits, then its notification goes)."""
 
+        with self._inflight_lock:  # settled (timed out, cancelled, lease lost): fenced
+            entry = self._inflight.get(_claim_key(step))
+            decided = entry is None or entry.settled
+
         def record(tx: Tx) -> None:
             self._engine.record_event(
                 tx,
@@ -1249,6 +1253,7 @@ class Worker:
                 kind=kind,
                 payload_text=text,
                 cap=self.max_events_per_step,
+                decided=decided,
             )
 
         with self._events_lock:
@@ -1402,11 +1407,15 @@ class Worker:
                 self._finished(entry, "abandoned")
                 return  # timed out, cancelled or lease lost: already decided
             step = entry.step
-            exc = None if future.cancelled() else future.exception()
-            if future.cancelled() or isinstance(exc, asyncio.CancelledError):
+            exc = asyncio.CancelledError() if future.cancelled() else future.exception()
+            if isinstance(exc, asyncio.CancelledError) and entry.ctx.cancelled:
                 outcome: Success | Failure | None = None  # cancelled by us: decided elsewhere
                 self._finished(entry, "abandoned")
-            elif _late(entry) or (isinstance(exc, TimeoutError) and entry.deadline is not None):
+            elif _late(entry):
+                # Its timeout passed (the wait_for of an async handler ends just after it:
+                # the deadline was set before the handler started). A TimeoutError raised
+                # before then is the handler's own, an error like any other; so is a
+                # CancelledError the worker did not cause (a library cancelled a future).
                 outcome = execute.timeout_failure(step)
                 self._finished(entry, "timeout")
             elif exc is not None:
