@@ -202,8 +202,8 @@ def score(x: int) -> int:
 
 
 @step(name="rp_double")
-def double(x: int) -> int:
-    return x * 2
+def double(x: int | None) -> int:
+    return 0 if x is None else x * 2  # None: the output of a skipped child node
 
 
 @workflow(name="rp_doubled")

@@ -135,7 +135,7 @@ def just_late(n: int, *, ctx: StepContext) -> int:
     return n
 
 
-@step(name="tx_plain")
+@step(name="tx_plain", max_attempts=1)
 def plain(n: int, *, ctx: StepContext) -> int:
     ctx.connection  # noqa: B018 - raises: the step is not transactional
     return n
