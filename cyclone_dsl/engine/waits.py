@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cyclone_dsl.db.tx import Row, Tx
+from cyclone_dsl.engine import notify
 from cyclone_dsl.engine.transitions import (
     Hooks,
     activate,
@@ -16,7 +17,7 @@ from cyclone_dsl.engine.transitions import (
 )
 from cyclone_dsl.errors import AlreadyTerminal, InvalidTransition, RunNotFound
 from cyclone_dsl.sql import Q
-from cyclone_dsl.states import RunState
+from cyclone_dsl.states import RunState, StepState
 
 
 def _in_running_runs(tx: Tx, page: list[Row], hooks: Hooks) -> list[int]:
@@ -89,6 +90,7 @@ def resume(tx: Tx, run_id: int, hooks: Hooks) -> None:
 
 def _resume_one(tx: Tx, run: Row, hooks: Hooks) -> None:
     reopened = tx.rows(Q.resume_run, run_id=run["id"], paused_at=run["paused_at"])
+    notify.wake_queues(tx, (r["queue"] for r in reopened if r["state"] == StepState.AVAILABLE))
     activate(tx, ((run["id"], r["node"]) for r in reopened if r["item_of"] is None), hooks)
     for hook in hooks.on_resumed:
         hook(tx, run, hooks)

@@ -178,14 +178,11 @@ SET state = CASE
         WHEN s.kind = '@child' THEN 'waiting_child'
         ELSE 'available' END,
     -- A wait's time starts now; another step keeps a later start it already has (a retry
-    -- backoff or a delayed start that a pause and resume sent back through pending). A
-    -- step of a sequence_key keeps its time whatever it is: it is its place in the sequence
-    -- (a pause and resume must not send it behind the steps enqueued after it).
+    -- backoff or a delayed start that a pause and resume sent back through pending).
     scheduled_at = CASE
         WHEN j.skip OR s.wait_for IS NOT NULL
             THEN now() + %(shift)s::interval
                  + CASE WHEN j.skip THEN interval '0' ELSE s.wait_for END
-        WHEN s.sequence_key IS NOT NULL THEN s.scheduled_at
         ELSE greatest(s.scheduled_at, now() + %(shift)s::interval) END,
     completed_at = CASE WHEN j.skip THEN now() + %(shift)s::interval ELSE s.completed_at END,
     output = CASE WHEN j.skip THEN NULL ELSE s.output END,

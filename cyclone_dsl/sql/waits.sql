@@ -76,7 +76,11 @@ WITH run AS (
       AND (s.state = 'waiting_timer' OR s.wait_for IS NOT NULL)
     RETURNING s.id
 )
-UPDATE cyclone_steps AS s SET state = 'pending'
+-- A step of a sequence_key (standalone work: no dependencies) is available again at once,
+-- not activated, which would move its start to now: its start time is its place in the
+-- sequence, ahead of the steps enqueued after it.
+UPDATE cyclone_steps AS s
+SET state = CASE WHEN s.sequence_key IS NOT NULL THEN 'available' ELSE 'pending' END
 FROM run
 WHERE s.run_id = run.id AND s.state = 'paused'
-RETURNING s.id, s.node, s.item_of
+RETURNING s.id, s.node, s.item_of, s.state, s.queue
