@@ -115,7 +115,8 @@ def advance(tx: Tx, run_id: int, node: str, hooks: Hooks) -> None:
         return
     row = done[0]
     limit = row["fan_out_max_bytes"]
-    size = None if row["collected"] is None else payload.encoded_size(row["collected"])
+    large = row["collected_if_large"]
+    size = None if large is None else payload.encoded_size(large)
     if limit and size is not None and size > limit:
         failed = tx.rows(
             Q.discard_node_completed,

@@ -78,10 +78,12 @@ WHERE s.run_id = %(run_id)s AND s.node = %(node)s AND s.state = 'pending'
       SELECT 1 FROM cyclone_steps AS i
       WHERE i.run_id = s.run_id AND i.item_of = s.node
         AND i.state IN ('pending', 'available', 'running', 'paused', 'waiting_child'))
--- The collected output comes back to be measured as every payload is (compact JSON): its
--- text form here has a space after each comma and colon.
+-- The collected output is measured as every payload is (compact JSON), which its text
+-- form here, with a space after each comma and colon, is never shorter than: only an
+-- output whose text form is over max_bytes comes back, to be measured exactly.
 RETURNING s.id, s.run_id, s.node, s.item_of, true AS has_downstream, s.fan_out_max_bytes,
-          s.output AS collected
+          CASE WHEN octet_length(s.output::text) > s.fan_out_max_bytes THEN s.output END
+              AS collected_if_large
 
 -- name: discard_node
 -- Fail a node that is not running (a fan-out, a child node, a wait) for good.
