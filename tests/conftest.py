@@ -7,6 +7,7 @@ import importlib
 import os
 import pkgutil
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, settings
 
 import cyclone_dsl
 from cyclone_dsl import Client, Worker
+from cyclone_dsl.testing import set_clock_shift
 from cyclone_dsl.testing.failpoints import armed, disarm
 
 # Every module of the package is imported now, on the main thread, before a test starts
@@ -60,6 +62,18 @@ def start_worker(cyclone_dsn: str) -> Iterator[Callable[..., Worker]]:
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture
+def clock() -> Iterator[Callable[[datetime], None]]:
+    """``clock(at)`` moves this process's database clock so that now() is about ``at``;
+    moved back at the end of the test."""
+
+    def move(at: datetime) -> None:
+        set_clock_shift(at - datetime.now(UTC))
+
+    yield move
+    set_clock_shift(timedelta(0))
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,7 +19,6 @@ from cyclone_dsl import Client, Registry, Worker, schedule, step, workflow
 from cyclone_dsl.cli.main import run as cli_run
 from cyclone_dsl.errors import CycloneError, InvalidArgument, ScheduleError
 from cyclone_dsl.states import RunState
-from cyclone_dsl.testing import set_clock_shift
 from cyclone_dsl.testing.failpoints import arm, disarm
 
 
@@ -51,17 +50,6 @@ def audit_deployed(x):  # type: ignore[no-untyped-def]
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def clock() -> Iterator[Callable[[datetime], None]]:
-    """``clock(at)`` moves this process's database clock so that now() is about ``at``."""
-
-    def move(at: datetime) -> None:
-        set_clock_shift(at - datetime.now(UTC))
-
-    yield move
-    set_clock_shift(timedelta(0))
 
 
 def runs_of(client: Client, workflow_name: str) -> list[Any]:

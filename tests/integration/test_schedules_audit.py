@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,7 +33,6 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.cli.main import cli
-from cyclone_dsl.testing import set_clock_shift
 
 # -- definitions (every name prefixed sca_) ------------------------------------------------
 
@@ -64,17 +63,6 @@ def sca_waiting(x):  # type: ignore[no-untyped-def]
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def clock() -> Iterator[Callable[[datetime], None]]:
-    """``clock(at)``: this process's database clock reads about ``at`` from now on."""
-
-    def move(at: datetime) -> None:
-        set_clock_shift(at - datetime.now(UTC))
-
-    yield move
-    set_clock_shift(timedelta(0))
 
 
 def cyclone(dsn: str, *args: str) -> Any:
