@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import TypeAlias, TypeGuard
 
 from cyclone_dsl.errors import InvalidPayload, PayloadTooLarge
@@ -113,11 +114,33 @@ def encoded_size(value: object) -> int:
     return len(text.encode("utf-8"))
 
 
+#: Nineteen digits in a row: the shortest integer literal that may be beyond 64 bits.
+_LONG_DIGITS = re.compile(r"\d{19}")
+_LONG_DIGITS_BYTES = re.compile(rb"\d{19}")
+
+
+def _int_within_64_bits(literal: str) -> int | float:
+    value = int(literal)
+    return value if -_MAX_INT <= value < _MAX_INT else float(literal)
+
+
 def decode(text: str | bytes | None) -> JSONValue:
-    """Decode JSON text read back from the database."""
+    """Decode JSON text read back from the database.
+
+    ``jsonb`` keeps numbers as ``numeric`` and writes ``1e+20`` back as
+    ``100000000000000000000``: an integer literal beyond the 64-bit range is read as
+    the float it was written as (:func:`check` refuses such an integer, so no payload
+    held one), else the next step would get an input it cannot pass on.
+    """
     if text is None:
         return None
-    result: JSONValue = json.loads(text)
+    if isinstance(text, bytes):
+        plain = _LONG_DIGITS_BYTES.search(text) is None
+    else:
+        plain = _LONG_DIGITS.search(text) is None
+    result: JSONValue = (
+        json.loads(text) if plain else json.loads(text, parse_int=_int_within_64_bits)
+    )
     return result
 
 

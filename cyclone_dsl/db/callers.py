@@ -21,6 +21,7 @@ import psycopg
 from psycopg.pq import Format, TransactionStatus
 from psycopg.rows import dict_row
 
+from cyclone_dsl.db.jsonb import has_engine_loaders, use_engine_loaders
 from cyclone_dsl.db.tx import ConnectionTx, Row, Tx, with_shift
 from cyclone_dsl.sql import Q
 
@@ -33,30 +34,34 @@ AsyncConnection = psycopg.AsyncConnection[Any]
 
 #: The types the engine reads whose loaders frameworks replace on the connections they own:
 #: Django loads ``jsonb`` as text (its JSONField decodes it) and ``timestamptz`` in its own
-#: zone, naive when ``USE_TZ`` is off; SQLAlchemy can plug its own JSON decoder.
+#: zone, naive when ``USE_TZ`` is off; SQLAlchemy can plug its own JSON decoder. The engine
+#: reads ``json`` and ``jsonb`` with its own loaders (see :mod:`cyclone_dsl.db.jsonb`).
 ENGINE_TYPES = ("json", "jsonb", "timestamptz", "timestamp", "interval", "numeric")
+_PSYCOPG_DEFAULT_TYPES = ("timestamptz", "timestamp", "interval", "numeric")
 
 
-def with_psycopg_loaders(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
-    """Read with psycopg's default loaders on this cursor, whatever the connection's are (a
+def with_engine_loaders(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
+    """Read as the engine reads on this cursor, whatever the connection's loaders are (a
     cursor's adapters are its own copy: the application's connection keeps its own)."""
-    for name in ENGINE_TYPES:
+    for name in _PSYCOPG_DEFAULT_TYPES:
         oid = psycopg.adapters.types[name].oid
         for fmt in (Format.TEXT, Format.BINARY):
             default = psycopg.adapters.get_loader(oid, fmt)
             if default is not None and cursor.adapters.get_loader(oid, fmt) is not default:
                 cursor.adapters.register_loader(oid, default)
+    if not has_engine_loaders(cursor):
+        use_engine_loaders(cursor)
 
 
 class CallersTx(ConnectionTx):
     """A :class:`ConnectionTx` on the application's connection: the engine reads its rows
-    as psycopg reads them by default, whatever loaders the application configured."""
+    with its own loaders, whatever loaders the application configured."""
 
     __slots__ = ()
 
     def _cursor(self) -> psycopg.Cursor[Row]:
         cursor = super()._cursor()
-        with_psycopg_loaders(cursor)
+        with_engine_loaders(cursor)
         return cursor
 
 
@@ -101,7 +106,7 @@ class AsyncConnectionTx:
     """A :class:`Tx` whose statements run on an async connection's event loop.
 
     Used from a thread other than the loop's (see the module docstring). Like
-    :class:`CallersTx`, it reads with psycopg's default loaders.
+    :class:`CallersTx`, it reads with the engine's loaders.
     """
 
     __slots__ = ("conn", "loop", "shift")
@@ -118,7 +123,7 @@ class AsyncConnectionTx:
 
     async def _fetch(self, query: LiteralString, params: dict[str, object], many: bool) -> Any:
         async with self.conn.cursor(row_factory=dict_row) as cur:
-            with_psycopg_loaders(cur)
+            with_engine_loaders(cur)
             await cur.execute(query, params)
             if cur.description is None:
                 return [] if many else None

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from cyclone_dsl.db.jsonb import use_engine_loaders
 from cyclone_dsl.sql import Q
 
 #: A pool of Cyclone connections (see :func:`make_pool`).
@@ -58,10 +59,17 @@ def listen_target(dsn: str, *, pooled: bool, listen_dsn: str | None) -> str | No
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
     conn.autocommit = True
+    use_engine_loaders(conn)
 
 
-def _configure_watched(conn: psycopg.Connection[Any]) -> None:
+def _configure_handlers(conn: psycopg.Connection[Any]) -> None:
+    """A transactional handler's connection keeps psycopg's loaders for the user's SQL (the
+    engine sets its own on the cursors it opens there)."""
     conn.autocommit = True
+
+
+def _configure_handlers_watched(conn: psycopg.Connection[Any]) -> None:
+    _configure_handlers(conn)
     if conn.info.server_version >= CHECK_CLIENT_SINCE:
         conn.execute(Q.watch_client, {"ms": CHECK_CLIENT_MS})
 
@@ -84,14 +92,18 @@ def make_pool(
     idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
     pooled: bool = False,
     server_jit: bool = False,
-    watched: bool = False,
+    for_handlers: bool = False,
 ) -> ConnectionPool[Any]:
     """A pool of autocommit connections (transactions are explicit) named ``name``; the
     server ends a transaction of theirs idle ``idle_in_transaction_s`` seconds (unless
     ``pooled``: then the pooler's or the role's settings apply). ``server_jit``: keep
-    the server's JIT setting (see :func:`connection_kwargs`). ``watched``: the server
-    ends a statement whose client died (see :data:`CHECK_CLIENT_MS`; not ``pooled``: a
-    session setting)."""
+    the server's JIT setting (see :func:`connection_kwargs`). ``for_handlers``: the
+    connections of transactional handlers, on which the user's SQL runs: they keep
+    psycopg's loaders, and the server ends a statement whose client died (see
+    :data:`CHECK_CLIENT_MS`; not ``pooled``: a session setting)."""
+    configure = _configure
+    if for_handlers:
+        configure = _configure_handlers if pooled else _configure_handlers_watched
     pool: ConnectionPool[Any] = ConnectionPool(
         conninfo,
         min_size=min_size,
@@ -103,7 +115,7 @@ def make_pool(
             pooled=pooled,
             server_jit=server_jit,
         ),
-        configure=_configure_watched if watched and not pooled else _configure,
+        configure=configure,
         open=False,
         name=name,
         reconnect_timeout=3600,

@@ -50,7 +50,7 @@ def handler_pool(
         idle_in_transaction_s=idle_s,
         pooled=pooled,
         server_jit=True,  # the user's own SQL runs on these
-        watched=True,  # a dead worker's statement must not hold its step
+        for_handlers=True,
     )
 
 

@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from cyclone_dsl.db import clock
+from cyclone_dsl.db.jsonb import has_engine_loaders, use_engine_loaders
 
 log = logging.getLogger("cyclone.db")
 
@@ -64,7 +65,10 @@ class ConnectionTx:
         self.shift = _shift_or_current(shift)
 
     def _cursor(self) -> psycopg.Cursor[Row]:
-        return self.conn.cursor(row_factory=dict_row)
+        cursor = self.conn.cursor(row_factory=dict_row)
+        if not has_engine_loaders(cursor):  # a connection the engine did not open
+            use_engine_loaders(cursor)
+        return cursor
 
     def rows(self, query: LiteralString, **params: object) -> list[Row]:
         with self._cursor() as cur:

@@ -170,11 +170,6 @@ def float_then_echo(x):  # type: ignore[no-untyped-def]
     return echo(as_float(x))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: a float output such as 1e20 comes back from jsonb as the int 10**20, "
-    "so a downstream step that returns its input unchanged fails with invalid_output",
-)
 def test_a_large_float_output_passed_on_unchanged_keeps_the_run_going(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
