@@ -158,12 +158,12 @@ SELECT pg_try_advisory_xact_lock(
 ) AS held
 
 -- name: release_steps
--- Give leases back at shutdown: available again, the attempt not consumed.
+-- Give leases back at shutdown: available again, the attempt not consumed, its start time
+-- kept (its place in its queue and in its sequence_key's order).
 WITH {{lock_listed_steps}}
 UPDATE cyclone_steps AS s
 SET state = CASE WHEN r.state = 'paused' THEN 'paused' ELSE 'available' END,
-    lease_owner = NULL, lease_expiry = NULL, heartbeat_at = NULL, started_at = NULL,
-    scheduled_at = now() + %(shift)s::interval
+    lease_owner = NULL, lease_expiry = NULL, heartbeat_at = NULL, started_at = NULL
 FROM unnest(%(ids)b::bigint[], %(generations)b::bigint[]) AS h(id, generation), cyclone_runs AS r
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.id = h.id AND s.lease_generation = h.generation

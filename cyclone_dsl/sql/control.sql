@@ -50,6 +50,14 @@ ORDER BY s.id
 -- The dependency edges of a run (node depends on dep_node).
 SELECT node, dep_node FROM cyclone_deps WHERE run_id = %(run_id)s
 
+-- fragment: retried_start
+-- When a step reset by an operator retry or replay may start: a step that never started
+-- keeps a later start it was given (enqueue's scheduled_at); any other starts now (its
+-- attempt budget is fresh: no backoff is left to wait).
+CASE WHEN s.started_at IS NULL AND s.attempt = 0 AND s.reclaims = 0
+     THEN greatest(s.scheduled_at, now() + %(shift)s::interval)
+     ELSE now() + %(shift)s::interval END
+
 -- name: retry_reset_steps
 -- Operator retry: these discarded or cancelled graph nodes go back to pending with a fresh
 -- attempt budget and reclaim count. lease_generation is kept: it fences stale workers.
@@ -63,7 +71,7 @@ WITH listed AS (
 UPDATE cyclone_steps AS s
 SET state = 'pending', attempt = 0, reclaims = 0, error = NULL, error_kind = NULL,
     panic_stack = NULL, output = NULL, started_at = NULL, completed_at = NULL,
-    lease_owner = NULL, lease_expiry = NULL, scheduled_at = now() + %(shift)s::interval
+    lease_owner = NULL, lease_expiry = NULL, scheduled_at = {{retried_start}}
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.state IN ('discarded', 'cancelled')
 RETURNING s.node
@@ -81,7 +89,7 @@ WITH listed AS (
 UPDATE cyclone_steps AS s
 SET state = 'pending', attempt = 0, reclaims = 0, error = NULL, error_kind = NULL,
     panic_stack = NULL, output = NULL, started_at = NULL, completed_at = NULL,
-    lease_owner = NULL, lease_expiry = NULL, scheduled_at = now() + %(shift)s::interval
+    lease_owner = NULL, lease_expiry = NULL, scheduled_at = {{retried_start}}
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.state IN ('discarded', 'cancelled')
 RETURNING s.node
@@ -109,7 +117,7 @@ WITH listed AS (
     UPDATE cyclone_steps AS s
     SET state = 'pending', attempt = 0, reclaims = 0, error = NULL, error_kind = NULL,
         panic_stack = NULL, output = NULL, started_at = NULL, completed_at = NULL,
-        lease_owner = NULL, lease_expiry = NULL, scheduled_at = now() + %(shift)s::interval
+        lease_owner = NULL, lease_expiry = NULL, scheduled_at = {{retried_start}}
     FROM cyclone_steps AS before
     WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
       AND before.id = s.id

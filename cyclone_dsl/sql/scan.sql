@@ -39,8 +39,7 @@ reclaimed AS (
         completed_at = CASE
             WHEN s.reclaims + 1 > coalesce(l.max_reclaims, %(default_max_reclaims)s)
                 THEN now() + %(shift)s::interval END,
-        scheduled_at = now() + %(shift)s::interval,
-        lease_owner = NULL, lease_expiry = NULL
+        lease_owner = NULL, lease_expiry = NULL  -- scheduled_at kept: its place in its sequence
     FROM unnest(%(ids)b::bigint[], %(generations)b::bigint[]) AS e(id, generation)
     JOIN cyclone_steps AS cur ON cur.id = e.id
     JOIN cyclone_runs AS r ON r.id = cur.run_id

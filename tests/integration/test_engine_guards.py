@@ -16,7 +16,7 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 
-from cyclone_dsl import Client, Worker, for_each, step, wait_signal, wait_timer, workflow
+from cyclone_dsl import Client, RunFilter, Worker, for_each, step, wait_signal, wait_timer, workflow
 from cyclone_dsl.db.tx import ConnectionTx, Row, in_transaction
 from cyclone_dsl.dsl.runs import child_compiler, compile_workflow
 from cyclone_dsl.engine import Engine, Failure, Success
@@ -472,3 +472,47 @@ def test_resume_keeps_a_delayed_steps_start(client: Client) -> None:
     resumed = handle.get().step("eg_backoff")
     assert resumed.state is StepState.AVAILABLE
     assert resumed.scheduled_at >= start_at, "the delayed start was lost"
+
+
+def test_an_operator_retry_keeps_a_delayed_start_the_step_never_reached(client: Client) -> None:
+    """A step enqueued to start later and cancelled before it started: ``retry`` and
+    ``retry_many`` started it at once."""
+    start_at = datetime.now(UTC) + timedelta(hours=2)
+    first = client.enqueue(backing_off, 1, scheduled_at=start_at)
+    second = client.enqueue(backing_off, 2, scheduled_at=start_at)
+    for handle in (first, second):
+        client.cancel(handle.id)
+    client.retry(first.id, "eg_backoff")
+    assert client.retry_many(RunFilter(states=["cancelled"])).acted == 1
+    for handle in (first, second):
+        retried = handle.get().step("eg_backoff")
+        assert retried.state is StepState.AVAILABLE
+        assert retried.scheduled_at >= start_at, "the delayed start was lost"
+
+
+def test_an_operator_retry_does_not_wait_out_a_backoff(client: Client, cyclone_dsn: str) -> None:
+    """A retry gives a fresh attempt budget: a step cancelled in a retry backoff starts at
+    once (the delayed start above is kept only for a step that never started)."""
+    handle = client.enqueue(backing_off, 1)
+    engine = Engine()
+    with psycopg.connect(cyclone_dsn, autocommit=True) as conn:
+        with conn.transaction():
+            (claimed,) = engine.claim(
+                ConnectionTx(conn),
+                owner="test",
+                queues=["default"],
+                kinds=["eg_backoff"],
+                versions=[("eg_backoff", "standalone")],
+                limit=1,
+                lease=timedelta(seconds=30),
+            )
+        with conn.transaction():
+            engine.fail(
+                ConnectionTx(conn),
+                [Failure(claimed.id, claimed.generation, "boom", "error", delay_s=3600)],
+            )
+    client.cancel(handle.id)
+    client.retry(handle.id, "eg_backoff")
+    retried = handle.get().step("eg_backoff")
+    assert retried.state is StepState.AVAILABLE
+    assert retried.scheduled_at < datetime.now(UTC) + timedelta(minutes=1)

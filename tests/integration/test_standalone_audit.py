@@ -32,6 +32,8 @@ from cyclone_dsl import (
     step,
     workflow,
 )
+from cyclone_dsl.db.tx import ConnectionTx
+from cyclone_dsl.engine import Engine
 from tests.waiting import wait_until
 
 StartWorker = Callable[..., Worker]
@@ -547,6 +549,48 @@ def test_a_resumed_step_runs_before_the_steps_of_its_sequence_enqueued_after_it(
     client.enqueue(seq, "second", sequence_key="order")
     client.pause(first.id)
     client.resume(first.id)
+    start_worker(seq, concurrency=1)
+    wait_until(lambda: len(seen_for("seq")) == 2, timeout=10, what="both ran")
+    assert seen_for("seq") == ["first", "second"]
+
+
+def _claim_first_of_sequence(cyclone_dsn: str) -> tuple[Engine, psycopg.Connection[Any], Any]:
+    conn = psycopg.connect(cyclone_dsn, autocommit=True)
+    engine = Engine()
+    with conn.transaction():
+        (claimed,) = engine.claim(
+            ConnectionTx(conn),
+            owner="gone",
+            queues=["default"],
+            kinds=["sta_seq"],
+            versions=[("sta_seq", "standalone")],
+            limit=1,
+            lease=timedelta(seconds=1),
+        )
+    return engine, conn, claimed
+
+
+@pytest.mark.parametrize("how", ["reclaimed", "released"])
+def test_a_step_given_back_keeps_its_place_in_its_sequence(
+    client: Client, start_worker: StartWorker, cyclone_dsn: str, how: str
+) -> None:
+    """A step whose worker died (its lease reclaimed) or shut down before starting it (its
+    lease released) runs again before the steps of its key enqueued after it; it was given
+    a start of now, behind them."""
+    client.enqueue(seq, "first", sequence_key="given")
+    client.enqueue(seq, "second", sequence_key="given")
+    engine, conn, claimed = _claim_first_of_sequence(cyclone_dsn)
+    with conn, conn.transaction():
+        if how == "released":
+            engine.release(ConnectionTx(conn), [(claimed.id, claimed.generation)])
+        else:  # a scanner's pass after the lease expired (a later clock)
+            engine.reclaim_expired_leases(
+                ConnectionTx(conn, timedelta(seconds=30)),
+                after_id=0,
+                limit=10,
+                max_reclaims={},
+                default_max_reclaims=5,
+            )
     start_worker(seq, concurrency=1)
     wait_until(lambda: len(seen_for("seq")) == 2, timeout=10, what="both ran")
     assert seen_for("seq") == ["first", "second"]
