@@ -33,7 +33,14 @@ from cyclone_dsl.errors import (
 )
 from cyclone_dsl.graph.compile import instantiate
 from cyclone_dsl.graph.model import NodeOptions
-from cyclone_dsl.graph.rows import CompiledRun, RunFlow, RunTemplate, ScheduleRow, StepRow
+from cyclone_dsl.graph.rows import (
+    CompiledRun,
+    RunFlow,
+    RunTemplate,
+    ScheduleCompiler,
+    ScheduleRow,
+    StepRow,
+)
 from cyclone_dsl.graph.validate import check_options
 from cyclone_dsl.payload import JSONValue, encode
 from cyclone_dsl.states import StepState
@@ -345,11 +352,6 @@ def with_schedule_options(compiled: CompiledRun, row: Mapping[str, Any]) -> Comp
     if not changes:
         return compiled
     return attrs.evolve(compiled, steps=tuple(attrs.evolve(s, **changes) for s in compiled.steps))
-
-
-#: (kind, input, schedule row) -> the rows of the run; UnknownDefinition when this process
-#: has not the kind, or not the definition the schedule pins.
-ScheduleCompiler = Callable[[str, JSONValue, Mapping[str, Any]], CompiledRun]
 
 
 def compiler_for(registry: Registry) -> ScheduleCompiler:

@@ -31,7 +31,7 @@ from cyclone_dsl.engine.notify import (
     names_run,
     run_ids_of,
 )
-from cyclone_dsl.engine.schedules import CatchUp, Compiler
+from cyclone_dsl.engine.schedules import CatchUp
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import Submitted, TemplateRun, template_fits
 from cyclone_dsl.engine.tracecontext import Carrier, TraceHook
@@ -55,7 +55,6 @@ __all__ = [
     "Carrier",
     "CatchUp",
     "Claimed",
-    "Compiler",
     "Delivery",
     "Engine",
     "Failure",

@@ -43,13 +43,13 @@ from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.engine.complete import Failure, Success
 from cyclone_dsl.engine.events import DEFAULT_MAX_EVENTS_PER_STEP, Recorded
 from cyclone_dsl.engine.hooks import build_hooks
-from cyclone_dsl.engine.schedules import CatchUp, Compiler
+from cyclone_dsl.engine.schedules import CatchUp
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import OneRun, Submitted
 from cyclone_dsl.engine.tracecontext import TraceHook
 from cyclone_dsl.engine.transitions import ChildCompiler
 from cyclone_dsl.errors import HandlerConflict, InvalidArgument
-from cyclone_dsl.graph.rows import CompiledRun, RunFlow, RunTemplate, ScheduleRow
+from cyclone_dsl.graph.rows import CompiledRun, RunFlow, RunTemplate, ScheduleCompiler, ScheduleRow
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
 
@@ -68,7 +68,7 @@ class Engine:
         self,
         *,
         compile_child: ChildCompiler | None = None,
-        compile_schedule: Compiler | None = None,
+        compile_schedule: ScheduleCompiler | None = None,
         on_runs_ended: Callable[[list[Row], RunState], None] | None = None,
         tracing: TraceHook | None = None,
     ) -> None:

@@ -13,10 +13,9 @@ missed slot in turn, one per scanner pass.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 from zoneinfo import ZoneInfo
 
 from croniter import CroniterError, croniter
@@ -26,15 +25,12 @@ from cyclone_dsl.engine.submit import insert_run
 from cyclone_dsl.engine.transitions import Hooks
 from cyclone_dsl.errors import CycloneError, ScheduleError, UnknownDefinition
 from cyclone_dsl.failpoints import failpoint
-from cyclone_dsl.graph.rows import CompiledRun, ScheduleRow
-from cyclone_dsl.payload import JSONValue, is_text
+from cyclone_dsl.graph.rows import ScheduleCompiler, ScheduleRow
+from cyclone_dsl.payload import is_text
 from cyclone_dsl.sql import Q
 
 LOCAL = "Local"
 CatchUp = Literal["latest", "all"]
-#: (kind, input, schedule row) -> the rows of the run. Raises UnknownDefinition when this
-#: process has not the kind, or not the definition the schedule pins (its ``def_version``).
-Compiler = Callable[[str, JSONValue, Mapping[str, Any]], CompiledRun]
 
 
 def zone(location: str | None) -> tzinfo:
@@ -169,7 +165,7 @@ def fire(
     leased: Row,
     *,
     owner: str,
-    compile_target: Compiler,
+    compile_target: ScheduleCompiler,
     hooks: Hooks,
     catch_up: CatchUp = "latest",
 ) -> int | None:

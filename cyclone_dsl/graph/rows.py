@@ -39,9 +39,13 @@ Conventions the engine relies on:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from datetime import timedelta
+from typing import Any
 
 import attrs
+
+from cyclone_dsl.payload import JSONValue
 
 KIND_SIGNAL = "@signal"
 KIND_TIMER = "@timer"
@@ -122,6 +126,11 @@ class CompiledRun:
     inputs: tuple[InputRow, ...]
     flow: RunFlow | None = None  # the limits that apply to this run's steps, if any
     guards: tuple[GuardRow, ...] = ()  # the nodes judged at activation (conditional graphs)
+
+
+#: (kind, input, schedule row) -> the rows of the run. Raises UnknownDefinition when this
+#: process has not the kind, or not the definition the schedule pins (its ``def_version``).
+ScheduleCompiler = Callable[[str, JSONValue, Mapping[str, Any]], CompiledRun]
 
 
 @attrs.frozen
