@@ -388,12 +388,8 @@ def backing_off(x: int) -> int:
     return x
 
 
-def test_resume_keeps_a_retry_backoff_pending_at_the_pause(
-    client: Client, cyclone_dsn: str
-) -> None:
-    """A resume made every paused step ready at once: a step waiting out its retry
-    backoff when the run was paused was retried as soon as the run resumed."""
-    handle = client.enqueue(backing_off, 1)
+def fail_with_an_hour_of_backoff(cyclone_dsn: str) -> None:
+    """Claim the one ``eg_backoff`` step and fail it, to be retried an hour later."""
     engine = Engine()
     with psycopg.connect(cyclone_dsn, autocommit=True) as conn:
         with conn.transaction():
@@ -411,6 +407,15 @@ def test_resume_keeps_a_retry_backoff_pending_at_the_pause(
                 ConnectionTx(conn),
                 [Failure(claimed.id, claimed.generation, "boom", "error", delay_s=3600)],
             )
+
+
+def test_resume_keeps_a_retry_backoff_pending_at_the_pause(
+    client: Client, cyclone_dsn: str
+) -> None:
+    """A resume made every paused step ready at once: a step waiting out its retry
+    backoff when the run was paused was retried as soon as the run resumed."""
+    handle = client.enqueue(backing_off, 1)
+    fail_with_an_hour_of_backoff(cyclone_dsn)
     backing = handle.get().step("eg_backoff")
     assert backing.state is StepState.AVAILABLE
     client.pause(handle.id)
@@ -494,23 +499,7 @@ def test_an_operator_retry_does_not_wait_out_a_backoff(client: Client, cyclone_d
     """A retry gives a fresh attempt budget: a step cancelled in a retry backoff starts at
     once (the delayed start above is kept only for a step that never started)."""
     handle = client.enqueue(backing_off, 1)
-    engine = Engine()
-    with psycopg.connect(cyclone_dsn, autocommit=True) as conn:
-        with conn.transaction():
-            (claimed,) = engine.claim(
-                ConnectionTx(conn),
-                owner="test",
-                queues=["default"],
-                kinds=["eg_backoff"],
-                versions=[("eg_backoff", "standalone")],
-                limit=1,
-                lease=timedelta(seconds=30),
-            )
-        with conn.transaction():
-            engine.fail(
-                ConnectionTx(conn),
-                [Failure(claimed.id, claimed.generation, "boom", "error", delay_s=3600)],
-            )
+    fail_with_an_hour_of_backoff(cyclone_dsn)
     client.cancel(handle.id)
     client.retry(handle.id, "eg_backoff")
     retried = handle.get().step("eg_backoff")
