@@ -11,6 +11,7 @@ the same wait plan as the sync client's, on an async LISTEN connection.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -469,7 +470,8 @@ class AsyncClient:
         progress: Progress | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> BulkResult:
-        """See :meth:`Client.cancel_many`; ``progress`` is called on the event loop."""
+        """See :meth:`Client.cancel_many`; ``progress`` is called on the event
+        loop (a coroutine function is awaited there)."""
         return await self._bulk(BulkAction.CANCEL, where, dry_run, progress, batch_size)
 
     async def retry_many(
@@ -480,7 +482,8 @@ class AsyncClient:
         progress: Progress | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> BulkResult:
-        """See :meth:`Client.retry_many`; ``progress`` is called on the event loop."""
+        """See :meth:`Client.retry_many`; ``progress`` is called on the event
+        loop (a coroutine function is awaited there)."""
         return await self._bulk(BulkAction.RETRY, where, dry_run, progress, batch_size)
 
     async def resume_many(
@@ -491,7 +494,8 @@ class AsyncClient:
         progress: Progress | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> BulkResult:
-        """See :meth:`Client.resume_many`; ``progress`` is called on the event loop."""
+        """See :meth:`Client.resume_many`; ``progress`` is called on the event
+        loop (a coroutine function is awaited there)."""
         return await self._bulk(BulkAction.RESUME, where, dry_run, progress, batch_size)
 
     async def _bulk(
@@ -502,16 +506,22 @@ class AsyncClient:
         progress: Progress | None,
         batch_size: int,
     ) -> BulkResult:
-        where = bulk.check(where, batch_size, progress)
+        where = bulk.check(where, batch_size, progress, awaits=True)
         if base.checked_flag("dry_run", dry_run):
             return await asyncio.to_thread(self._client._bulk_dry_run, action, where)
         pages = self._client._bulk_pages(action, where, batch_size)
         result: BulkResult | None = None
-        # One batch per thread hop; the progress callback runs here, on the loop.
-        while (found := await asyncio.to_thread(next, pages, None)) is not None:
+        # One batch per thread hop; the progress callback runs here, on the loop. A batch's
+        # thread cannot be stopped once it runs: a cancel (asked for by ``progress`` too)
+        # must stop the call at the yield before the next hop, not after that batch.
+        while True:
+            await asyncio.sleep(0)
+            found = await asyncio.to_thread(next, pages, None)
+            if found is None:
+                break
             result = found
-            if progress is not None:
-                progress(result)
+            if progress is not None and inspect.isawaitable(reported := progress(result)):
+                await reported
         assert result is not None  # the pages yield at least once
         return result
 

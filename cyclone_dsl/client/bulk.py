@@ -8,6 +8,7 @@ event loop) and return the last one.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
@@ -66,7 +67,9 @@ class BulkResult:
 Progress = Callable[[BulkResult], object]
 
 
-def check(where: object, batch_size: object, progress: object) -> RunFilter:
+def check(
+    where: object, batch_size: object, progress: object, *, awaits: bool = False
+) -> RunFilter:
     if not isinstance(where, RunFilter):
         raise InvalidArgument(
             f"a bulk operation takes a RunFilter (RunFilter(workflows=..., states=...)), "
@@ -82,6 +85,11 @@ def check(where: object, batch_size: object, progress: object) -> RunFilter:
         )
     if progress is not None and not callable(progress):
         raise InvalidArgument(f"progress must be a callable or None, not {progress!r}")
+    if not awaits and inspect.iscoroutinefunction(progress):
+        raise InvalidArgument(
+            "progress is a coroutine function, which Client would call without awaiting: "
+            "pass a plain function, or use AsyncClient, which awaits it"
+        )
     return where
 
 

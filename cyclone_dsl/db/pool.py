@@ -60,8 +60,10 @@ class PooledDatabase:
                 return in_autocommit(self._pool, work)
             return in_transaction(self._pool, work)
         except PoolTimeout as exc:
+            self.check_open()  # closed while this call waited for a connection
             raise self._pool_unavailable(exc) from exc
         except psycopg.OperationalError as exc:
+            self.check_open()  # psycopg_pool's PoolClosed is an OperationalError
             if not is_connection_loss(exc):
                 raise
             server = describe_server(parse_dsn(self.dsn))

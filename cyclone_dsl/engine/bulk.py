@@ -16,10 +16,10 @@ retried that fails again is not retried twice by it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 
@@ -74,10 +74,19 @@ _APPLIES_TO = {
 _DEFAULT_STATES = {**_APPLIES_TO, BulkAction.RETRY: (RunState.FAILED,)}
 
 
+def _listed(what: str, value: object) -> tuple[Any, ...]:
+    """``value`` as a tuple: one name, or an iterable of them (not bytes, not a mapping)."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, Iterable) and not isinstance(value, bytes | bytearray | Mapping):
+        return tuple(value)
+    raise InvalidArgument(f"{what} must be one or a list of them, not {value!r}")
+
+
 def _names(what: str, value: str | Iterable[str] | None) -> tuple[str, ...]:
     if value is None:
         return ()
-    values = (value,) if isinstance(value, str) else tuple(value)
+    values = _listed(f"a {what}", value)
     for name in values:
         if not is_text(name):
             raise InvalidArgument(f"a {what} must be a non-empty string, not {name!r}")
@@ -110,7 +119,7 @@ def _members(enum: type[E], what: str, value: E | str | Iterable[E | str] | None
     listing the valid ones."""
     if value is None:
         return ()
-    values = (value,) if isinstance(value, str) else tuple(value)
+    values = _listed(what.split(";")[0], value)
     found = []
     for name in values:
         try:
