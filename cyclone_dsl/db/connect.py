@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from cyclone_dsl.db.jsonb import use_engine_loaders
@@ -74,6 +75,15 @@ def _configure_handlers_watched(conn: psycopg.Connection[Any]) -> None:
         conn.execute(Q.watch_client, {"ms": CHECK_CLIENT_MS})
 
 
+def _reset_handlers_session(conn: psycopg.Connection[Any]) -> None:
+    """Give the next handler the session the first one got: a handler's ``SET``, temporary
+    tables, advisory locks and row factory would otherwise change what the next one runs."""
+    conn.row_factory = tuple_row
+    conn.execute(Q.discard_session)
+    if conn.info.server_version >= CHECK_CLIENT_SINCE:
+        conn.execute(Q.watch_client, {"ms": CHECK_CLIENT_MS})
+
+
 #: How often the server checks, while a statement runs, that the client of a watched
 #: connection is still there (``client_connection_check_interval``, PostgreSQL 14+).
 #: Without it, a worker that dies mid-statement leaves its statement running until it
@@ -102,8 +112,10 @@ def make_pool(
     psycopg's loaders, and the server ends a statement whose client died (see
     :data:`CHECK_CLIENT_MS`; not ``pooled``: a session setting)."""
     configure = _configure
-    if for_handlers:
+    reset = None
+    if for_handlers:  # through a pooler (pooled), sessions are the pooler's to reset
         configure = _configure_handlers if pooled else _configure_handlers_watched
+        reset = None if pooled else _reset_handlers_session
     pool: ConnectionPool[Any] = ConnectionPool(
         conninfo,
         min_size=min_size,
@@ -116,6 +128,7 @@ def make_pool(
             server_jit=server_jit,
         ),
         configure=configure,
+        reset=reset,
         open=False,
         name=name,
         reconnect_timeout=3600,
@@ -151,19 +164,24 @@ KEEPALIVE: dict[str, str | int | None] = {
 def connect(
     conninfo: str, *, name: str, autocommit: bool = True, pooled: bool = False
 ) -> psycopg.Connection[Any]:
-    """A dedicated connection with keepalives (ignored on Unix sockets)."""
-    return psycopg.connect(
+    """A dedicated connection with keepalives (ignored on Unix sockets), reading ``jsonb``
+    as the engine does."""
+    conn = psycopg.connect(
         conninfo, autocommit=autocommit, **connection_kwargs(conninfo, name, pooled=pooled)
     )
+    use_engine_loaders(conn)
+    return conn
 
 
 async def connect_async(
     conninfo: str, *, name: str, pooled: bool = False
 ) -> psycopg.AsyncConnection[Any]:
     """An async autocommit connection with the same settings as :func:`connect`."""
-    return await psycopg.AsyncConnection.connect(
+    conn = await psycopg.AsyncConnection.connect(
         conninfo, autocommit=True, **connection_kwargs(conninfo, name, pooled=pooled)
     )
+    use_engine_loaders(conn)
+    return conn
 
 
 def connection_kwargs(

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from cyclone_dsl.db.connect import (
@@ -23,12 +25,30 @@ from cyclone_dsl.db.connect import (
 )
 from cyclone_dsl.sql import Q
 
+#: The default is read committed whatever the session's or role's default level is (a
+#: handler's ``SET SESSION CHARACTERISTICS``, a role's ``default_transaction_isolation``):
+#: the engine reads a default handler's transaction as read committed.
 _LEVELS = {
-    None: None,
+    None: psycopg.IsolationLevel.READ_COMMITTED,
     "read committed": psycopg.IsolationLevel.READ_COMMITTED,
     "repeatable read": psycopg.IsolationLevel.REPEATABLE_READ,
     "serializable": psycopg.IsolationLevel.SERIALIZABLE,
 }
+
+
+def transaction_age(conn: psycopg.Connection[Any]) -> timedelta:
+    """How long ago the open transaction on ``conn`` began (see ``Q.transaction_age``),
+    whatever row factory the handler set on its connection."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        (age_s,) = cur.execute(Q.transaction_age).fetchone() or (0.0,)
+    return timedelta(seconds=age_s)
+
+
+async def async_transaction_age(conn: psycopg.AsyncConnection[Any]) -> timedelta:
+    """:func:`transaction_age` on an async connection."""
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        (age_s,) = await (await cur.execute(Q.transaction_age)).fetchone() or (0.0,)
+    return timedelta(seconds=age_s)
 
 
 #: The async pool of a worker's transactional handlers.
@@ -79,6 +99,12 @@ def async_handler_pool(
         if not pooled and conn.info.server_version >= CHECK_CLIENT_SINCE:
             await conn.execute(Q.watch_client, {"ms": CHECK_CLIENT_MS})
 
+    async def reset(conn: psycopg.AsyncConnection[Any]) -> None:  # see _reset_handlers_session
+        conn.row_factory = tuple_row
+        await conn.execute(Q.discard_session)
+        if conn.info.server_version >= CHECK_CLIENT_SINCE:
+            await conn.execute(Q.watch_client, {"ms": CHECK_CLIENT_MS})
+
     return AsyncConnectionPool(
         dsn,
         min_size=0,
@@ -87,6 +113,7 @@ def async_handler_pool(
             dsn, name, idle_in_transaction_s=idle_s, pooled=pooled, server_jit=True
         ),
         configure=configure,
+        reset=None if pooled else reset,
         open=False,
         name=name,
     )

@@ -166,6 +166,8 @@ class _Queries:
     set_schedule_enabled: LiteralString
     # session.sql
     watch_client: LiteralString
+    transaction_age: LiteralString
+    discard_session: LiteralString
     # signals.sql
     find_signal_wait: LiteralString
     count_buffered_signals: LiteralString

@@ -31,8 +31,10 @@ from cyclone_dsl.db.handler_tx import (
     AsyncPool,
     async_handler_connection,
     async_handler_pool,
+    async_transaction_age,
     handler_connection,
     handler_pool,
+    transaction_age,
 )
 from cyclone_dsl.db.tx import ConnectionTx
 from cyclone_dsl.engine import AfterCommit, Claimed, Engine, Failure, Success
@@ -142,7 +144,8 @@ class TransactionalRunner:
         try:
             with handler_connection(self._pool, call.isolation) as conn:
                 call.attach(conn)
-                tx = AfterCommit(ConnectionTx(conn, current_shift()))
+                engine_tx = ConnectionTx(conn, current_shift())
+                tx = AfterCommit(engine_tx)
                 try:
                     if _old_snapshot(call):
                         call.hold_lease(True)
@@ -152,6 +155,8 @@ class TransactionalRunner:
                         call.ctx._connection = conn
                         result = call.fn(*call.args, **call.kwargs)
                         outcome = self._decided_outcome(call, result)
+                        # The engine's time is now(), the start of this transaction.
+                        engine_tx.shift = current_shift() + transaction_age(conn)
                         if not self._engine.complete(
                             tx, [outcome], old_snapshot=_old_snapshot(call)
                         ):
@@ -162,6 +167,8 @@ class TransactionalRunner:
                     call.attach(None)  # before the connection goes back to the pool
                 _send_quietly(call, lambda: tx.send(ConnectionTx(conn, current_shift())))
         except _RollBack as rolled:
+            if rolled.outcome is None:
+                self._end_if_past_deadline(call)
             return self._rolled_back(call, rolled)
         except Exception as exc:
             if outcome is None:
@@ -185,7 +192,8 @@ class TransactionalRunner:
         try:
             async with async_handler_connection(self._async_pool, call.isolation) as conn:
                 call.attach(conn)
-                tx = AfterCommit(AsyncConnectionTx(conn, loop, current_shift()))
+                engine_tx = AsyncConnectionTx(conn, loop, current_shift())
+                tx = AfterCommit(engine_tx)
                 try:
                     if _old_snapshot(call):  # may wait for a heartbeat: not on the loop
                         await asyncio.to_thread(call.hold_lease, True)
@@ -200,6 +208,7 @@ class TransactionalRunner:
                             execute.contained(call.fn(*call.args, **call.kwargs)), timeout_s
                         )
                         outcome = self._decided_outcome(call, result)
+                        engine_tx.shift = current_shift() + await async_transaction_age(conn)
                         done = await asyncio.to_thread(
                             self._engine.complete, tx, [outcome], old_snapshot=_old_snapshot(call)
                         )
@@ -212,12 +221,28 @@ class TransactionalRunner:
                 after = AsyncConnectionTx(conn, loop, current_shift())
                 await asyncio.to_thread(_send_quietly, call, lambda: tx.send(after))
         except _RollBack as rolled:
+            if rolled.outcome is None:
+                await asyncio.to_thread(self._end_if_past_deadline, call)
             return self._rolled_back(call, rolled)
         except Exception as exc:
             if outcome is None:
                 raise
             return self._completion_failed(call, exc)
         return COMMITTED
+
+    def _end_if_past_deadline(self, call: Call) -> None:
+        """A completion that found its run past its deadline ended the run in the handler's
+        transaction, which then rolled back: record that end now, as a plain step's
+        completion does, rather than at the scanner's next pass."""
+        try:
+            with handler_connection(self._pool, None) as conn:
+                tx = AfterCommit(ConnectionTx(conn, current_shift()))
+                with conn.transaction():
+                    ended = self._engine.end_past_deadline(tx, call.step.run_id)
+                if ended:
+                    _send_quietly(call, lambda: tx.send(ConnectionTx(conn, current_shift())))
+        except Exception as exc:  # noqa: BLE001 - the deadline scanner records it too
+            log.info("run %s: its deadline's end was not recorded (%s)", call.step.run_id, exc)
 
     @staticmethod
     def _hold_lease(call: Call, held: bool) -> None:
