@@ -60,6 +60,7 @@ def listen_target(dsn: str, *, pooled: bool, listen_dsn: str | None) -> str | No
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
     conn.autocommit = True
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED  # see _merge_options
     use_engine_loaders(conn)
 
 
@@ -141,7 +142,12 @@ def make_pool(
 def _merge_options(conninfo: str, idle_in_transaction_s: float, *, server_jit: bool) -> str:
     existing = str(psycopg.conninfo.conninfo_to_dict(conninfo).get("options") or "")
     idle_ms = max(1, round(idle_in_transaction_s * 1000))
-    options = f"{existing} -c idle_in_transaction_session_timeout={idle_ms}"
+    # The engine's statements are written for read committed, whatever the role's or the
+    # database's default_transaction_isolation (autocommit statements included).
+    options = (
+        f"{existing} -c idle_in_transaction_session_timeout={idle_ms}"
+        " -c default_transaction_isolation=read\\ committed"
+    )
     if not server_jit and "jit" not in existing:
         options += " -c jit=off"
     return options.strip()
@@ -169,6 +175,7 @@ def connect(
     conn = psycopg.connect(
         conninfo, autocommit=autocommit, **connection_kwargs(conninfo, name, pooled=pooled)
     )
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED  # see _merge_options
     use_engine_loaders(conn)
     return conn
 
