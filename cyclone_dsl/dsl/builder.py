@@ -269,6 +269,29 @@ class Ref(Generic[T_co]):
         def __round__(self, ndigits: int | None = None) -> NoReturn:
             self._arithmetic("round()")
 
+        def _logic(self, symbol: str) -> NoReturn:
+            self._refuse(
+                f"a condition ({symbol})",
+                "a condition on a reference is built from it: ref.truthy() (ref.falsy() for "
+                "its negation), ref.gt(0), ref.at('key').eq('x'); combine those with &, | "
+                "and ~",
+            )
+
+        def __and__(self, other: object) -> NoReturn:
+            self._logic("&")
+
+        def __rand__(self, other: object) -> NoReturn:
+            self._logic("&")
+
+        def __or__(self, other: object) -> NoReturn:
+            self._logic("|")
+
+        def __ror__(self, other: object) -> NoReturn:
+            self._logic("|")
+
+        def __invert__(self) -> NoReturn:
+            self._logic("~")
+
         def __getattr__(self, name: str) -> NoReturn:
             # Dunder and private names (copy, pickle, attrs, introspection) and the
             # fields themselves (while an instance is being restored) stay plain misses.
@@ -500,7 +523,15 @@ class Builder:
         return refs
 
     def finish(self, returned: object) -> Graph:
-        if isinstance(returned, NodeRef):
+        if isinstance(returned, NodeRef) and returned.builder is not self:
+            self.problems.append(
+                (
+                    None,
+                    f"the builder returns {returned!r}, a node of workflow "
+                    f"{returned.builder.name!r}: return a node of this workflow",
+                )
+            )
+        elif isinstance(returned, NodeRef):
             if self.result is not None and self.result is not returned:
                 self.problems.append((None, "define_result() and return name different nodes"))
             self.result = returned

@@ -201,4 +201,9 @@ def define_result(ref: NodeRef[object]) -> None:
     if not isinstance(given, NodeRef) or given.builder is not builder:
         builder.problems.append((None, f"define_result() needs a node of this workflow: {ref!r}"))
         return
+    if builder.result is not None and builder.result is not given:
+        builder.problems.append(
+            (None, f"define_result() names {given!r} after {builder.result!r}: name one node")
+        )
+        return
     builder.result = given

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 import attrs
 
-from cyclone_dsl.errors import BuildTimeValue
+from cyclone_dsl import payload
+from cyclone_dsl.errors import BuildTimeValue, InvalidPayload
 
 #: A value a condition compares with: a JSON scalar.
 Scalar: TypeAlias = str | int | float | bool | None
@@ -64,6 +65,13 @@ class Condition:
     def __or__(self, other: Condition) -> Condition:
         return AnyOf((self, _condition(other, "|")))
 
+    # ``True & c``, or a reference on the left (which refuses ``&`` itself).
+    def __rand__(self, other: object) -> Condition:
+        return AllOf((_condition(other, "&"), self))
+
+    def __ror__(self, other: object) -> Condition:
+        return AnyOf((_condition(other, "|"), self))
+
     def __invert__(self) -> Condition:
         return Not(self)
 
@@ -85,9 +93,14 @@ class Condition:
 
 
 def _condition(value: object, symbol: str) -> Condition:
-    if not isinstance(value, Condition):
-        raise TypeError(f"{symbol} combines conditions, not {value!r}")
-    return value
+    """``value`` if it is a condition, else a stand-in the graph's validation refuses (with
+    the workflow's other problems, as InvalidGraph)."""
+    if isinstance(value, Condition):
+        return value
+    return NotACondition(
+        f"{symbol} combines conditions, not {value!r} (a reference's truthiness is "
+        "ref.truthy(), its falsiness ref.falsy())"
+    )
 
 
 @attrs.frozen
@@ -192,6 +205,19 @@ class AnyOf(Condition):
 
 
 @attrs.frozen
+class NotACondition(Condition):
+    """What ``&`` or ``|`` was given instead of a condition (see :func:`_condition`)."""
+
+    problem: str
+
+    def map_sources(self, change: Callable[[Any], Any]) -> Condition:
+        return self
+
+    def operands(self) -> list[Operand]:
+        return []
+
+
+@attrs.frozen
 class Not(Condition):
     part: Condition
 
@@ -221,10 +247,17 @@ def _check(condition: Condition, found: list[str]) -> None:
     if isinstance(condition, Not):
         _check(condition.part, found)
         return
+    if isinstance(condition, NotACondition):
+        found.append(condition.problem)
+        return
     operand = condition.operands()[0]
     for item in operand.path:
         if not isinstance(item, str | int) or isinstance(item, bool):
             found.append(f"a path holds object keys (str) and list indices (int), not {item!r}")
+        elif isinstance(item, int) and not -MAX_INDEX <= item <= MAX_INDEX:
+            found.append(f"a list index is between -{MAX_INDEX} and {MAX_INDEX}, not {item}")
+        elif isinstance(item, str) and (problem := _unstorable(item)) is not None:
+            found.append(f"the path key {item!r} {problem}")
     if isinstance(condition, Compare):
         if condition.op not in OPERATORS:
             found.append(f"unknown comparison {condition.op!r}")
@@ -233,6 +266,8 @@ def _check(condition: Condition, found: list[str]) -> None:
                 f"a condition compares with a JSON scalar (str, number, bool, None), "
                 f"not {condition.value!r}"
             )
+        elif (problem := _unstorable(condition.value)) is not None:
+            found.append(f"the value {condition.value!r} {problem}")
         elif condition.op != "==" and (
             condition.value is None or isinstance(condition.value, bool)
         ):
@@ -243,6 +278,26 @@ def _check(condition: Condition, found: list[str]) -> None:
             found.append(f"isin() takes a non-empty list of JSON scalars, not {values!r}")
         elif not all(is_scalar(v) for v in values):
             found.append(f"isin() takes JSON scalars (str, number, bool, None), not {values!r}")
+        else:
+            found.extend(
+                f"the value {v!r} {problem}"
+                for v in values
+                if (problem := _unstorable(v)) is not None
+            )
+
+
+#: The largest list index a path may hold (SQL/JSON path subscripts are 32-bit).
+MAX_INDEX = 2**31 - 1
+
+
+def _unstorable(value: object) -> str | None:
+    """Why ``value`` (a scalar) cannot be stored as JSON (a NUL, a lone surrogate, an
+    integer beyond 64 bits), or None."""
+    try:
+        payload.check(value)
+    except InvalidPayload as exc:
+        return f"cannot be stored: {exc.reason}"
+    return None
 
 
 def to_json(condition: Condition) -> Any:
@@ -291,8 +346,15 @@ def to_jsonpath(condition: Condition) -> JsonPath:
 def _accessor(operand: Operand) -> str:
     base = '$."input"' if operand.source is RUN_INPUT else f'$."nodes".{_key(operand.source)}'
     for item in operand.path:
-        base += f"[{item}]" if isinstance(item, int) else f".{_key(item)}"
+        base += f"[{_index(item)}]" if isinstance(item, int) else f".{_key(item)}"
     return base
+
+
+def _index(item: int) -> str:
+    """A list index as Python reads it: ``-1`` is the last item (``last`` in a path)."""
+    if item >= 0:
+        return str(item)
+    return "last" if item == -1 else f"last - {-item - 1}"
 
 
 def _key(name: str) -> str:

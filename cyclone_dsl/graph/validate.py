@@ -95,6 +95,35 @@ def problems_of(graph: Graph) -> list[Problem]:
     problems.extend(_cycle_problems(graph, known))
     if graph.result is not None and graph.result not in known:
         problems.append((graph.result, f"the result node {graph.result!r} is not in the workflow"))
+    problems.extend(_unkept_output_problems(graph))
+    return problems
+
+
+def _unkept_output_problems(graph: Graph) -> list[Problem]:
+    """An @action's output is not kept: it cannot be the result (which would always be
+    None), nor be read by a condition (which would always see None)."""
+    unkept = {n.id for n in graph.nodes if not n.keep_output}
+    problems: list[Problem] = []
+    if graph.result in unkept:
+        problems.append(
+            (
+                graph.result,
+                f"the result node {graph.result!r} is an @action, whose output is not kept: "
+                "make it a @step, or return a @step's output",
+            )
+        )
+    for node in graph.nodes:
+        if node.when is None:
+            continue
+        for source in conditions.sources(node.when):
+            if source in unkept:
+                problems.append(
+                    (
+                        node.id,
+                        f"its condition reads the output of {source!r}, an @action, whose "
+                        "output is not kept (it would always be None): make it a @step",
+                    )
+                )
     return problems
 
 
