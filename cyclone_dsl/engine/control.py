@@ -174,9 +174,11 @@ def _anchor(tx: Tx, run_id: int, node: str) -> str:
     if step is None:
         raise NodeNotFound(run_id, node)
     if step["state"] not in _FAILED:
+        state = "skipped" if step["error_kind"] == ErrorKind.SKIPPED else step["state"]
         raise InvalidTransition(
-            f"run {run_id}: node {node!r} is {step['state']}; only a discarded or cancelled "
+            f"run {run_id}: node {node!r} is {state}; only a discarded or cancelled "
             "node can be retried"
+            + (" (a replay, force=True, judges its condition again)" if state == "skipped" else "")
         )
     if step["item_of"] is None:
         return node

@@ -18,6 +18,11 @@ from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, StepState
 
 
+def _from(source: Row) -> str:
+    """Where a fan-out's list comes from, for its messages (the run input: nothing)."""
+    return f" from {source['input_from']!r}" if source.get("input_from") else ""
+
+
 def expand_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
     """Activation hook: an activated fan-out node (still ``pending``) creates its items.
 
@@ -46,7 +51,8 @@ def expand_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
                 Q.discard_node,
                 id=source["id"],
                 error=(
-                    f"for_each over {source['node']!r} got {source['length']} items, over its "
+                    f"for_each {source['node']!r} got {source['length']} items{_from(source)}, "
+                    "over its "
                     f"max_items of {source['max_items']}: no item was started"
                 ),
                 error_kind=ErrorKind.ITEM_LIMIT.value,
@@ -57,7 +63,7 @@ def expand_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
                 Q.discard_node,
                 id=source["id"],
                 error=(
-                    f"for_each over {source['node']!r} needs a JSON list, "
+                    f"for_each {source['node']!r} needs a JSON list{_from(source)}, "
                     f"got {source['list_type'] or 'nothing'}"
                 ),
                 error_kind=ErrorKind.INVALID_INPUT.value,

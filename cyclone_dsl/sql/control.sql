@@ -13,7 +13,8 @@ SELECT id, state FROM cyclone_runs WHERE id = %(run_id)s
 
 -- name: node_state
 -- One node of a run, and the fan-out node of an item task.
-SELECT id, state, item_of FROM cyclone_steps WHERE run_id = %(run_id)s AND node = %(node)s
+SELECT id, state, error_kind, item_of FROM cyclone_steps
+WHERE run_id = %(run_id)s AND node = %(node)s
 
 -- name: retry_run
 -- What an operator retry checks on a run (locked by the caller): state, deadline, parent.

@@ -27,7 +27,7 @@ RETURNING id, run_id, node, kind, state, queue, fan_out_parallel, child_workflow
 -- name: fan_out_sources
 -- What each fan-out node would expand: the JSON type and length of its list, and its
 -- max_items guard (NULL: none).
-SELECT s.id, s.run_id, s.node, s.fan_out_max_bytes, l.max_items,
+SELECT s.id, s.run_id, s.node, s.input_from, s.fan_out_max_bytes, l.max_items,
        jsonb_typeof(coalesce(u.output, s.input)) AS list_type,
        coalesce(jsonb_array_length(CASE WHEN jsonb_typeof(coalesce(u.output, s.input)) = 'array'
                                         THEN coalesce(u.output, s.input) END), 0) AS length
