@@ -36,18 +36,19 @@ _LEVELS = {
 }
 
 
-def transaction_age(conn: psycopg.Connection[Any]) -> timedelta:
-    """How long ago the open transaction on ``conn`` began (see ``Q.transaction_age``),
-    whatever row factory the handler set on its connection."""
+def ready_for_completion(conn: psycopg.Connection[Any]) -> timedelta:
+    """How long ago the open transaction on ``conn`` began, whatever row factory the handler
+    set on its connection; the rest of the transaction gets the session's own search_path
+    back (see ``Q.completion_setup``)."""
     with conn.cursor(row_factory=tuple_row) as cur:
-        (age_s,) = cur.execute(Q.transaction_age).fetchone() or (0.0,)
+        age_s, _ = cur.execute(Q.completion_setup).fetchone() or (0.0, None)
     return timedelta(seconds=age_s)
 
 
-async def async_transaction_age(conn: psycopg.AsyncConnection[Any]) -> timedelta:
-    """:func:`transaction_age` on an async connection."""
+async def async_ready_for_completion(conn: psycopg.AsyncConnection[Any]) -> timedelta:
+    """:func:`ready_for_completion` on an async connection."""
     async with conn.cursor(row_factory=tuple_row) as cur:
-        (age_s,) = await (await cur.execute(Q.transaction_age)).fetchone() or (0.0,)
+        age_s, _ = await (await cur.execute(Q.completion_setup)).fetchone() or (0.0, None)
     return timedelta(seconds=age_s)
 
 

@@ -166,7 +166,7 @@ class _Queries:
     set_schedule_enabled: LiteralString
     # session.sql
     watch_client: LiteralString
-    transaction_age: LiteralString
+    completion_setup: LiteralString
     discard_session: LiteralString
     # signals.sql
     find_signal_wait: LiteralString

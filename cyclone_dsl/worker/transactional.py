@@ -31,10 +31,10 @@ from cyclone_dsl.db.handler_tx import (
     AsyncPool,
     async_handler_connection,
     async_handler_pool,
-    async_transaction_age,
+    async_ready_for_completion,
     handler_connection,
     handler_pool,
-    transaction_age,
+    ready_for_completion,
 )
 from cyclone_dsl.db.tx import ConnectionTx
 from cyclone_dsl.engine import AfterCommit, Claimed, Engine, Failure, Success
@@ -156,7 +156,7 @@ class TransactionalRunner:
                         result = call.fn(*call.args, **call.kwargs)
                         outcome = self._decided_outcome(call, result)
                         # The engine's time is now(), the start of this transaction.
-                        engine_tx.shift = current_shift() + transaction_age(conn)
+                        engine_tx.shift = current_shift() + ready_for_completion(conn)
                         if not self._engine.complete(
                             tx, [outcome], old_snapshot=_old_snapshot(call)
                         ):
@@ -208,7 +208,7 @@ class TransactionalRunner:
                             execute.contained(call.fn(*call.args, **call.kwargs)), timeout_s
                         )
                         outcome = self._decided_outcome(call, result)
-                        engine_tx.shift = current_shift() + await async_transaction_age(conn)
+                        engine_tx.shift = current_shift() + await async_ready_for_completion(conn)
                         done = await asyncio.to_thread(
                             self._engine.complete, tx, [outcome], old_snapshot=_old_snapshot(call)
                         )

@@ -199,6 +199,20 @@ async def tsa_async_temp_table(n: int, ctx: StepContext) -> int:
     return int(row[0])
 
 
+@step(name="tsa_search_path", transactional=True, max_attempts=1)
+def tsa_search_path(how: str, ctx: StepContext) -> str:
+    write(ctx, how)
+    ctx.connection.execute(f"SET {how} search_path TO pg_catalog")
+    return how
+
+
+@step(name="tsa_async_search_path", transactional=True, max_attempts=1)
+async def tsa_async_search_path(how: str, ctx: StepContext) -> str:
+    await write_async(ctx, how)
+    await ctx.connection.execute(f"SET {how} search_path TO pg_catalog")
+    return how
+
+
 @step(name="tsa_big_output", transactional=True, max_attempts=2)
 def tsa_big_output(n: int, ctx: StepContext) -> str:
     write(ctx)
@@ -720,3 +734,19 @@ def test_bad_follow_arguments_get_typed_errors(client: Client) -> None:
             client.events_of(handle.id, limit=limit)
     assert client.events_of(handle.id, after=2**63 - 1) == []
     assert client.events_of(handle.id, after=2**64) == []
+
+
+@pytest.mark.parametrize("how", ["LOCAL", "SESSION"])
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_handler_that_changes_its_search_path_still_completes(
+    client: Client, start_worker: StartWorker, ledger: Rows, flavour: str, how: str
+) -> None:
+    """Its completion, in the same transaction after it, could not find Cyclone's tables:
+    the step failed for good and its write rolled back. The completion reads them through
+    the session's own search_path, and the next handler gets it too."""
+    handler = tsa_search_path if flavour == "sync" else tsa_async_search_path
+    start_worker(handler, concurrency=1)
+    first = client.enqueue(handler, how)
+    assert first.result(timeout=15) == how
+    assert client.enqueue(handler, how).result(timeout=15) == how
+    assert [row[3] for row in ledger()] == [how, how]
