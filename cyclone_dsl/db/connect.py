@@ -187,6 +187,7 @@ async def connect_async(
     conn = await psycopg.AsyncConnection.connect(
         conninfo, autocommit=True, **connection_kwargs(conninfo, name, pooled=pooled)
     )
+    await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
     use_engine_loaders(conn)
     return conn
 
