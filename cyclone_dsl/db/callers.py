@@ -19,7 +19,7 @@ from typing import Any, LiteralString, TypeVar
 
 import psycopg
 from psycopg.pq import Format, TransactionStatus
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from cyclone_dsl.db.jsonb import has_engine_loaders, use_engine_loaders
 from cyclone_dsl.db.tx import ConnectionTx, Row, Tx, with_shift
@@ -77,6 +77,9 @@ def in_callers_transaction(conn: Connection, work: Callable[[Tx], T], *, shift: 
     """
     if conn.info.transaction_status == TransactionStatus.IDLE and not conn.autocommit:
         conn.execute(Q.ping)
+    elif conn.info.transaction_status == TransactionStatus.INTRANS:
+        with conn.cursor(row_factory=tuple_row) as cur:
+            shift += _age(cur.execute(Q.transaction_age).fetchone())
     with conn.transaction():
         return work(CallersTx(conn, shift))
 
@@ -87,6 +90,9 @@ async def in_callers_async_transaction(
     """:func:`in_callers_transaction` for an async connection (see the module docstring)."""
     if conn.info.transaction_status == TransactionStatus.IDLE and not conn.autocommit:
         await conn.execute(Q.ping)
+    elif conn.info.transaction_status == TransactionStatus.INTRANS:
+        async with conn.cursor(row_factory=tuple_row) as cur:
+            shift += _age(await (await cur.execute(Q.transaction_age)).fetchone())
     loop = asyncio.get_running_loop()
     async with conn.transaction():
         engine_thread = asyncio.ensure_future(
@@ -100,6 +106,12 @@ async def in_callers_async_transaction(
             with contextlib.suppress(Exception):
                 await engine_thread
             raise
+
+
+def _age(row: tuple[Any, ...] | None) -> timedelta:
+    """How long the caller's transaction had been open (the engine reads the time as
+    now(), its start), from ``Q.transaction_age``."""
+    return timedelta(seconds=float(row[0])) if row is not None else timedelta(0)
 
 
 class AsyncConnectionTx:

@@ -168,6 +168,7 @@ class _Queries:
     watch_client: LiteralString
     completion_setup: LiteralString
     discard_session: LiteralString
+    transaction_age: LiteralString
     # signals.sql
     find_signal_wait: LiteralString
     count_buffered_signals: LiteralString

@@ -17,3 +17,8 @@ SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s,
 -- Drop what a transactional handler left on its session (settings, temporary tables,
 -- advisory locks, prepared statements, LISTENs) before the next handler gets it.
 DISCARD ALL
+
+-- name: transaction_age
+-- How long ago this transaction began: now() is its start, which the engine's statements
+-- read as the time; work in a caller's transaction that was already open adds this.
+SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s

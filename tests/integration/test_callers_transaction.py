@@ -9,6 +9,7 @@ transaction leaves nothing of itself, and the caller's own writes stay.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -279,3 +280,40 @@ def test_async_submit_tx_reads_its_rows_with_psycopgs_loaders(
     run_id = asyncio.run(submit())
     (started,) = client.children_of(run_id)
     assert client.get_run(started["id"]).input == {"n": 2}
+
+
+def test_a_timer_submitted_in_an_open_transaction_counts_from_the_submit(
+    client: Client, cyclone_dsn: str
+) -> None:
+    """The engine reads the time as now(), which is the start of the caller's transaction:
+    a timer submitted after the transaction had been open a while started early, by that
+    long."""
+    with psycopg.connect(cyclone_dsn) as conn:
+        conn.execute("SELECT 1")  # the application's transaction begins
+        time.sleep(0.5)
+        (before,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
+        handle = client.submit_tx(conn, timer_root, 1)
+        conn.commit()
+    (timer,) = [s for s in handle.get().steps if s.kind == "@timer"]
+    assert timer.scheduled_at >= before + timedelta(hours=1)
+
+
+def test_an_async_timer_submitted_in_an_open_transaction_counts_from_the_submit(
+    client: Client, cyclone_dsn: str
+) -> None:
+    async def scenario() -> tuple[Any, int]:
+        async with (
+            AsyncClient(cyclone_dsn) as aclient,
+            await psycopg.AsyncConnection.connect(cyclone_dsn) as conn,
+        ):
+            await conn.execute("SELECT 1")
+            await asyncio.sleep(0.5)
+            cur = await conn.execute("SELECT clock_timestamp()")
+            (before,) = await cur.fetchone() or (None,)
+            handle = await aclient.submit_tx(conn, timer_root, 1)
+            await conn.commit()
+            return before, int(handle.id)
+
+    before, run_id = asyncio.run(scenario())
+    (timer,) = [s for s in client.get_run(run_id).steps if s.kind == "@timer"]
+    assert timer.scheduled_at >= before + timedelta(hours=1)
