@@ -631,7 +631,7 @@ WITH unstarted AS (
     UPDATE cyclone_runs AS r
     SET input = %(input)s::jsonb, updated_at = now(),
         deadline_at = CASE WHEN r.state = 'paused' THEN r.paused_at
-                           ELSE statement_timestamp() + %(shift)s::interval END
+                           ELSE now() + %(shift)s::interval END
                       + %(deadline)s::interval
     FROM unstarted WHERE r.id = unstarted.id
     RETURNING r.id

@@ -5,11 +5,11 @@
 WITH run AS (
     INSERT INTO cyclone_runs (workflow, def_version, input, state, deadline_at, result_node,
                               submit_key, has_fan_out, parent_run_id, parent_node_id)
-    -- No input (JSON null) is stored as SQL NULL, as insert_run_graphs stores it. The
-    -- deadline counts from this statement, not from the start of the caller's transaction
-    -- (a submit_tx late in a long one).
+    -- No input (JSON null) is stored as SQL NULL, as insert_run_graphs stores it. (In a
+    -- caller's transaction open for a while, %(shift)s holds its age: times count from
+    -- the submit, not from the transaction's start.)
     VALUES (%(workflow)s, %(def_version)s, nullif(%(input)s::jsonb, 'null'::jsonb), 'running',
-            statement_timestamp() + %(shift)s::interval + %(deadline)s::interval,
+            now() + %(shift)s::interval + %(deadline)s::interval,
             %(result_node)s, %(submit_key)s, %(has_fan_out)s, %(parent_run_id)s, %(parent_node_id)s)
     RETURNING id, input
 ), steps AS (
@@ -94,7 +94,7 @@ WITH r AS MATERIALIZED (
     INSERT INTO cyclone_runs (id, workflow, def_version, input, state, deadline_at, result_node,
                               has_fan_out)
     SELECT r.id, %(workflow)s, %(def_version)s, r.input, 'running',
-           statement_timestamp() + %(shift)s::interval + %(deadline)s::interval, %(result_node)s, %(has_fan_out)s
+           now() + %(shift)s::interval + %(deadline)s::interval, %(result_node)s, %(has_fan_out)s
     FROM r
 ), template AS MATERIALIZED (
     SELECT *
