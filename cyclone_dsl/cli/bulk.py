@@ -13,7 +13,7 @@ from cyclone_dsl.cli.commands import as_json, client_for
 from cyclone_dsl.cli.main import EXIT_FAILED, cli, emit, fail
 from cyclone_dsl.client.bulk import BulkResult
 from cyclone_dsl.client.sync import Client
-from cyclone_dsl.engine import DEFAULT_BATCH_SIZE, RunFilter
+from cyclone_dsl.engine import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, RunFilter
 from cyclone_dsl.errors import InvalidArgument
 
 
@@ -49,7 +49,12 @@ def filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--all", "match_all", is_flag=True, help="Every run the command applies to."),
         click.option("--dry-run", is_flag=True, help="Only count the runs selected."),
         click.option("--yes", is_flag=True, help="Do not ask for confirmation."),
-        click.option("--batch-size", default=DEFAULT_BATCH_SIZE, show_default=True),
+        click.option(
+            "--batch-size",
+            type=click.IntRange(1, MAX_BATCH_SIZE),  # checked with --dry-run too
+            default=DEFAULT_BATCH_SIZE,
+            show_default=True,
+        ),
         as_json,
     ]
     for option in reversed(options):

@@ -27,7 +27,7 @@ from cyclone_dsl.cli.main import (
     fail,
 )
 from cyclone_dsl.cli.reads import check_read_url, read_url_option, reading_client
-from cyclone_dsl.cli.render import event_line, render_run
+from cyclone_dsl.cli.render import event_line, printable, render_run
 from cyclone_dsl.cli.values import Duration, Retention, human_duration, to_json_line
 from cyclone_dsl.client import base
 from cyclone_dsl.client.sync import Client
@@ -57,9 +57,11 @@ def parse_json(text: str | None, what: str) -> JSONValue:
         return None
     if text.startswith("@"):
         try:
-            text = Path(text[1:]).read_text()
+            text = Path(text[1:]).read_text(encoding="utf-8")
         except OSError as exc:
             fail(f"cannot read {what} file: {exc}")
+        except UnicodeDecodeError as exc:
+            fail(f"cannot read {what} file {text[1:]!r}: it is not UTF-8 text ({exc.reason})")
     try:
         value: JSONValue = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -69,10 +71,16 @@ def parse_json(text: str | None, what: str) -> JSONValue:
 
 def import_modules(names: tuple[str, ...]) -> None:
     for name in names:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            fail(f"cannot import {name!r}: {exc}")
+        import_module(name)
+
+
+def import_module(name: str) -> object:
+    """The module ``name``, or a one-line usage error (an empty or relative name raises
+    ValueError or TypeError, not ImportError)."""
+    try:
+        return importlib.import_module(name)
+    except (ImportError, ValueError, TypeError) as exc:
+        fail(f"cannot import {name!r}: {exc}")
 
 
 def resolve_workflow(spec: str) -> WorkflowDef:
@@ -116,7 +124,13 @@ as_json = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--input", "input_text", help="Run input as JSON, or @file.")
 @click.option("--once", "key", help="Submit key: return the existing run for this key.")
 @click.option("--wait", is_flag=True, help="Wait for the end, with live progress.")
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds to --wait.")
+@click.option(
+    "--timeout",
+    type=Duration(),
+    default="600s",
+    show_default=True,
+    help="How long to --wait (600, 30s, 5m...).",
+)
 @imports
 @as_json
 @click.pass_context
@@ -126,7 +140,7 @@ def submit(
     input_text: str | None,
     key: str | None,
     wait: bool,
-    timeout: float,
+    timeout: timedelta,
     modules: tuple[str, ...],
     as_json: bool,
 ) -> None:
@@ -145,7 +159,7 @@ def submit(
                 text = f"{handle.id} (existing run for key {key!r}: nothing new was created)"
             emit({"run_id": handle.id, "created": handle.created}, as_json, text)
             return
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout.total_seconds()
         last = (-1, -1)
         while not client.get_run(handle.id).is_terminal:
             done, total = client.progress(handle.id)
@@ -153,7 +167,10 @@ def submit(
                 click.echo(f"run {handle.id}: {done}/{total} steps done", err=True)
                 last = (done, total)
             if time.monotonic() > deadline:
-                fail(f"run {handle.id} did not finish within {timeout}s", EXIT_FAILED)
+                fail(
+                    f"run {handle.id} did not finish within {human_duration(timeout)}",
+                    EXIT_FAILED,
+                )
             time.sleep(0.2)
         try:
             result = handle.result(timeout=5)
@@ -189,7 +206,8 @@ def runs(
         rows = [run_json(r) for r in found]
         lines = [f"{'run':>8}  {'state':<9}  {'workflow':<30}  created"]
         lines += [
-            f"{r.id:>8}  {r.state:<9}  {r.workflow:<30}  {r.created_at:%Y-%m-%d %H:%M:%S %Z}"
+            f"{r.id:>8}  {r.state:<9}  {printable(r.workflow):<30}  "
+            f"{r.created_at:%Y-%m-%d %H:%M:%S %Z}"
             for r in found
         ]
         emit(rows, as_json, "\n".join(lines) if found else "no runs")
@@ -366,9 +384,10 @@ def schedules(ctx: click.Context, read_url: str | None, as_json: bool) -> None:
         found = client.list_schedules()
     lines = [f"{'id':<24} {'cron':<16} {'zone':<16} {'enabled':<8} next fire / last run"]
     lines += [
-        f"{s.id:<24} {s.cron_spec:<16} {s.location:<16} {'yes' if s.enabled else 'no':<8}"
+        f"{printable(s.id):<24} {s.cron_spec:<16} {s.location:<16} "
+        f"{'yes' if s.enabled else 'no':<8}"
         f" next {s.next_run_at:%Y-%m-%d %H:%M %Z}  last run {s.last_run_id or '-'}"
-        f"{'  error: ' + s.last_error if s.last_error else ''}"
+        f"{'  error: ' + printable(s.last_error) if s.last_error else ''}"
         for s in found
     ]
     emit(found, as_json, "\n".join(lines) if found else "no schedules")
@@ -558,7 +577,12 @@ def workers(ctx: click.Context, as_json: bool, show_all: bool, read_url: str | N
 )
 @click.option("--dry-run", is_flag=True, help="Only count the runs that would be deleted.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@click.option("--batch-size", default=1000, show_default=True)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 2**63 - 1),  # checked with --dry-run too
+    default=1000,
+    show_default=True,
+)
 @as_json
 @click.pass_context
 def purge(

@@ -188,6 +188,22 @@ def migrate(
         versions,
     )
 
+    if status and (target is not None or extension_target is not None):
+        raise click.UsageError("--status shows the versions: it takes no target")
+    if target is not None and not 0 <= target <= LATEST_SCHEMA_VERSION:
+        raise click.BadParameter(
+            f"{target} is outside 0..{LATEST_SCHEMA_VERSION}", param_hint="--target"
+        )
+    if extension_target is not None and not 0 <= extension_target <= LATEST_EXTENSION_VERSION:
+        raise click.BadParameter(
+            f"{extension_target} is outside 0..{LATEST_EXTENSION_VERSION}",
+            param_hint="--extension-target",
+        )
+    if extension_target is not None and target not in (None, LATEST_SCHEMA_VERSION):
+        raise click.UsageError(
+            f"--extension-target needs the core schema at its latest ({LATEST_SCHEMA_VERSION}),"
+            f" not --target {target}"
+        )
     with database(ctx.obj["dsn"]) as pooled_or_direct:
         dsn = direct_dsn(ctx, pooled_or_direct)
         before, ext_before = versions(dsn)
@@ -381,7 +397,7 @@ def demo(ctx: click.Context, show_steps: bool) -> None:
 def _import(name: str) -> object:
     try:
         return importlib.import_module(name)
-    except ImportError as exc:
+    except (ImportError, ValueError, TypeError) as exc:  # "", ".relative": not ImportError
         fail(f"cannot import {name!r}: {exc}")
 
 

@@ -29,16 +29,26 @@ COLLAPSE_ITEMS = 10
 SHOWN_FAILURES = 5
 
 
+def printable(text: str) -> str:
+    """``text`` with its control characters escaped (``\\n``, ``\\x1b``): a name stays on
+    its line, and a terminal gets nothing to act on."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def step_line(step: Step, note: str = "") -> str:
     mark, colour = _MARK[step.state]
     took = ""
     if step.started_at and step.completed_at:
         took = f" {(step.completed_at - step.started_at).total_seconds():.2f}s"
     retries = f" attempt {step.attempt_label}" if step.attempt or step.attempts else ""
-    error = f" — {step.error}" if step.error and step.state != StepState.COMPLETED else ""
+    error = (
+        f" — {printable(step.error)}" if step.error and step.state != StepState.COMPLETED else ""
+    )
     if step.attempts and step.state == StepState.COMPLETED:
         error = f" ({len(step.attempts)} earlier attempt(s) failed; see --json)"
-    text = f"{mark} {step.node} [{step.state}]{took}{retries}{error}{note}"
+    text = f"{mark} {printable(step.node)} [{step.state}]{took}{retries}{error}{note}"
     return click.style(text, fg=colour)
 
 
@@ -51,7 +61,7 @@ def items_line(node: str, items: list[Step]) -> str:
     span = f"[{min(indexes)}..{max(indexes)}]" if indexes else "[]"
     order = [state.value for state in StepState]
     parts = ", ".join(f"{counts[state]} {state}" for state in order if state in counts)
-    return f"{node}{span}  {len(items)} items: {parts}"
+    return f"{printable(node)}{span}  {len(items)} items: {parts}"
 
 
 def render_run(
@@ -76,7 +86,7 @@ def render_run(
             continue
         upstream = deps.get(step.node)
         below.setdefault(upstream[0] if upstream else None, []).append(step)
-    lines = [click.style(f"run {run.id} {run.workflow} [{run.state}]", bold=True)]
+    lines = [click.style(f"run {run.id} {printable(run.workflow)} [{run.state}]", bold=True)]
     if run.forked_from is not None:
         lines.append(f"fork of run {run.forked_from} from node {run.fork_node!r}")
 

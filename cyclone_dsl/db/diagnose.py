@@ -136,10 +136,18 @@ def parse_dsn(dsn: str) -> dict[str, Any]:
             "URL starts with postgresql:// or postgres://"
         )
     try:
-        return conninfo_to_dict(dsn)
+        params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         detail = mask_passwords(_one_line(str(exc)), dsn)
         raise InvalidArgument(f"the DSN cannot be parsed: {detail}") from None
+    for port in str(params.get("port") or "").split(","):
+        # libpq takes a list of ports (one per host); an empty entry is the default
+        if port.strip() and not (port.strip().isdigit() and 1 <= int(port) <= 65535):
+            raise InvalidArgument(
+                f"the DSN cannot be used: its port {port.strip()!r} is not a port number "
+                "(1 to 65535)"
+            )
+    return params
 
 
 def describe_server(params: dict[str, Any]) -> str:

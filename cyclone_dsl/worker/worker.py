@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
 import logging
@@ -732,12 +733,18 @@ class Worker:
             max_size=3 + COMPLETERS,
             pooled=self.pooled,
         )
+        registered_worker = False
         try:
+            self._serve_metrics()  # first: an address in use must not leave a worker row
             self._register(refuse_conflicts=True)
+            registered_worker = True
             registered = self._tx(self._register_schedules)
             self.refresh_queue_caps()
-            self._serve_metrics()
         except BaseException:
+            if registered_worker:  # listed as live, though it never ran
+                with contextlib.suppress(Exception):
+                    self._tx(lambda tx: self._engine.stop_worker(tx, self.id))
+            self._stop_metrics()
             self._pool.close()
             raise
         if registered:
@@ -801,9 +808,15 @@ class Worker:
         from cyclone_dsl.observability import metrics
 
         assert self.metrics_port is not None
-        self._metrics_server = metrics.serve(
-            self.metrics_registry, self.metrics_port, self._metrics_host
-        )
+        try:
+            self._metrics_server = metrics.serve(
+                self.metrics_registry, self.metrics_port, self._metrics_host
+            )
+        except OSError as exc:  # in use, not an address of this host, a name not found
+            raise InvalidArgument(
+                f"cannot serve metrics on {self._metrics_host}:{self.metrics_port}: "
+                f"{exc.strerror or exc}"
+            ) from None
         self.metrics_port = self._metrics_server.server_port
         log.info("serving metrics on %s:%d/metrics", self._metrics_host, self.metrics_port)
 
