@@ -20,6 +20,10 @@ def object_list(objects: Iterable[object]) -> list[object]:
             f"give a list of modules, module names or definitions: [{objects!r}], not "
             f"{objects!r} (a string is read as one name per character)"
         )
+    if not isinstance(objects, Iterable):
+        raise InvalidArgument(
+            f"give a list of modules, module names or definitions, not {objects!r}"
+        )
     return list(objects)
 
 
@@ -93,12 +97,19 @@ class Registry:
 
 def _definitions(obj: object) -> list[object]:
     if isinstance(obj, str):
-        obj = importlib.import_module(obj)
+        try:
+            obj = importlib.import_module(obj)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not obj.startswith(exc.name):
+                raise  # the module exists: one of its own imports failed
+            raise InvalidArgument(f"cannot import {obj!r}: {exc}") from exc
+        except (ValueError, TypeError) as exc:  # "", ".relative"
+            raise InvalidArgument(f"cannot import {obj!r}: {exc}") from exc
     if isinstance(obj, types.ModuleType):
         return [v for v in vars(obj).values() if isinstance(v, StepDef | WorkflowDef)]
     if isinstance(obj, StepDef | WorkflowDef):
         return [obj]
-    raise TypeError(f"expected a module, a module name or a definition, not {obj!r}")
+    raise InvalidArgument(f"expected a module, a module name or a definition, not {obj!r}")
 
 
 _default = Registry()

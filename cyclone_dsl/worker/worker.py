@@ -60,6 +60,7 @@ from cyclone_dsl.db.connect import (
     resolve_listen_dsn,
     resolve_pooled,
 )
+from cyclone_dsl.db.diagnose import parse_dsn
 from cyclone_dsl.db.errors import ConnectionFailure, DatabaseError
 from cyclone_dsl.db.handler_tx import interrupt
 from cyclone_dsl.db.listen import listen, ping
@@ -81,7 +82,7 @@ from cyclone_dsl.engine import (
     Success,
     run_ids_of,
 )
-from cyclone_dsl.errors import InvalidArgument, WorkerCrashed
+from cyclone_dsl.errors import InvalidArgument, InvalidTransition, WorkerCrashed
 from cyclone_dsl.graph.rows import KIND_CHILD
 from cyclone_dsl.graph.validate import INT32_MAX, queue_problem
 from cyclone_dsl.migrate import check_database
@@ -136,22 +137,43 @@ def _checked_retention(retention: object) -> timedelta | None:
     return kept_for
 
 
+#: The longest duration option: what a thread can wait (``threading.TIMEOUT_MAX``, about
+#: 292 years), within the durations Cyclone takes.
+_MAX_SECONDS = min(MAX_DURATION.total_seconds(), threading.TIMEOUT_MAX)
+
+
 def _check_seconds(option: str, seconds: object, *, positive: bool) -> None:
-    """A duration option in seconds: a finite number up to a thousand years, > 0
-    (``positive``) or >= 0."""
+    """A duration option in seconds: a finite number up to :data:`_MAX_SECONDS`, at least a
+    microsecond (``positive``: a shorter one is 0 as a ``timedelta``) or >= 0."""
     # Compared, never converted: an int past the float range (10**400) is just too long.
     if (
         isinstance(seconds, bool)
         or not isinstance(seconds, int | float)
         or (isinstance(seconds, float) and math.isnan(seconds))
         or seconds < 0
-        or (positive and seconds == 0)
-        or seconds > MAX_DURATION.total_seconds()
+        or (positive and seconds < 1e-6)
+        or seconds > _MAX_SECONDS
     ):
-        bound = "> 0" if positive else ">= 0"
+        bound = "> 0 (a microsecond at least)" if positive else ">= 0"
         raise InvalidArgument(
-            f"{option} must be a finite number of seconds {bound}, not {seconds!r}"
+            f"{option} must be a finite number of seconds {bound}, up to {_MAX_SECONDS:.0f} "
+            f"(what a thread can wait), not {seconds!r}"
         )
+
+
+def _check_flag(option: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{option} must be True or False, not {value!r}")
+
+
+def _check_text(option: str, value: object, *, optional: bool) -> None:
+    """A string option: non-empty, or (``optional``) any string or None, "" meaning none."""
+    if isinstance(value, str) and (value or optional):
+        return
+    if value is None and optional:
+        return
+    what = "a string or None" if optional else "a non-empty string"
+    raise InvalidArgument(f"{option} must be {what}, not {value!r}")
 
 
 @attrs.define
@@ -248,7 +270,8 @@ class Worker:
     :data:`EVENT_CONNECTIONS` connections, opened at the first event.
 
     Durations (``lease``, ``poll_interval``, ``scan_interval``, ``grace``) are finite
-    seconds, ``grace`` may be 0; ``max_reclaims`` (reclaims of a step whose worker died
+    seconds, from a microsecond up to what a thread can wait (about 292 years); ``grace``
+    may be 0; ``max_reclaims`` (reclaims of a step whose worker died
     before it is discarded) and ``max_output_bytes`` (the largest encoded output kept; 0:
     no limit) are integers >= 0. Anything else raises :class:`InvalidArgument`.
 
@@ -293,6 +316,31 @@ class Worker:
     ) -> None:
         if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
             raise InvalidArgument(f"processes must be an integer >= 1, not {processes!r}")
+        _check_text("dsn", dsn, optional=False)
+        parse_dsn(dsn)  # a DSN libpq cannot parse is refused here, not at start()
+        _check_flag("scanners", scanners)
+        if pooled is not None:
+            _check_flag("pooled", pooled)
+        _check_text("listen_dsn", listen_dsn, optional=True)
+        _check_text("transactional_dsn", transactional_dsn, optional=True)
+        _check_text("metrics_host", metrics_host, optional=False)
+        if registry is not None and not isinstance(registry, Registry):
+            raise InvalidArgument(f"registry must be a Registry or None, not {registry!r}")
+        if queue_limits is not None and not isinstance(queue_limits, Mapping):
+            raise InvalidArgument(
+                f"queue_limits maps queue names to limits ({{'emails': 5}}), not {queue_limits!r}"
+            )
+        given_observers: object = observers  # untyped callers may pass anything
+        if isinstance(given_observers, str | bytes) or not isinstance(given_observers, Iterable):
+            raise InvalidArgument(f"observers takes a list of observers, not {observers!r}")
+        if (
+            tracing is not None
+            and not isinstance(tracing, bool)
+            and not callable(getattr(tracing, "get_tracer", None))
+        ):
+            raise InvalidArgument(
+                f"tracing is True, False or an OpenTelemetry TracerProvider, not {tracing!r}"
+            )
         for option, value in (
             ("concurrency", concurrency),
             ("max_concurrency", max_concurrency),
@@ -333,6 +381,8 @@ class Worker:
             raise InvalidArgument(
                 f"queues takes a list of queue names: queues=[{queues!r}], not {queues!r}"
             )
+        if not isinstance(queues, Iterable):
+            raise InvalidArgument(f"queues takes a list of queue names, not {queues!r}")
         queues = list(dict.fromkeys(queues))
         if not queues:
             raise InvalidArgument("a worker needs at least one queue")
@@ -466,6 +516,9 @@ class Worker:
         self._catch_up: Any = catch_up
         self._stopping = threading.Event()
         self._stopped = threading.Event()
+        #: new (never started, or its start failed), running, stopped: a worker runs once.
+        self._lifecycle = "new"
+        self._lifecycle_lock = threading.Lock()
         self._closing = threading.Event()  # set once no lease is held: heartbeats end
         # Keyed by claim (step id, lease generation): a step retried and claimed again by
         # this worker while its cancelled execution runs on is another entry.
@@ -609,15 +662,19 @@ class Worker:
 
     def run(self) -> None:
         """Run until SIGTERM or SIGINT (a second signal stops at once), then stop gracefully."""
+        self._begin()
         if self._spec is not None:
-            self._supervise(self._new_supervisor().run())
+            try:
+                self._supervise(self._new_supervisor().run())
+            finally:
+                self._lifecycle = "stopped"
             return
         previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
         try:
-            self._start_services()
+            self._start_or_unbegin()
             try:
                 self._fetch_lanes()
             except Exception as exc:  # noqa: BLE001 - any failure stops the worker, loudly
@@ -631,23 +688,56 @@ class Worker:
 
     def start(self) -> Worker:
         """Run in background threads of this process (with ``processes`` > 1: the worker
-        processes, supervised from a thread of this one); stop with :meth:`stop`."""
+        processes, supervised from a thread of this one); stop with :meth:`stop`.
+
+        A worker runs once: starting it again, running or stopped, raises
+        :class:`InvalidTransition` (make a new one); a start that failed may be retried.
+        """
+        self._begin()
         if self._spec is not None:
-            self._supervisor = self._new_supervisor().start()
+            try:
+                self._supervisor = self._new_supervisor().start()
+            except BaseException:
+                self._lifecycle = "new"
+                raise
             return self
-        self._start_services()
+        self._start_or_unbegin()
         self._spawn(self._fetch_lanes_then_shutdown, "fetch")
         return self
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop claiming, let running handlers finish within the grace period, then return."""
+        """Stop claiming, let running handlers finish within the grace period, then return
+        (at once for a worker that is not running)."""
         if self._supervisor is not None:
             self._supervise(self._supervisor.stop(timeout))
+            self._lifecycle = "stopped"
             return
         self._stopping.set()
         self._wake_lanes()
-        self._stopped.wait(timeout if timeout is not None else self.grace + 30)
+        if self._lifecycle == "running":
+            self._stopped.wait(timeout if timeout is not None else self.grace + 30)
         self._raise_if_crashed()
+
+    def _begin(self) -> None:
+        with self._lifecycle_lock:
+            if self._lifecycle != "new":
+                where = "is running" if self._lifecycle == "running" else "has stopped"
+                raise InvalidTransition(
+                    f"worker {self.id} {where}: a Worker runs once; make a new one to run again"
+                )
+            if self._stopping.is_set():
+                raise InvalidTransition(
+                    f"worker {self.id} was asked to stop before it started: make a new one"
+                )
+            self._lifecycle = "running"
+
+    def _start_or_unbegin(self) -> None:
+        """Start the services; a start that failed (nothing is left open) may be retried."""
+        try:
+            self._start_services()
+        except BaseException:
+            self._lifecycle = "new"
+            raise
 
     def request_stop(self) -> None:
         """Begin a graceful stop (as a first SIGTERM does) and return at once."""
@@ -857,7 +947,8 @@ class Worker:
                 host=socket.gethostname(),
                 pid=os.getpid(),
                 queues=self.queues,
-                concurrency=sum(lane.cap for lane in self._lanes),
+                # the registry's column is an integer: two lanes at their largest caps
+                concurrency=min(sum(lane.cap for lane in self._lanes), INT32_MAX),
                 identities=self.serving.identities,
                 versions=self.serving.versions,
                 refuse_conflicts=refuse_conflicts,
@@ -929,6 +1020,7 @@ class Worker:
             if self._events_db is not None:
                 self._events_db.close()
             self._events_closed = True
+        self._lifecycle = "stopped"
         self._stopped.set()
         log.info("worker %s stopped", self.id)
 
