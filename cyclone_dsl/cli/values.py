@@ -64,9 +64,12 @@ class Retention(click.ParamType[timedelta | None]):
         if str(value).strip().lower() == "none":
             return None
         try:
-            return parse_duration(str(value))
+            kept_for = parse_duration(str(value))
         except ValueError as exc:
             self.fail(f"{exc}, or none", param, ctx)
+        if kept_for <= timedelta(0):  # 0 would delete every run as soon as it ended
+            self.fail(f"retention must be a positive duration, not {value!r} (or none)", param, ctx)
+        return kept_for
 
 
 def _plain(value: object) -> Any:

@@ -290,6 +290,8 @@ class Engine:
             limit=limit,
             up_to=up_to,
         )
+        if deleted:
+            gates.clear_lost_holders(tx)
         return len(deleted)
 
     def purge_left(
@@ -309,7 +311,10 @@ class Engine:
 
     def expire_runs(self, tx: Tx, *, default_retention: timedelta, limit: int) -> int:
         """Delete one batch of terminal runs past their retention (a step's, else the default)."""
-        return len(tx.rows(Q.expire_runs, default_retention=default_retention, limit=limit))
+        deleted = tx.rows(Q.expire_runs, default_retention=default_retention, limit=limit)
+        if deleted:
+            gates.clear_lost_holders(tx)
+        return len(deleted)
 
     # -- leases --------------------------------------------------------------------
 

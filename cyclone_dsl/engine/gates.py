@@ -108,7 +108,9 @@ def park_ended(tx: Tx, *, after_id: int, limit: int) -> tuple[int, int | None]:
 
 
 def clear_lost_holders(tx: Tx) -> int:
-    """Free the slots whose holder was purged; return how many."""
+    """Free the slots whose holder was purged; return how many. A claim takes only slots
+    without a holder, or whose holder it sees has ended: a deleted one would hold its slot
+    until this ran (each purge and retention batch runs it, and the scanner's slow pass)."""
     return len(tx.rows(Q.clear_lost_holders))
 
 

@@ -161,6 +161,10 @@ def _check_seconds(option: str, seconds: object, *, positive: bool) -> None:
         )
 
 
+#: The most worker processes one supervisor runs (each holds its own connections).
+MAX_PROCESSES = 1024
+
+
 def _check_flag(option: str, value: object) -> None:
     if not isinstance(value, bool):
         raise InvalidArgument(f"{option} must be True or False, not {value!r}")
@@ -314,8 +318,14 @@ class Worker:
         tracing: object = False,
         processes: int = 1,
     ) -> None:
-        if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
-            raise InvalidArgument(f"processes must be an integer >= 1, not {processes!r}")
+        if (
+            not isinstance(processes, int)
+            or isinstance(processes, bool)
+            or not 1 <= processes <= MAX_PROCESSES
+        ):
+            raise InvalidArgument(
+                f"processes must be an integer from 1 to {MAX_PROCESSES}, not {processes!r}"
+            )
         _check_text("dsn", dsn, optional=False)
         parse_dsn(dsn)  # a DSN libpq cannot parse is refused here, not at start()
         _check_flag("scanners", scanners)
