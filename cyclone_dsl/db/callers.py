@@ -21,7 +21,7 @@ import psycopg
 from psycopg.pq import Format, TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 
-from cyclone_dsl.db.jsonb import has_engine_loaders, use_engine_loaders
+from cyclone_dsl.db.adapters import has_engine_adapters, use_engine_adapters
 from cyclone_dsl.db.tx import ConnectionTx, Row, Tx, with_shift
 from cyclone_dsl.sql import Q
 
@@ -35,7 +35,7 @@ AsyncConnection = psycopg.AsyncConnection[Any]
 #: The types the engine reads whose loaders frameworks replace on the connections they own:
 #: Django loads ``jsonb`` as text (its JSONField decodes it) and ``timestamptz`` in its own
 #: zone, naive when ``USE_TZ`` is off; SQLAlchemy can plug its own JSON decoder. The engine
-#: reads ``json`` and ``jsonb`` with its own loaders (see :mod:`cyclone_dsl.db.jsonb`).
+#: reads ``json`` and ``jsonb`` with its own loaders (see :mod:`cyclone_dsl.db.adapters`).
 ENGINE_TYPES = ("json", "jsonb", "timestamptz", "timestamp", "interval", "numeric")
 _PSYCOPG_DEFAULT_TYPES = ("timestamptz", "timestamp", "interval", "numeric")
 
@@ -49,8 +49,8 @@ def with_engine_loaders(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) 
             default = psycopg.adapters.get_loader(oid, fmt)
             if default is not None and cursor.adapters.get_loader(oid, fmt) is not default:
                 cursor.adapters.register_loader(oid, default)
-    if not has_engine_loaders(cursor):
-        use_engine_loaders(cursor)
+    if not has_engine_adapters(cursor):
+        use_engine_adapters(cursor)
 
 
 class CallersTx(ConnectionTx):

@@ -17,7 +17,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
-from cyclone_dsl.db.jsonb import use_engine_loaders
+from cyclone_dsl.db.adapters import use_engine_adapters
 from cyclone_dsl.sql import Q
 
 #: A pool of Cyclone connections (see :func:`make_pool`).
@@ -61,7 +61,7 @@ def listen_target(dsn: str, *, pooled: bool, listen_dsn: str | None) -> str | No
 def _configure(conn: psycopg.Connection[Any]) -> None:
     conn.autocommit = True
     conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED  # see _merge_options
-    use_engine_loaders(conn)
+    use_engine_adapters(conn)
 
 
 def _configure_handlers(conn: psycopg.Connection[Any]) -> None:
@@ -176,7 +176,7 @@ def connect(
         conninfo, autocommit=autocommit, **connection_kwargs(conninfo, name, pooled=pooled)
     )
     conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED  # see _merge_options
-    use_engine_loaders(conn)
+    use_engine_adapters(conn)
     return conn
 
 
@@ -188,7 +188,7 @@ async def connect_async(
         conninfo, autocommit=True, **connection_kwargs(conninfo, name, pooled=pooled)
     )
     await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
-    use_engine_loaders(conn)
+    use_engine_adapters(conn)
     return conn
 
 

@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from cyclone_dsl.db import clock
-from cyclone_dsl.db.jsonb import has_engine_loaders, use_engine_loaders
+from cyclone_dsl.db.adapters import has_engine_adapters, use_engine_adapters
 
 log = logging.getLogger("cyclone.db")
 
@@ -66,8 +66,8 @@ class ConnectionTx:
 
     def _cursor(self) -> psycopg.Cursor[Row]:
         cursor = self.conn.cursor(row_factory=dict_row)
-        if not has_engine_loaders(cursor):  # a connection the engine did not open
-            use_engine_loaders(cursor)
+        if not has_engine_adapters(cursor):  # a connection the engine did not open
+            use_engine_adapters(cursor)
         return cursor
 
     def rows(self, query: LiteralString, **params: object) -> list[Row]:
