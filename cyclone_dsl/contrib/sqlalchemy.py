@@ -10,8 +10,9 @@ wrote in the same transaction::
         submit_tx(session, client, fulfil, {"order_id": order_id})
     # committed here: the order and its run, or (on an exception) neither
 
-Each helper takes a ``Session`` (its current transaction is begun if it has none,
-as a query would) or a Core ``Connection``, and the :class:`~cyclone_dsl.Client`
+Each helper takes a ``Session`` or a Core ``Connection`` (its transaction is begun if it
+has none, as a query would: ``conn.commit()`` then commits the run), and the
+:class:`~cyclone_dsl.Client`
 that compiles the workflow and hands back the :class:`~cyclone_dsl.RunHandle`.
 """
 
@@ -43,6 +44,11 @@ def driver_connection(bind: Session | Connection) -> PsycopgConnection:
     conn = bind.connection() if isinstance(bind, Session) else bind
     if not isinstance(conn, Connection):
         raise TypeError(f"expected a sqlalchemy Session or Connection, not {bind!r}")
+    if not conn.in_transaction():
+        # Begun by SQLAlchemy, as its own first statement would: a transaction begun under
+        # it on the driver connection would be one its commit() knows nothing of (the run
+        # then rolled back when the connection went back to the pool).
+        conn.begin()
     return psycopg_connection(
         conn.connection.driver_connection,
         "a SQLAlchemy engine with the postgresql+psycopg dialect "

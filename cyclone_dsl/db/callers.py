@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from datetime import timedelta
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
-from psycopg.pq import Format, TransactionStatus
+from psycopg.pq import Format, PipelineStatus, TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 
 from cyclone_dsl.db.adapters import has_engine_adapters, use_engine_adapters
 from cyclone_dsl.db.tx import ConnectionTx, Row, Tx, with_shift
+from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.sql import Q
 
 T = TypeVar("T")
@@ -37,7 +40,22 @@ AsyncConnection = psycopg.AsyncConnection[Any]
 #: zone, naive when ``USE_TZ`` is off; SQLAlchemy can plug its own JSON decoder. The engine
 #: reads ``json`` and ``jsonb`` with its own loaders (see :mod:`cyclone_dsl.db.adapters`).
 ENGINE_TYPES = ("json", "jsonb", "timestamptz", "timestamp", "interval", "numeric")
-_PSYCOPG_DEFAULT_TYPES = ("timestamptz", "timestamp", "interval", "numeric")
+#: Read with psycopg's default loaders whatever the connection's (an application may load
+#: ``int8`` as text): every type the engine's rows hold but json and jsonb.
+_PSYCOPG_DEFAULT_TYPES = (
+    "timestamptz",
+    "timestamp",
+    "interval",
+    "numeric",
+    "int2",
+    "int4",
+    "int8",
+    "float4",
+    "float8",
+    "bool",
+    "text",
+    "varchar",
+)
 
 
 def with_engine_loaders(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
@@ -75,23 +93,33 @@ def in_callers_transaction(conn: Connection, work: Callable[[Tx], T], *, shift: 
     so the caller still decides the commit. On an autocommit connection,
     ``work`` runs in a transaction of its own, committed when it returns.
     """
-    if conn.info.transaction_status == TransactionStatus.IDLE and not conn.autocommit:
-        conn.execute(Q.ping)
-    elif conn.info.transaction_status == TransactionStatus.INTRANS:
-        with conn.cursor(row_factory=tuple_row) as cur:
-            shift += _age(cur.execute(Q.transaction_age).fetchone())
-    with conn.transaction():
-        return work(CallersTx(conn, shift))
+    _check_connection(conn, psycopg.Connection)
+    with _one_at_a_time(conn):
+        if conn.info.transaction_status == TransactionStatus.IDLE and not conn.autocommit:
+            conn.execute(Q.ping)
+        elif conn.info.transaction_status == TransactionStatus.INTRANS:
+            with psycopg.Cursor(conn, row_factory=tuple_row) as cur:
+                shift += _age(cur.execute(Q.transaction_age).fetchone())
+        with conn.transaction():
+            return work(CallersTx(conn, shift))
 
 
 async def in_callers_async_transaction(
     conn: AsyncConnection, work: Callable[[Tx], T], *, shift: timedelta
 ) -> T:
     """:func:`in_callers_transaction` for an async connection (see the module docstring)."""
+    _check_connection(conn, psycopg.AsyncConnection)
+    async with _async_one_at_a_time(conn):
+        return await _in_callers_async_transaction(conn, work, shift)
+
+
+async def _in_callers_async_transaction(
+    conn: AsyncConnection, work: Callable[[Tx], T], shift: timedelta
+) -> T:
     if conn.info.transaction_status == TransactionStatus.IDLE and not conn.autocommit:
         await conn.execute(Q.ping)
     elif conn.info.transaction_status == TransactionStatus.INTRANS:
-        async with conn.cursor(row_factory=tuple_row) as cur:
+        async with psycopg.AsyncCursor(conn, row_factory=tuple_row) as cur:
             shift += _age(await (await cur.execute(Q.transaction_age)).fetchone())
     loop = asyncio.get_running_loop()
     async with conn.transaction():
@@ -106,6 +134,38 @@ async def in_callers_async_transaction(
             with contextlib.suppress(Exception):
                 await engine_thread
             raise
+
+
+def _check_connection(conn: object, wanted: type) -> None:
+    """Refuse, before any statement, a connection the engine cannot work on."""
+    if not isinstance(conn, wanted):
+        raise TypeError(
+            f"this call runs in your transaction on a {wanted.__module__}.{wanted.__name__}, "
+            f"not a {type(conn).__module__}.{type(conn).__qualname__}"
+        )
+    assert isinstance(conn, psycopg.Connection | psycopg.AsyncConnection)
+    if conn.info.pipeline_status != PipelineStatus.OFF:
+        raise InvalidArgument(
+            "the connection is in pipeline mode, where the engine cannot read a row between "
+            "its statements: call it outside the conn.pipeline() block"
+        )
+
+
+#: One engine call at a time on a connection: two at once (asyncio.gather, two threads)
+#: would interleave their savepoints, and a failed one could leave the other's rows.
+_sync_locks: weakref.WeakKeyDictionary[Connection, threading.RLock] = weakref.WeakKeyDictionary()
+_async_locks: weakref.WeakKeyDictionary[AsyncConnection, asyncio.Lock] = weakref.WeakKeyDictionary()
+_locks_guard = threading.Lock()
+
+
+def _one_at_a_time(conn: Connection) -> threading.RLock:
+    with _locks_guard:
+        return _sync_locks.setdefault(conn, threading.RLock())
+
+
+def _async_one_at_a_time(conn: AsyncConnection) -> asyncio.Lock:
+    with _locks_guard:
+        return _async_locks.setdefault(conn, asyncio.Lock())
 
 
 def _age(row: tuple[Any, ...] | None) -> timedelta:
@@ -133,16 +193,22 @@ class AsyncConnectionTx:
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
+    def _cursor(self) -> psycopg.AsyncCursor[Row]:
+        """psycopg's own class (see :meth:`ConnectionTx._cursor`), with the engine's
+        adapters."""
+        cursor = psycopg.AsyncCursor(self.conn, row_factory=dict_row)
+        with_engine_loaders(cursor)
+        return cursor
+
     async def _fetch(self, query: LiteralString, params: dict[str, object], many: bool) -> Any:
-        async with self.conn.cursor(row_factory=dict_row) as cur:
-            with_engine_loaders(cur)
+        async with self._cursor() as cur:
             await cur.execute(query, params)
             if cur.description is None:
                 return [] if many else None
             return await (cur.fetchall() if many else cur.fetchone())
 
     async def _rowcount(self, query: LiteralString, params: dict[str, object]) -> int:
-        async with self.conn.cursor() as cur:
+        async with self._cursor() as cur:
             await cur.execute(query, params)
             return cur.rowcount
 

@@ -65,7 +65,9 @@ class ConnectionTx:
         self.shift = _shift_or_current(shift)
 
     def _cursor(self) -> psycopg.Cursor[Row]:
-        cursor = self.conn.cursor(row_factory=dict_row)
+        # psycopg's own class, whatever cursor_factory the connection has (a RawCursor
+        # takes no named parameters).
+        cursor = psycopg.Cursor(self.conn, row_factory=dict_row)
         if not has_engine_adapters(cursor):  # a connection the engine did not open
             use_engine_adapters(cursor)
         return cursor
