@@ -14,7 +14,8 @@ from cyclone_dsl.sql._loader import load_queries
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cyclone_dsl"
 QUERIES = load_queries("cyclone_dsl.sql")
-DDL = {"create_version_table"}
+#: Statements PREPARE does not take: DDL, and DISCARD.
+DDL = {"create_version_table", "discard_session"}
 
 
 @pytest.mark.parametrize("name", sorted(set(QUERIES) - DDL))
@@ -105,8 +106,9 @@ WRITES = re.compile(
 )
 
 
-#: Queries that only set a setting of their own session (no row, no lock): allowed anywhere.
-SESSION_SETTINGS = {"watch_client"}
+#: Queries that only set a setting of their own session or transaction (no row, no lock):
+#: allowed anywhere.
+SESSION_SETTINGS = {"watch_client", "completion_setup"}
 
 
 def test_only_the_engine_and_the_migrator_write() -> None:

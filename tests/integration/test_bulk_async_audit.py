@@ -588,7 +588,7 @@ def test_cli_bad_batch_size_is_one_line_and_changes_nothing(
         main(["--dsn", cyclone_dsn, *args])
     assert exited.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "batch_size must be an integer from 1" in err[0], err
+    assert len(err) == 1 and "invalid value for '--batch-size'" in err[0], err
     assert states(client, runs) == [RunState.RUNNING] * 2
     with pytest.raises(SystemExit) as exited:
         main(["--dsn", cyclone_dsn, "retry-many", "--all", "--yes", "--json"])
