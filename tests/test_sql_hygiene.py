@@ -14,8 +14,8 @@ from cyclone_dsl.sql._loader import load_queries
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cyclone_dsl"
 QUERIES = load_queries("cyclone_dsl.sql")
-#: Statements PREPARE does not take: DDL, and DISCARD.
-DDL = {"create_version_table", "discard_session"}
+#: Statements PREPARE does not take: DDL, and several statements in one.
+DDL = {"create_version_table", "completion_setup", "completion_reset", "completion_reset_watched"}
 
 
 @pytest.mark.parametrize("name", sorted(set(QUERIES) - DDL))
@@ -108,7 +108,12 @@ WRITES = re.compile(
 
 #: Queries that only set a setting of their own session or transaction (no row, no lock):
 #: allowed anywhere.
-SESSION_SETTINGS = {"watch_client", "completion_setup"}
+SESSION_SETTINGS = {
+    "watch_client",
+    "completion_setup",
+    "completion_reset",
+    "completion_reset_watched",
+}
 
 
 def test_only_the_engine_and_the_migrator_write() -> None:
@@ -165,3 +170,14 @@ def test_array_parameters_are_sent_in_binary() -> None:
     text_array = re.compile(r"%\(\w+\)s::\w+\[\]")
     found = {name: text_array.findall(body) for name, body in QUERIES.items()}
     assert {name: places for name, places in found.items() if places} == {}
+
+
+def test_the_reset_sets_the_client_check_the_worker_sets() -> None:
+    """completion_reset_watched holds CHECK_CLIENT_MS as a literal (several statements in one
+    take no parameter)."""
+    from cyclone_dsl.db.connect import CHECK_CLIENT_MS
+
+    assert (
+        f"'client_connection_check_interval', '{CHECK_CLIENT_MS}'"
+        in QUERIES["completion_reset_watched"]
+    )

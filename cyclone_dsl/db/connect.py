@@ -11,14 +11,13 @@ would exist on one server session only). LISTEN never goes over a pooled DSN: se
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from cyclone_dsl.db.adapters import use_engine_adapters
-from cyclone_dsl.sql import Q
 
 #: A pool of Cyclone connections (see :func:`make_pool`).
 Pool = ConnectionPool[Any]
@@ -64,27 +63,6 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
     use_engine_adapters(conn)
 
 
-def _configure_handlers(conn: psycopg.Connection[Any]) -> None:
-    """A transactional handler's connection keeps psycopg's loaders for the user's SQL (the
-    engine sets its own on the cursors it opens there)."""
-    conn.autocommit = True
-
-
-def _configure_handlers_watched(conn: psycopg.Connection[Any]) -> None:
-    _configure_handlers(conn)
-    if conn.info.server_version >= CHECK_CLIENT_SINCE:
-        conn.execute(Q.watch_client, {"ms": CHECK_CLIENT_MS})
-
-
-def _reset_handlers_session(conn: psycopg.Connection[Any]) -> None:
-    """Give the next handler the session the first one got: a handler's ``SET``, temporary
-    tables, advisory locks and row factory would otherwise change what the next one runs."""
-    conn.row_factory = tuple_row
-    conn.execute(Q.discard_session)
-    if conn.info.server_version >= CHECK_CLIENT_SINCE:
-        conn.execute(Q.watch_client, {"ms": CHECK_CLIENT_MS})
-
-
 #: How often the server checks, while a statement runs, that the client of a watched
 #: connection is still there (``client_connection_check_interval``, PostgreSQL 14+).
 #: Without it, a worker that dies mid-statement leaves its statement running until it
@@ -103,20 +81,15 @@ def make_pool(
     idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
     pooled: bool = False,
     server_jit: bool = False,
-    for_handlers: bool = False,
+    configure: Callable[[psycopg.Connection[Any]], None] = _configure,
+    reset: Callable[[psycopg.Connection[Any]], None] | None = None,
 ) -> ConnectionPool[Any]:
     """A pool of autocommit connections (transactions are explicit) named ``name``; the
     server ends a transaction of theirs idle ``idle_in_transaction_s`` seconds (unless
     ``pooled``: then the pooler's or the role's settings apply). ``server_jit``: keep
-    the server's JIT setting (see :func:`connection_kwargs`). ``for_handlers``: the
-    connections of transactional handlers, on which the user's SQL runs: they keep
-    psycopg's loaders, and the server ends a statement whose client died (see
-    :data:`CHECK_CLIENT_MS`; not ``pooled``: a session setting)."""
-    configure = _configure
-    reset = None
-    if for_handlers:  # through a pooler (pooled), sessions are the pooler's to reset
-        configure = _configure_handlers if pooled else _configure_handlers_watched
-        reset = None if pooled else _reset_handlers_session
+    the server's JIT setting (see :func:`connection_kwargs`). ``configure`` and ``reset``:
+    as psycopg_pool's (by default, the engine's autocommit connections, not reset: see
+    :mod:`cyclone_dsl.db.handler_tx` for those of transactional handlers)."""
     pool: ConnectionPool[Any] = ConnectionPool(
         conninfo,
         min_size=min_size,

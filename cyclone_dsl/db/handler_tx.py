@@ -9,9 +9,10 @@ level the handler declared (``read committed`` unless it asked for another).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg.rows import tuple_row
@@ -36,20 +37,90 @@ _LEVELS = {
 }
 
 
-def ready_for_completion(conn: psycopg.Connection[Any]) -> timedelta:
-    """How long ago the open transaction on ``conn`` began, whatever row factory the handler
-    set on its connection; the rest of the transaction gets the session's own search_path
-    back (see ``Q.completion_setup``)."""
-    with conn.cursor(row_factory=tuple_row) as cur:
-        age_s, _ = cur.execute(Q.completion_setup).fetchone() or (0.0, None)
+AnyConnection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+
+#: Connections whose session their completion reset, in the transaction that committed:
+#: the pool's reset, when the connection comes back, has nothing left to do.
+_reset_by_completion: weakref.WeakSet[AnyConnection] = weakref.WeakSet()
+
+
+def _setup(conn: AnyConnection, pooled: bool) -> LiteralString:
+    """What the completion runs first (see the queries): through a pooler, only the
+    session's search_path back; else the whole session reset too."""
+    if pooled:
+        return Q.completion_setup
+    watched = conn.info.server_version >= CHECK_CLIENT_SINCE
+    return Q.completion_reset_watched if watched else Q.completion_reset
+
+
+def _last_row(cur: psycopg.Cursor[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+    row = None
+    while True:
+        if cur.description is not None:
+            row = cur.fetchone()
+        if not cur.nextset():
+            return row
+
+
+async def _async_last_row(cur: psycopg.AsyncCursor[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+    row = None
+    while True:
+        if cur.description is not None:
+            row = await cur.fetchone()
+        if not cur.nextset():
+            return row
+
+
+def ready_for_completion(conn: psycopg.Connection[Any], *, pooled: bool) -> timedelta:
+    """Ready the handler's transaction for its completion, in one round trip: the session
+    given back its search_path (and, on a session of the worker's own, reset); return how
+    long ago the transaction began. psycopg's own cursor class and rows, whatever the
+    handler set on its connection."""
+    with psycopg.Cursor(conn, row_factory=tuple_row) as cur:
+        cur.execute(_setup(conn, pooled), prepare=False)
+        (age_s,) = _last_row(cur) or (0.0,)
     return timedelta(seconds=age_s)
 
 
-async def async_ready_for_completion(conn: psycopg.AsyncConnection[Any]) -> timedelta:
+async def async_ready_for_completion(
+    conn: psycopg.AsyncConnection[Any], *, pooled: bool
+) -> timedelta:
     """:func:`ready_for_completion` on an async connection."""
-    async with conn.cursor(row_factory=tuple_row) as cur:
-        age_s, _ = await (await cur.execute(Q.completion_setup)).fetchone() or (0.0, None)
+    async with psycopg.AsyncCursor(conn, row_factory=tuple_row) as cur:
+        await cur.execute(_setup(conn, pooled), prepare=False)
+        (age_s,) = await _async_last_row(cur) or (0.0,)
     return timedelta(seconds=age_s)
+
+
+def committed_after_reset(conn: AnyConnection, *, pooled: bool) -> None:
+    """The completion's transaction, which reset the session, committed (the pool's reset
+    then skips it once)."""
+    if not pooled:
+        _reset_by_completion.add(conn)
+
+
+def _configure_handlers(conn: psycopg.Connection[Any]) -> None:
+    """A transactional handler's connection keeps psycopg's loaders for the user's SQL (the
+    engine sets its own on the cursors it opens there)."""
+    conn.autocommit = True
+
+
+def _configure_handlers_watched(conn: psycopg.Connection[Any]) -> None:
+    _configure_handlers(conn)
+    if conn.info.server_version >= CHECK_CLIENT_SINCE:
+        conn.execute(Q.watch_client, {"ms": CHECK_CLIENT_MS})
+
+
+def _reset_handlers_session(conn: psycopg.Connection[Any]) -> None:
+    """Give the next handler the session the first one got: a handler's ``SET``, temporary
+    tables, advisory locks and row factory would otherwise change what the next one runs.
+    Done by the completion in its transaction; after a rollback, here."""
+    conn.row_factory = tuple_row
+    if conn in _reset_by_completion:
+        _reset_by_completion.discard(conn)
+        return
+    with psycopg.Cursor(conn) as cur:
+        cur.execute(_setup(conn, pooled=False), prepare=False)
 
 
 #: The async pool of a worker's transactional handlers.
@@ -71,7 +142,10 @@ def handler_pool(
         idle_in_transaction_s=idle_s,
         pooled=pooled,
         server_jit=True,  # the user's own SQL runs on these
-        for_handlers=True,
+        # A dead worker's statement must not hold its step (not through a pooler: a
+        # session setting), and through a pooler sessions are the pooler's to reset.
+        configure=_configure_handlers if pooled else _configure_handlers_watched,
+        reset=None if pooled else _reset_handlers_session,
     )
 
 
@@ -102,9 +176,11 @@ def async_handler_pool(
 
     async def reset(conn: psycopg.AsyncConnection[Any]) -> None:  # see _reset_handlers_session
         conn.row_factory = tuple_row
-        await conn.execute(Q.discard_session)
-        if conn.info.server_version >= CHECK_CLIENT_SINCE:
-            await conn.execute(Q.watch_client, {"ms": CHECK_CLIENT_MS})
+        if conn in _reset_by_completion:
+            _reset_by_completion.discard(conn)
+            return
+        async with psycopg.AsyncCursor(conn) as cur:
+            await cur.execute(_setup(conn, pooled=False), prepare=False)
 
     return AsyncConnectionPool(
         dsn,

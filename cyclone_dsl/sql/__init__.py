@@ -167,7 +167,8 @@ class _Queries:
     # session.sql
     watch_client: LiteralString
     completion_setup: LiteralString
-    discard_session: LiteralString
+    completion_reset: LiteralString
+    completion_reset_watched: LiteralString
     transaction_age: LiteralString
     # signals.sql
     find_signal_wait: LiteralString

@@ -4,19 +4,29 @@
 SELECT set_config('client_connection_check_interval', %(ms)s::text, false)
 
 -- name: completion_setup
--- How long ago this transaction began: now() is its start, which the engine's statements
--- read as the time; a completion at the end of a handler's transaction adds this. It also
--- gives the rest of the transaction the session's own search_path back (a handler's SET
--- or SET LOCAL would hide Cyclone's tables from the completion).
-SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s,
-       set_config('search_path',
-                  (SELECT reset_val FROM pg_settings WHERE name = 'search_path'), true)
-           AS search_path
+-- Before a completion at the end of a handler's transaction through a pooler (whose
+-- sessions are its own to reset), in one round trip (two statements, no parameter): the
+-- session's own search_path back (a handler's SET or SET LOCAL would hide Cyclone's tables
+-- from the completion), then how long ago this transaction began (now() is its start,
+-- which the engine's statements read as the time).
+RESET search_path; SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s
 
--- name: discard_session
--- Drop what a transactional handler left on its session (settings, temporary tables,
--- advisory locks, prepared statements, LISTENs) before the next handler gets it.
-DISCARD ALL
+-- name: completion_reset
+-- completion_setup on a session of the worker's own, which it also gives back clean: what
+-- the handler left on it (settings, temporary tables, session advisory locks, LISTENs,
+-- open cursors) is dropped in the same round trip, and is kept so at the commit; after a
+-- rollback the pool runs it again, outside a transaction. Not DISCARD ALL (not allowed in
+-- a transaction): it would also drop the prepared statements and plans that the
+-- completions on this connection reuse (transactional steps ran at half their rate).
+RESET ALL; DISCARD TEMP; SELECT pg_advisory_unlock_all(); UNLISTEN *; CLOSE ALL;
+SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s
+
+-- name: completion_reset_watched
+-- completion_reset, with the server's check of the client set again (PostgreSQL 14+:
+-- RESET ALL reset it; see watch_client): 2000 ms, CHECK_CLIENT_MS.
+RESET ALL; DISCARD TEMP; SELECT pg_advisory_unlock_all(); UNLISTEN *; CLOSE ALL;
+SELECT set_config('client_connection_check_interval', '2000', false);
+SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s
 
 -- name: transaction_age
 -- How long ago this transaction began: now() is its start, which the engine's statements

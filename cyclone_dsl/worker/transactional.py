@@ -32,6 +32,7 @@ from cyclone_dsl.db.handler_tx import (
     async_handler_connection,
     async_handler_pool,
     async_ready_for_completion,
+    committed_after_reset,
     handler_connection,
     handler_pool,
     ready_for_completion,
@@ -156,11 +157,14 @@ class TransactionalRunner:
                         result = call.fn(*call.args, **call.kwargs)
                         outcome = self._decided_outcome(call, result)
                         # The engine's time is now(), the start of this transaction.
-                        engine_tx.shift = current_shift() + ready_for_completion(conn)
+                        engine_tx.shift = current_shift() + ready_for_completion(
+                            conn, pooled=self._pooled
+                        )
                         if not self._engine.complete(
                             tx, [outcome], old_snapshot=_old_snapshot(call)
                         ):
                             raise _RollBack(None)
+                    committed_after_reset(conn, pooled=self._pooled)
                 finally:
                     call.hold_lease(False)
                     call.ctx._connection = None
@@ -208,12 +212,15 @@ class TransactionalRunner:
                             execute.contained(call.fn(*call.args, **call.kwargs)), timeout_s
                         )
                         outcome = self._decided_outcome(call, result)
-                        engine_tx.shift = current_shift() + await async_ready_for_completion(conn)
+                        engine_tx.shift = current_shift() + await async_ready_for_completion(
+                            conn, pooled=self._pooled
+                        )
                         done = await asyncio.to_thread(
                             self._engine.complete, tx, [outcome], old_snapshot=_old_snapshot(call)
                         )
                         if not done:
                             raise _RollBack(None)
+                    committed_after_reset(conn, pooled=self._pooled)
                 finally:
                     call.hold_lease(False)
                     call.ctx._connection = None
