@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from datetime import timedelta
 from typing import Any
 
@@ -75,6 +75,11 @@ def wait_n(
 ) -> NodeRef[list[Any]]:
     """Wait for ``n`` signals ``name``; the output is the list of payloads in arrival order."""
     builder = require_builder("wait_n")
+    given: object = n  # untyped callers may pass None: it would be a wait_signal's shape
+    if given is None:
+        builder.problems.append(
+            (None, f"wait_n({name!r}, n) needs a count n; wait_signal({name!r}) waits for one")
+        )
     spec = WaitSpec(signal_name=name, count=n, duration=_timeout(timeout))
     return builder.add(
         _id_of(name),
@@ -107,7 +112,15 @@ def wait_any(
                 f"wait_signal({names!r}) for one, not wait_any({names!r})",
             )
         )
-    listed: tuple[Any, ...] = (names,) if isinstance(names, Ref | str) else tuple(names)
+    given: object = names  # untyped callers may pass anything
+    if isinstance(given, Set | Mapping) or not isinstance(given, Iterable | Ref):
+        # A set's order changes with the process's hash seed, and the node id and
+        # def_version follow the order: two processes would disagree on the definition.
+        builder.problems.append(
+            (None, f"wait_any takes a list (or tuple) of signal names, not {names!r}")
+        )
+        given = ()
+    listed: tuple[Any, ...] = (given,) if isinstance(given, Ref | str) else tuple(given)
     spec = WaitSpec(signal_names=listed, duration=_timeout(timeout))
     default_id = _any_id(listed)
     return builder.add(

@@ -32,8 +32,13 @@ RETURNING s.id, s.run_id, s.node, s.item_of, true AS has_downstream
 -- Fail signal waits whose timeout passed (guarded: still waiting, still due).
 UPDATE cyclone_steps AS s
 SET state = 'discarded', completed_at = now() + %(shift)s::interval,
-    error = 'no signal ' || coalesce(quote_literal(s.signal_name), 'of ' || array_to_string(s.signal_names, ', '))
-            || ' arrived within ' || s.wait_for::text,
+    error = CASE WHEN s.wait_count IS NOT NULL  -- a wait_n: how many of its n arrived
+                 THEN 'only ' || coalesce(jsonb_array_length(CASE WHEN jsonb_typeof(s.output) = 'array'
+                                                                  THEN s.output END), 0)
+                      || ' of ' || s.wait_count || ' signals ' || quote_literal(s.signal_name)
+                 ELSE 'no signal ' || coalesce(quote_literal(s.signal_name),
+                                               'of ' || array_to_string(s.signal_names, ', '))
+            END || ' arrived within ' || s.wait_for::text,
     error_kind = 'signal_timeout'
 FROM unnest(%(ids)b::bigint[]) AS t(id)
 WHERE s.id = t.id AND s.state = 'waiting_signal'

@@ -671,8 +671,10 @@ class Worker:
     # -- lifecycle -------------------------------------------------------------------
 
     def run(self) -> None:
-        """Run until SIGTERM or SIGINT (a second signal stops at once), then stop gracefully."""
-        self._begin()
+        """Run until SIGTERM or SIGINT (a second signal stops at once), then stop gracefully
+        (at once, without starting, when a stop was requested before)."""
+        if not self._begin():
+            return
         if self._spec is not None:
             try:
                 self._supervise(self._new_supervisor().run())
@@ -701,9 +703,12 @@ class Worker:
         processes, supervised from a thread of this one); stop with :meth:`stop`.
 
         A worker runs once: starting it again, running or stopped, raises
-        :class:`InvalidTransition` (make a new one); a start that failed may be retried.
+        :class:`InvalidTransition` (make a new one); a start that failed may be retried. A
+        worker asked to stop before it started (:meth:`request_stop`, a SIGTERM to a worker
+        process still starting) does not start.
         """
-        self._begin()
+        if not self._begin():
+            return self
         if self._spec is not None:
             try:
                 self._supervisor = self._new_supervisor().start()
@@ -728,7 +733,8 @@ class Worker:
             self._stopped.wait(timeout if timeout is not None else self.grace + 30)
         self._raise_if_crashed()
 
-    def _begin(self) -> None:
+    def _begin(self) -> bool:
+        """Whether to start: False (and stopped) when a stop was requested first."""
         with self._lifecycle_lock:
             if self._lifecycle != "new":
                 where = "is running" if self._lifecycle == "running" else "has stopped"
@@ -736,10 +742,11 @@ class Worker:
                     f"worker {self.id} {where}: a Worker runs once; make a new one to run again"
                 )
             if self._stopping.is_set():
-                raise InvalidTransition(
-                    f"worker {self.id} was asked to stop before it started: make a new one"
-                )
+                self._lifecycle = "stopped"
+                log.info("worker %s was asked to stop before it started: not starting", self.id)
+                return False
             self._lifecycle = "running"
+            return True
 
     def _start_or_unbegin(self) -> None:
         """Start the services; a start that failed (nothing is left open) may be retried."""

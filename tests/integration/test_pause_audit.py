@@ -471,7 +471,7 @@ def test_a_lease_that_expires_while_paused_is_reclaimed_into_the_pause(
     client.pause(handle.id)
     set_clock_shift(timedelta(hours=1))  # the lease expired long ago; the scanner sees it
     wait_until(
-        lambda: handle.get().step("pa_reclaimed").reclaims == 1, timeout=5, what="the reclaim"
+        lambda: handle.get().step("pa_reclaimed").reclaims == 1, timeout=15, what="the reclaim"
     )
     assert handle.get().step("pa_reclaimed").state is StepState.PAUSED
     gate("reclaim").set()  # the first execution's completion is fenced
