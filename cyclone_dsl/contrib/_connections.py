@@ -1,8 +1,9 @@
 """A framework's own psycopg connection, checked before the engine runs on it.
 
 Frameworks configure the connections they own (Django loads ``jsonb`` as text): the
-engine's statements on them read with psycopg's default loaders anyway (see
-:class:`cyclone_dsl.db.callers.CallersTx`), so any psycopg 3 connection will do.
+engine's statements on them use psycopg's own cursor class and the engine's adapters
+anyway (see :class:`cyclone_dsl.db.callers.CallersTx`), so any psycopg 3 connection will
+do (not one in pipeline mode).
 """
 
 from __future__ import annotations
