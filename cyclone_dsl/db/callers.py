@@ -35,13 +35,12 @@ Connection = psycopg.Connection[Any]
 AsyncConnection = psycopg.AsyncConnection[Any]
 
 
-#: The types the engine reads whose loaders frameworks replace on the connections they own:
+#: Read with psycopg's default loaders whatever the connection's: every type the engine's
+#: rows hold but json and jsonb, which it reads with its own (see
+#: :mod:`cyclone_dsl.db.adapters`). Frameworks replace loaders on the connections they own:
 #: Django loads ``jsonb`` as text (its JSONField decodes it) and ``timestamptz`` in its own
-#: zone, naive when ``USE_TZ`` is off; SQLAlchemy can plug its own JSON decoder. The engine
-#: reads ``json`` and ``jsonb`` with its own loaders (see :mod:`cyclone_dsl.db.adapters`).
-ENGINE_TYPES = ("json", "jsonb", "timestamptz", "timestamp", "interval", "numeric")
-#: Read with psycopg's default loaders whatever the connection's (an application may load
-#: ``int8`` as text): every type the engine's rows hold but json and jsonb.
+#: zone, naive when ``USE_TZ`` is off; SQLAlchemy can plug its own JSON decoder; an
+#: application may load ``int8`` as text.
 _PSYCOPG_DEFAULT_TYPES = (
     "timestamptz",
     "timestamp",

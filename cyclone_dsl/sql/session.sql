@@ -3,13 +3,22 @@
 -- client is still there, and end the statement if not (PostgreSQL 14+).
 SELECT set_config('client_connection_check_interval', %(ms)s::text, false)
 
+-- fragment: transaction_age_s
+-- How long ago this transaction began, in seconds (now() is its start).
+SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s
+
+-- fragment: session_reset
+-- What a transactional handler may leave on its session: settings, temporary tables,
+-- session advisory locks, LISTENs, open cursors (see completion_reset).
+RESET ALL; DISCARD TEMP; SELECT pg_advisory_unlock_all(); UNLISTEN *; CLOSE ALL
+
 -- name: completion_setup
 -- Before a completion at the end of a handler's transaction through a pooler (whose
 -- sessions are its own to reset), in one round trip (two statements, no parameter): the
 -- session's own search_path back (a handler's SET or SET LOCAL would hide Cyclone's tables
 -- from the completion), then how long ago this transaction began (now() is its start,
 -- which the engine's statements read as the time).
-RESET search_path; SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s
+RESET search_path; {{transaction_age_s}}
 
 -- name: completion_reset
 -- completion_setup on a session of the worker's own, which it also gives back clean: what
@@ -18,17 +27,17 @@ RESET search_path; SELECT extract(epoch FROM clock_timestamp() - now())::float8 
 -- rollback the pool runs it again, outside a transaction. Not DISCARD ALL (not allowed in
 -- a transaction): it would also drop the prepared statements and plans that the
 -- completions on this connection reuse (transactional steps ran at half their rate).
-RESET ALL; DISCARD TEMP; SELECT pg_advisory_unlock_all(); UNLISTEN *; CLOSE ALL;
-SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s
+{{session_reset}};
+{{transaction_age_s}}
 
 -- name: completion_reset_watched
 -- completion_reset, with the server's check of the client set again (PostgreSQL 14+:
 -- RESET ALL reset it; see watch_client): 2000 ms, CHECK_CLIENT_MS.
-RESET ALL; DISCARD TEMP; SELECT pg_advisory_unlock_all(); UNLISTEN *; CLOSE ALL;
+{{session_reset}};
 SELECT set_config('client_connection_check_interval', '2000', false);
-SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s
+{{transaction_age_s}}
 
 -- name: transaction_age
 -- How long ago this transaction began: now() is its start, which the engine's statements
 -- read as the time; work in a caller's transaction that was already open adds this.
-SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s
+{{transaction_age_s}}

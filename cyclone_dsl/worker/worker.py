@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -101,6 +101,8 @@ from cyclone_dsl.worker.threads import DaemonThreadPool, Settled
 from cyclone_dsl.worker.transactional import COMMITTED, DROPPED, Call, TransactionalRunner
 
 log = logging.getLogger("cyclone.worker")
+
+T = TypeVar("T")
 
 #: When every slot was busy, wait this long for more slots before claiming again.
 CLAIM_SETTLE_S = 0.002
@@ -686,7 +688,7 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
         try:
-            self._start_or_unbegin()
+            self._start_or_unbegin(self._start_services)
             try:
                 self._fetch_lanes()
             except Exception as exc:  # noqa: BLE001 - any failure stops the worker, loudly
@@ -710,13 +712,9 @@ class Worker:
         if not self._begin():
             return self
         if self._spec is not None:
-            try:
-                self._supervisor = self._new_supervisor().start()
-            except BaseException:
-                self._lifecycle = "new"
-                raise
+            self._supervisor = self._start_or_unbegin(lambda: self._new_supervisor().start())
             return self
-        self._start_or_unbegin()
+        self._start_or_unbegin(self._start_services)
         self._spawn(self._fetch_lanes_then_shutdown, "fetch")
         return self
 
@@ -748,10 +746,10 @@ class Worker:
             self._lifecycle = "running"
             return True
 
-    def _start_or_unbegin(self) -> None:
-        """Start the services; a start that failed (nothing is left open) may be retried."""
+    def _start_or_unbegin(self, start: Callable[[], T]) -> T:
+        """``start()``; a start that failed (it leaves nothing open) may be retried."""
         try:
-            self._start_services()
+            return start()
         except BaseException:
             self._lifecycle = "new"
             raise
