@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 
+from cyclone_dsl.arguments import checked_flag
 from cyclone_dsl.client import base, bulk
 from cyclone_dsl.client.bulk import BulkResult, Progress
 from cyclone_dsl.client.handle import EVENTS_PAGE, checked_after, events_plan, run_end_plan
@@ -507,7 +508,7 @@ class AsyncClient:
         batch_size: int,
     ) -> BulkResult:
         where = bulk.check(where, batch_size, progress, awaits=True)
-        if base.checked_flag("dry_run", dry_run):
+        if checked_flag("dry_run", dry_run):
             return await asyncio.to_thread(self._client._bulk_dry_run, action, where)
         pages = self._client._bulk_pages(action, where, batch_size)
         result: BulkResult | None = None

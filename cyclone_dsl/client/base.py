@@ -99,13 +99,6 @@ def checked_count(name: str, value: object, low: int = 1, high: int = 2**63 - 1)
     return value
 
 
-def checked_flag(name: str, value: object) -> bool:
-    """``value`` if it is a bool: a truthy string (``"no"``) must not pass for True."""
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"{name} must be True or False, not {value!r}")
-    return value
-
-
 def checked_id(name: str, value: object) -> int:
     """``value`` if it is an id (an int of 64 bits); :class:`InvalidArgument` otherwise."""
     if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:

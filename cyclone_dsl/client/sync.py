@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, LiteralString, TypeVar
 
+from cyclone_dsl.arguments import checked_flag
 from cyclone_dsl.client import base, bulk
 from cyclone_dsl.client.bulk import BulkResult, Progress
 from cyclone_dsl.client.handle import (
@@ -700,7 +701,7 @@ class Client:
         :class:`InvalidArgument` when ``from_node`` is not one of its nodes.
         """
         run_id = base.checked_run_id(run_id)
-        current_definition = base.checked_flag("current_definition", current_definition)
+        current_definition = checked_flag("current_definition", current_definition)
         source = self._read_one(Q.fork_source_run, run_id=run_id)
         if source is None:
             raise RunNotFound(run_id)
@@ -754,7 +755,7 @@ class Client:
         """
         run_id = base.checked_run_id(run_id)
         node = base.checked_text("node", node)
-        force = base.checked_flag("force", force)
+        force = checked_flag("force", force)
         self._db.transaction(lambda tx: self._engine.retry(tx, run_id, node, force=force))
 
     def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:
@@ -861,7 +862,7 @@ class Client:
         batch_size: int,
     ) -> BulkResult:
         where = bulk.check(where, batch_size, progress)
-        if base.checked_flag("dry_run", dry_run):
+        if checked_flag("dry_run", dry_run):
             return self._bulk_dry_run(action, where)
         result = None
         for result in self._bulk_pages(action, where, batch_size):
@@ -941,7 +942,7 @@ class Client:
         Enabled again, it fires at most the latest slot it missed while disabled. A worker's
         start (registering its ``@schedule``s) does not enable a disabled schedule again.
         """
-        enabled = base.checked_flag("enabled", enabled)
+        enabled = checked_flag("enabled", enabled)
         self._db.transaction(lambda tx: self._engine.set_schedule_enabled(tx, schedule_id, enabled))
 
     def list_schedules(self) -> list[Schedule]:

@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 import attrs
 
 from cyclone_dsl import payload
+from cyclone_dsl.arguments import checked_flag
 from cyclone_dsl.db.callers import Connection
 from cyclone_dsl.db.connect import (
     connect,
@@ -165,11 +166,6 @@ def _check_seconds(option: str, seconds: object, *, positive: bool) -> None:
 
 #: The most worker processes one supervisor runs (each holds its own connections).
 MAX_PROCESSES = 1024
-
-
-def _check_flag(option: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"{option} must be True or False, not {value!r}")
 
 
 def _check_text(option: str, value: object, *, optional: bool) -> None:
@@ -330,9 +326,9 @@ class Worker:
             )
         _check_text("dsn", dsn, optional=False)
         parse_dsn(dsn)  # a DSN libpq cannot parse is refused here, not at start()
-        _check_flag("scanners", scanners)
+        checked_flag("scanners", scanners)
         if pooled is not None:
-            _check_flag("pooled", pooled)
+            checked_flag("pooled", pooled)
         _check_text("listen_dsn", listen_dsn, optional=True)
         _check_text("transactional_dsn", transactional_dsn, optional=True)
         _check_text("metrics_host", metrics_host, optional=False)
