@@ -184,7 +184,7 @@ def migrate(
     from cyclone_dsl.migrate import (
         LATEST_EXTENSION_VERSION,
         LATEST_SCHEMA_VERSION,
-        migrate_versions,
+        migrate_outcome,
         versions,
     )
 
@@ -206,8 +206,8 @@ def migrate(
         )
     with database(ctx.obj["dsn"]) as pooled_or_direct:
         dsn = direct_dsn(ctx, pooled_or_direct)
-        before, ext_before = versions(dsn)
         if status:
+            before, ext_before = versions(dsn)
             emit(
                 {
                     "version": before,
@@ -220,7 +220,9 @@ def migrate(
                 f"extension version {ext_before} (this build: {LATEST_EXTENSION_VERSION})",
             )
             return
-        after, ext_after = migrate_versions(dsn, version=target, extension_version=extension_target)
+        outcome = migrate_outcome(dsn, version=target, extension_version=extension_target)
+        before, after = outcome.before, outcome.version
+        ext_before, ext_after = outcome.extension_before, outcome.extension_version
         core_text = f"{before} -> {after}" if before != after else f"at {after}"
         ext_text = f"{ext_before} -> {ext_after}" if ext_before != ext_after else f"at {ext_after}"
         emit(

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from cyclone_dsl.db.diagnose import connect_checked
-from cyclone_dsl.errors import SchemaVersionMismatch
+from cyclone_dsl.errors import InvalidArgument, SchemaVersionMismatch
 from cyclone_dsl.migrate.files import Migration, load_extension_migrations, load_migrations
 from cyclone_dsl.migrate.runner import (
     MigrationOutcome,
@@ -28,6 +28,10 @@ LATEST_SCHEMA_VERSION = 19
 
 LATEST_EXTENSION_VERSION = 8
 """The extension-track version a full :func:`migrate` of this build records."""
+
+MAX_LOCK_TIMEOUT_S = 2_147_483
+"""The longest wait for the migration lock, in seconds: PostgreSQL's lock_timeout is an int
+of milliseconds."""
 
 SCHEMA_VERSION_TABLE = "cyclone_schema_version"
 """The table holding the applied core version (tern's layout: one row, one column)."""
@@ -71,8 +75,34 @@ def migrate_versions(
     lock_timeout: float = 60.0,
 ) -> SchemaVersions:
     """:func:`migrate`, returning the resulting ``(core, extension)`` versions."""
-    outcome = _run(target, version, extension_version, lock_timeout)
+    outcome = migrate_outcome(
+        target, version=version, extension_version=extension_version, lock_timeout=lock_timeout
+    )
     return SchemaVersions(outcome.version, outcome.extension_version)
+
+
+def migrate_outcome(
+    target: str | psycopg.Connection[Any],
+    *,
+    version: int | None = None,
+    extension_version: int | None = None,
+    lock_timeout: float = 60.0,
+) -> MigrationOutcome:
+    """:func:`migrate`, returning both tracks' versions before (read under the migration
+    lock) and after."""
+    for name, value in (("version", version), ("extension_version", extension_version)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InvalidArgument(f"{name} must be an int or None, not {value!r}")
+    if (
+        not isinstance(lock_timeout, int | float)
+        or isinstance(lock_timeout, bool)
+        or not 0 < lock_timeout <= MAX_LOCK_TIMEOUT_S
+    ):
+        raise InvalidArgument(
+            f"lock_timeout must be a number of seconds above 0 and at most "
+            f"{MAX_LOCK_TIMEOUT_S}, not {lock_timeout!r}"
+        )
+    return _run(target, version, extension_version, lock_timeout)
 
 
 def _run(

@@ -80,6 +80,10 @@ def _load(folder: Traversable) -> tuple[Migration, ...]:
             )
         found[version] = Migration(version, match.group(2), up.strip(), down.strip())
     versions = sorted(found)
+    if versions and versions[0] < 1:
+        raise MigrationError(
+            f"migration {versions[0]:03d}_{found[versions[0]].name}.sql: versions start at 1"
+        )
     expected = list(range(1, len(versions) + 1))
     if versions != expected:
         missing = sorted(set(range(1, max(versions, default=0) + 1)) - set(versions))

@@ -132,10 +132,23 @@ def apply_migrations(
         ext_goal = ext_latest
     if not conn.autocommit:
         raise MigrationError("migrate() needs a connection in autocommit mode")
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        # Each migration commits on its own, under the lock: inside the caller's transaction
+        # nothing would be committed when the lock is released.
+        raise MigrationError("migrate() needs a connection outside any transaction")
     core = _Track("", core_files, Q.update_version)
     ext = _Track("extension ", ext_files, Q.update_ext_version)
+    with _typed("cannot read the session's schema"):
+        session = _one(conn, Q.migration_session)
+    assert session is not None
+    if session["schema"] is None:
+        raise MigrationError(
+            f"no schema to migrate: no schema on the search_path ({session['search_path']}) "
+            f"exists and may be used by this role; create the schema, or grant USAGE and "
+            f"CREATE on it"
+        )
     with _typed("cannot take the migration lock"):
-        _lock(conn, lock_timeout_s)
+        _lock(conn, lock_timeout_s, restore=str(session["lock_timeout"]))
     try:
         with _typed("cannot read or create the version tables"):
             current, ext_current = _prepare_version_tables(conn)
@@ -162,9 +175,11 @@ def apply_migrations(
             ext_current = _move(conn, ext, ext_current, 0)
         current = _move(conn, core, current, goal)
         ext_current = _move(conn, ext, ext_current, ext_goal)
-        return MigrationOutcome(before, current, ext_before, ext_current)
-    finally:
-        _unlock(conn)
+    except BaseException:
+        _unlock_after_failure(conn)
+        raise
+    _unlock(conn)
+    return MigrationOutcome(before, current, ext_before, ext_current)
 
 
 def run_migrations(
@@ -197,8 +212,10 @@ def _prepare_version_tables(conn: psycopg.Connection[Any]) -> tuple[int, int]:
     present = _one(conn, Q.version_tables_exist)
     if not (present and present["core"] and present["extension"]):
         conn.execute(Q.create_version_table)
-    current = _current(conn, Q.read_version, Q.insert_version)
-    return current, _current(conn, Q.read_ext_version, Q.insert_ext_version)
+    core = _current(conn, Q.read_version, Q.insert_version, "cyclone_schema_version")
+    return core, _current(
+        conn, Q.read_ext_version, Q.insert_ext_version, "cyclone_ext_schema_version"
+    )
 
 
 @contextmanager
@@ -217,11 +234,18 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _current(conn: psycopg.Connection[Any], read: LiteralString, insert: LiteralString) -> int:
+def _current(
+    conn: psycopg.Connection[Any], read: LiteralString, insert: LiteralString, table: str
+) -> int:
     version = _version(conn, read)
     if version is None:
         conn.execute(insert, {"version": 0})
         return 0
+    if version < 0:
+        raise MigrationError(
+            f"{table} records version {version}, which no migration has: the table was "
+            f"edited; set it to the version the schema is really at"
+        )
     return version
 
 
@@ -255,7 +279,9 @@ def _apply(
         conn.execute(track.update, {"version": new_version})
 
 
-def _lock(conn: psycopg.Connection[Any], timeout_s: float) -> None:
+def _lock(conn: psycopg.Connection[Any], timeout_s: float, *, restore: str) -> None:
+    """Take the migration lock, waiting up to ``timeout_s``; the session's lock_timeout is
+    ``restore`` again afterwards."""
     conn.execute(Q.set_lock_timeout, {"timeout": f"{max(1, int(timeout_s * 1000))}ms"})
     try:
         conn.execute(Q.migration_lock, {"namespace": LOCK_NAMESPACE})
@@ -267,15 +293,24 @@ def _lock(conn: psycopg.Connection[Any], timeout_s: float) -> None:
             f"wait for it, or end it with pg_terminate_backend({pid}) if it is stuck"
         ) from None
     finally:
-        conn.execute(Q.set_lock_timeout, {"timeout": "0"})
+        conn.execute(Q.set_lock_timeout, {"timeout": restore})
 
 
 def _unlock(conn: psycopg.Connection[Any]) -> None:
     if conn.closed:
         return  # the server released the lock with the session
-    row = _one(conn, Q.migration_unlock, {"namespace": LOCK_NAMESPACE})
+    with _typed("cannot release the migration lock"):
+        row = _one(conn, Q.migration_unlock, {"namespace": LOCK_NAMESPACE})
     if row is None or not row["released"]:
         raise MigrationError("the migration lock was not held at unlock time")
+
+
+def _unlock_after_failure(conn: psycopg.Connection[Any]) -> None:
+    """Release the lock after a failed migration without hiding why it failed."""
+    try:
+        _unlock(conn)
+    except MigrationError as exc:
+        log.warning("after a failed migration: %s", exc)
 
 
 def connect_for_migration(conninfo: str) -> psycopg.Connection[Any]:

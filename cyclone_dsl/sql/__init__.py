@@ -110,6 +110,7 @@ class _Queries:
     migration_lock: LiteralString
     migration_unlock: LiteralString
     migration_lock_holder: LiteralString
+    migration_session: LiteralString
     set_lock_timeout: LiteralString
     create_version_table: LiteralString
     read_version: LiteralString

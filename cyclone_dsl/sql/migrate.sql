@@ -17,6 +17,13 @@ WHERE l.locktype = 'advisory'
   AND l.granted
 LIMIT 1
 
+-- name: migration_session
+-- The schema migrations go to (NULL: no schema of search_path exists and may be used by
+-- this role), the search_path that chose it, and the session's lock_timeout (restored
+-- after the migrator's own).
+SELECT current_schema() AS schema, current_setting('search_path') AS search_path,
+       current_setting('lock_timeout') AS lock_timeout
+
 -- name: set_lock_timeout
 -- Bound how long the migrator waits for the lock (milliseconds).
 SELECT set_config('lock_timeout', %(timeout)s, false)
