@@ -4,11 +4,14 @@ through :class:`AfterCommit`, right after it commits)."""
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterable
 from typing import LiteralString
 
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.sql import Q
+
+_RUN_ID = re.compile(r"[0-9]{1,19}")
 
 WORK_CHANNEL = "cyclone_work"
 RUN_DONE_CHANNEL = "cyclone_run_done"
@@ -128,8 +131,9 @@ def steps_cancelled(tx: Tx, run_ids: Iterable[int]) -> None:
 
 
 def run_ids_of(payload: str) -> set[int]:
-    """The run ids of a ``cyclone_run_done`` or ``cyclone_cancel`` payload."""
-    return {int(part) for part in payload.split(",") if part.strip().isdigit()}
+    """The run ids of a ``cyclone_run_done`` or ``cyclone_cancel`` payload; anything else in
+    it is ignored (any role that may connect can NOTIFY, and ``"²".isdigit()`` is true)."""
+    return {int(part) for part in payload.split(",") if _RUN_ID.fullmatch(part.strip())}
 
 
 def names_run(payload: str, run_id: int) -> bool:

@@ -98,11 +98,25 @@ class JsonFormatter(logging.Formatter):
         return jsonlib.dumps(out, default=str, ensure_ascii=False)
 
 
+#: Control characters as escapes in a text line: a message carrying user data (a database
+#: error's DETAIL echoes the row) must not start a forged line or steer a terminal.
+_ESCAPES = {
+    code: {"\n": "\\n", "\r": "\\r"}.get(chr(code), f"\\x{code:02x}")
+    for code in [*range(32), 127]
+    if chr(code) != "\t"
+}
+
+
 class TextFormatter(logging.Formatter):
-    """The usual text line, followed by the step context when a step is in scope."""
+    """The usual text line, followed by the step context when a step is in scope. Control
+    characters of the message are escaped (``\\n``); a traceback follows on lines of its
+    own."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return super().formatMessage(record).translate(_ESCAPES)
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)

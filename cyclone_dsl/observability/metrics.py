@@ -139,7 +139,11 @@ class WorkerMetrics(WorkerObserver):
         )
         self._series: dict[tuple[str, str], _StepSeries] = {}
         self._series_lock = threading.Lock()
-        self._steps: dict[int, _StepSeries] = {}  # claimed and not yet settled
+        # Claimed and not yet settled, by step id: one series per attempt held. A step
+        # reclaimed and claimed here again is held twice until its first attempt is fenced,
+        # and the settle events name step ids only; both attempts count in the same series.
+        self._steps: dict[int, list[_StepSeries]] = {}
+        self._steps_lock = threading.Lock()
 
     def _of(self, queue: str, kind: str) -> _StepSeries:
         series = self._series.get((queue, kind))
@@ -153,7 +157,8 @@ class WorkerMetrics(WorkerObserver):
     def on_claimed(self, steps: Sequence[Claimed]) -> None:
         for step in steps:
             series = self._of(step.queue, step.kind)
-            self._steps[step.id] = series
+            with self._steps_lock:
+                self._steps.setdefault(step.id, []).append(series)
             series.claimed.inc()
 
     def on_started(self, step: Claimed, claim_to_start_s: float) -> None:
@@ -165,9 +170,14 @@ class WorkerMetrics(WorkerObserver):
 
     def _settled(self, step_ids: Collection[int]) -> Iterable[_StepSeries]:
         for step_id in step_ids:
-            series = self._steps.pop(step_id, None)
-            if series is not None:
-                yield series
+            with self._steps_lock:
+                held = self._steps.get(step_id)
+                if not held:
+                    continue
+                series = held.pop()
+                if not held:
+                    del self._steps[step_id]
+            yield series
 
     def on_completed(self, step_ids: Collection[int]) -> None:
         for series in self._settled(step_ids):

@@ -41,6 +41,10 @@ class TracingObserver(t.Tracing, WorkerObserver):
         super().__init__(tracer_provider)
         self.worker_id = worker_id
         self._open: dict[int, _Open] = {}
+        # Attempts superseded by a new claim of their step here before their outcome was
+        # recorded, by step id: that outcome can only be a fence (their lease is gone), and
+        # it must not land on the new attempt's span (the settle events name step ids).
+        self._superseded: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def start_attempts(self, steps: Sequence[Claimed], contexts: Mapping[int, Carrier]) -> None:
@@ -69,6 +73,8 @@ class TracingObserver(t.Tracing, WorkerObserver):
             with self._lock:
                 stale = self._open.pop(step.id, None)
                 self._open[step.id] = _Open(span, step.generation)
+                if stale is not None and not stale.recorded:
+                    self._superseded[step.id] = self._superseded.get(step.id, 0) + 1
             if stale is not None:  # reclaimed and claimed here again: the old one is over
                 stale.span.add_event("cyclone.superseded")
                 stale.span.end()
@@ -95,11 +101,12 @@ class TracingObserver(t.Tracing, WorkerObserver):
 
     def on_started(self, step: Claimed, claim_to_start_s: float) -> None:
         entry = self._entry(step.id, step.generation)
-        if entry is not None:
-            # Not detached: an async handler's task and a transactional handler run in a
-            # context of their own, and a sync handler's thread makes the next step's span
-            # current before its handler runs.
-            otel_context.attach(trace.set_span_in_context(entry.span))
+        # Not detached: an async handler's task and a transactional handler run in a context
+        # of their own, and a sync handler's thread makes the next step's span current
+        # before its handler runs; an attempt without a span (its start failed) makes none
+        # current, so that its handler's spans do not nest under the previous step's.
+        span = entry.span if entry is not None else trace.INVALID_SPAN
+        otel_context.attach(trace.set_span_in_context(span))
 
     def on_failure(self, step: Claimed, error_kind: str, error: str) -> None:
         entry = self._entry(step.id, step.generation)
@@ -134,7 +141,18 @@ class TracingObserver(t.Tracing, WorkerObserver):
         self._record(step_ids, "cyclone.retry" if retried else "cyclone.failed")
 
     def on_fenced(self, step_ids: Collection[int]) -> None:
-        self._record(step_ids, "cyclone.fenced")
+        current = []
+        for step_id in step_ids:
+            with self._lock:
+                left = self._superseded.get(step_id, 0)
+                if left:
+                    if left == 1:
+                        del self._superseded[step_id]
+                    else:
+                        self._superseded[step_id] = left - 1
+                    continue  # a superseded attempt's fence: its span already ended
+            current.append(step_id)
+        self._record(current, "cyclone.fenced")
 
     def on_released(self, step_ids: Collection[int]) -> None:
         self._record(step_ids, "cyclone.released")

@@ -563,6 +563,13 @@ class Worker:
                     "of this process, which the worker processes cannot share; use "
                     "processes=1 (or tracing=True: each process uses its global provider)"
                 )
+            if metrics_port and metrics_port + processes - 1 > 65535:
+                # Each process serves its own /metrics, on the port plus its index - 1.
+                raise InvalidArgument(
+                    f"metrics_port {metrics_port} with processes={processes} needs ports up "
+                    f"to {metrics_port + processes - 1}, past 65535: choose a lower port, "
+                    f"or 0 (any free port for each process)"
+                )
             self._spec = worker_spec(
                 dsn,
                 objects,
@@ -1019,6 +1026,8 @@ class Worker:
                 "cyclone-listen",
             ):
                 thread.join(timeout=10)
+        if self._observer is not None:
+            self._observer.on_listener(False)  # stopped: no wake-up is acted on any more
         self._close_runner()
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -1872,6 +1881,8 @@ class Worker:
                             elif note.payload in self.queues:
                                 self._wake_lanes()
                         ping(conn)  # a dead or half-open connection shows up here
+                if self._observer is not None:
+                    self._observer.on_listener(False)  # stopping: the connection is closed
             except DatabaseError as exc:
                 if self._observer is not None:
                     self._observer.on_listener(False)
