@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from cyclone_dsl.errors import InvalidArgument
+
 _shift = timedelta(0)
 
 
@@ -18,5 +20,9 @@ def current_shift() -> timedelta:
 
 
 def set_shift(shift: timedelta) -> None:
+    """Set the shift; anything but a timedelta is refused here, where the caller is (every
+    later statement of the process would fail on it)."""
+    if not isinstance(shift, timedelta):
+        raise InvalidArgument(f"the clock shift must be a timedelta, not {shift!r}")
     global _shift  # one clock per process, by design (see the module docstring)
     _shift = shift

@@ -12,8 +12,9 @@ Fixtures:
 ``cyclone_schema``
     a migrated schema ``cyclone_test_<random>`` with empty tables, from the
     pool: migrated once, emptied (``TRUNCATE … RESTART IDENTITY``) for each
-    test that reuses it. The schema of a test that did not pass, or that
-    changed the schema's structure, is dropped rather than reused. A test that
+    test that reuses it. The schema of a test that did not pass (its setup,
+    call or teardown failed), that changed the schema's structure, or that left
+    a worker running, is dropped rather than reused. A test that
     needs a schema of its own (unmigrated, at another version) makes it with
     :func:`~cyclone_dsl.testing.schemas.create_schema`.
 ``cyclone_dsn``
@@ -32,6 +33,7 @@ from cyclone_dsl.db.embedded import embedded_database
 from cyclone_dsl.testing.schemas import SchemaPool, with_search_path
 
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+_CHECKED_IN = pytest.StashKey[tuple[SchemaPool, str]]()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -39,9 +41,14 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Keep each phase's report on the item: ``cyclone_schema`` reuses only a schema whose
-    test passed."""
+    test passed. Its teardown runs before the teardown's report exists (the fixtures that
+    use it are torn down first): a schema checked in for reuse whose teardown then failed
+    is dropped here."""
     report = yield
     item.stash.setdefault(_REPORTS, {})[report.when] = report
+    if report.when == "teardown" and report.failed and _CHECKED_IN in item.stash:
+        pool, name = item.stash[_CHECKED_IN]
+        pool.discard(name)
     return report
 
 
@@ -72,6 +79,7 @@ def cyclone_schema(
     reports = request.node.stash.get(_REPORTS, {})
     passed = [reports[when].passed for when in ("setup", "call") if when in reports]
     cyclone_schema_pool.checkin(name, reusable=passed == [True, True])
+    request.node.stash[_CHECKED_IN] = (cyclone_schema_pool, name)
 
 
 @pytest.fixture

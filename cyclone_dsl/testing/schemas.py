@@ -14,9 +14,13 @@ What a reused schema could carry over from the test before, and why it does not:
 * its structure (a test that migrates down, or alters a table): the pool compares
   the catalog's :func:`schema_signature` at checkin with the one taken when the
   schema was made, and drops a schema that changed instead of reusing it;
-* whatever a failed test left behind (a worker that was never stopped): the
-  pytest plugin checks in the schema of a test that did not pass as not
-  reusable, so the pool drops it;
+* whatever a failed test left behind: the pytest plugin checks in the schema of a
+  test that did not pass (its setup, call or teardown failed) as not reusable, so
+  the pool drops it;
+* a worker a test started and never stopped, even a test that passed: its
+  registration is still live (not stopped, its process alive on this host), so
+  :meth:`SchemaPool.checkin` drops the schema rather than hand the worker the next
+  test's steps (:func:`live_workers`);
 * locks: the engine's advisory locks are keyed by schema; the scanners' and the
   registry's are transaction-level, the migrator's is session-level and goes
   with its connection. A session that still holds a lock on a table (a
@@ -28,7 +32,9 @@ What a reused schema could carry over from the test before, and why it does not:
 
 from __future__ import annotations
 
+import os
 import secrets
+import socket
 import time
 from collections.abc import Sequence
 from typing import Any, LiteralString
@@ -228,6 +234,35 @@ def lock_holders(conn: psycopg.Connection[Any], schema: str) -> list[str]:
     return sorted(str(holder) for (holder,) in rows)
 
 
+_WORKERS_TABLE: LiteralString = """
+SELECT to_regclass(format('%%I.cyclone_ext_workers', %(schema)s::text))
+"""
+
+
+def live_workers(conn: psycopg.Connection[Any], schema: str) -> list[str]:
+    """The workers registered in ``schema`` that never recorded their stop and whose
+    process runs on this host (this one among them: a ``Worker`` a test left running)."""
+    if conn.execute(_WORKERS_TABLE, {"schema": schema}).fetchone() in (None, (None,)):
+        return []
+    rows = conn.execute(
+        sql.SQL("SELECT id, host, pid FROM {} WHERE stopped_at IS NULL").format(
+            sql.Identifier(schema, "cyclone_ext_workers")
+        )
+    ).fetchall()
+    here = socket.gethostname()
+    return sorted(str(id_) for id_, host, pid in rows if host == here and _alive(int(pid)))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 def schema_signature(conn: psycopg.Connection[Any], schema: str) -> str:
     """A digest of ``schema``'s structure (see ``_SIGNATURE``) and of its version tables'
     rows: equal before and after a test that changed neither."""
@@ -323,6 +358,8 @@ class SchemaPool:
                 holders = lock_holders(conn, name)
             if reusable and not holders:
                 reusable = schema_signature(conn, name) == self._known[name].signature
+            if reusable and not holders:
+                reusable = not live_workers(conn, name)
         if reusable and not holders:
             self._idle.append(name)
             return
@@ -333,6 +370,13 @@ class SchemaPool:
                 f"{self.lock_timeout:g}s after its test ended: a transaction left open (a "
                 f"worker or connection that outlived its test)"
             )
+
+    def discard(self, name: str) -> None:
+        """Drop ``name`` if it is idle: it was checked in before its test turned out not
+        to pass (a fixture's teardown failed after)."""
+        if name in self._idle:
+            self._idle.remove(name)
+            self._drop(name)
 
     def close(self) -> None:
         """Drop every schema this pool made, idle or not."""
