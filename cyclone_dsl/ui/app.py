@@ -51,6 +51,20 @@ PAGE = 50
 PREVIEW_CHARS = 2000
 
 
+def _same_secret(expected: str, given: str) -> bool:
+    """A constant-time comparison of two secrets; as bytes, since compare_digest refuses
+    strings with non-ASCII characters (a token "pässwort" failed every write)."""
+    return hmac.compare_digest(expected.encode("utf-8"), given.encode("utf-8"))
+
+
+class _NoSuchRun(RunNotFound):
+    """A run id in a URL that is not a number."""
+
+    def __init__(self, given: str) -> None:
+        self.run_id = -1
+        CycloneError.__init__(self, f"no run has the id {given!r}: a run id is a number")
+
+
 def _json(value: object) -> str:
     return json.dumps(value, indent=2, default=str, ensure_ascii=False)
 
@@ -140,19 +154,20 @@ def create_app(
             return JSONResponse({"error": "this dashboard is read-only"}, status_code=403)
         form = {k: str(v) for k, v in (await request.form()).items()}
         cookie = request.cookies.get(CSRF_COOKIE, "")
-        if not cookie or not hmac.compare_digest(cookie, form.get("csrf", "")):
+        if not cookie or not _same_secret(cookie, form.get("csrf", "")):
             return JSONResponse({"error": "missing or wrong CSRF token"}, status_code=403)
         if token is not None:
             given = form.get("token") or request.headers.get("x-cyclone-token", "")
-            if not hmac.compare_digest(token, given):
+            if not _same_secret(token, given):
                 return JSONResponse({"error": "missing or wrong token"}, status_code=401)
         return form
 
     def run_id_of(request: Request) -> int:
+        given = request.path_params["run_id"]
         try:
-            return int(request.path_params["run_id"])
+            return int(given)
         except ValueError:
-            raise RunNotFound(-1) from None
+            raise _NoSuchRun(given) from None
 
     def runs(request: Request) -> HTMLResponse:
         filters = _run_filters(request)
@@ -241,6 +256,8 @@ def create_app(
                 return JSONResponse({"error": "unknown action"}, status_code=404)
         except json.JSONDecodeError as exc:
             return back(url, error=f"the payload is not valid JSON: {exc}")
+        except RecursionError:
+            return back(url, error="the payload is not valid JSON: it is nested too deeply")
         except CycloneError as exc:
             return back(url, error=str(exc).splitlines()[0])
         return back(url, message=f"{action}: done")
@@ -264,7 +281,10 @@ def create_app(
         form = await guarded(request)
         if isinstance(form, Response):
             return form
-        enabled = request.path_params["action"] == "enable"
+        action = request.path_params["action"]
+        if action not in ("enable", "disable"):
+            return JSONResponse({"error": "unknown action"}, status_code=404)
+        enabled = action == "enable"
         try:
             await _threaded(client.enable_schedule, request.path_params["schedule_id"], enabled)
         except CycloneError as exc:
@@ -368,11 +388,12 @@ def create_app(
             Route("/runs", runs),
             Route("/runs/{run_id}", run_page),
             Route("/runs/{run_id}/live", run_live),
-            Route("/runs/{run_id}/steps/{node}/output.json", output),
+            # :path: a node or schedule id may hold a "/" (the templates leave it as is).
+            Route("/runs/{run_id}/steps/{node:path}/output.json", output),
             Route("/runs/{run_id}/{action}", steer, methods=["POST"]),
             Route("/queues", queues),
             Route("/schedules", schedules),
-            Route("/schedules/{schedule_id}/{action}", toggle_schedule, methods=["POST"]),
+            Route("/schedules/{schedule_id:path}/{action}", toggle_schedule, methods=["POST"]),
             Route("/api/counts", api_counts),
             Route("/api/stats", api_stats),
             Route("/api/runs", api_runs),
