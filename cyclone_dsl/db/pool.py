@@ -29,6 +29,9 @@ class PooledDatabase:
         self.dsn = dsn
         self.pooled = pooled
         self._name = name
+        # The last call found the server gone: the next ones probe it before waiting for a
+        # pooled connection (the pool's wait would last its whole timeout, 30 s).
+        self._server_gone = False
         try:
             self._pool: ConnectionPool[Any] = make_pool(
                 dsn, name=name, max_size=max_size, pooled=pooled
@@ -55,6 +58,8 @@ class PooledDatabase:
         A deadlock or serialization failure retries the whole transaction.
         """
         self.check_open()
+        if self._server_gone:
+            self._probe()
         try:
             if one_statement:
                 return in_autocommit(self._pool, work)
@@ -66,6 +71,7 @@ class PooledDatabase:
             self.check_open()  # psycopg_pool's PoolClosed is an OperationalError
             if not is_connection_loss(exc):
                 raise
+            self._server_gone = True
             server = describe_server(parse_dsn(self.dsn))
             raise DatabaseUnavailable(
                 f"the connection to {server} was lost: {str(exc).strip().splitlines()[0]}: "
@@ -74,11 +80,21 @@ class PooledDatabase:
                 "connection_lost",
             ) from exc
 
+    def _probe(self) -> None:
+        """After a call found the server gone: unless the pool holds a connection again,
+        raise the server's named cause at once if it still cannot be reached."""
+        if self._pool.get_stats().get("pool_available", 0) > 0:
+            self._server_gone = False
+            return
+        check_reachable(self.dsn, name="cyclone-client-check")
+        self._server_gone = False
+
     def _pool_unavailable(self, exc: PoolTimeout) -> DatabaseUnavailable:
         """Why the pool gave no connection: the server (named cause), or a busy pool."""
         try:
             check_reachable(self.dsn, name="cyclone-client-check")
         except DatabaseUnavailable as cause:
+            self._server_gone = True
             return cause
         return DatabaseUnavailable(
             f"no pooled connection to {describe_server(parse_dsn(self.dsn))} became free in "

@@ -11,10 +11,11 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cyclone_dsl import Client, DatabaseUnavailable, InvalidArgument, Worker, migrate, step
 from cyclone_dsl.db.diagnose import is_connection_loss, mask_passwords
@@ -182,3 +183,29 @@ def test_a_session_the_server_ended_for_idling_in_a_transaction_is_a_lost_connec
     assert caught.value.sqlstate == "25P03"
     assert isinstance(caught.value, ConnectionFailure)
     assert is_connection_loss(caught.value)
+
+
+def test_calls_fail_fast_while_the_server_is_unreachable(cyclone_dsn: str) -> None:
+    """Once a call found the server unreachable, the next ones say so at once (a probe of
+    a few milliseconds) instead of each waiting the pool's 30 s for a connection that
+    cannot come: a web app's requests, or the dashboard's live page, would pile up."""
+    from tests.faults.tcp_proxy import TcpProxy
+
+    params: dict[str, Any] = conninfo_to_dict(cyclone_dsn)
+    socket_path = f"{params['host']}/.s.PGSQL.{params.get('port') or 5432}"
+    proxy = TcpProxy("127.0.0.1", 0, upstream_socket=socket_path).start()
+    params.update(host="127.0.0.1", port=str(proxy.port))
+    try:
+        with Client(make_conninfo(**params), pool_size=1) as client:
+            assert client.run_counts() == {}
+            proxy.stop()  # connections cut, new ones refused
+            with pytest.raises(DatabaseUnavailable):
+                client.run_counts()
+            for _ in range(2):
+                started = time.monotonic()
+                with pytest.raises(DatabaseUnavailable) as caught:
+                    client.run_counts()
+                assert time.monotonic() - started < 5
+                assert caught.value.cause == "connection_refused"
+    finally:
+        proxy.stop()

@@ -560,10 +560,6 @@ def test_uia_a_lost_database_gives_the_typed_page_without_the_password(
         assert UIA_SECRET not in page.text and "Traceback" not in page.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with the database down a page waits the pool's 30 s before its 503",
-)
 def test_uia_a_database_that_is_down_is_reported_promptly(
     uia_proxied: tuple[UiaProxy, Client],
 ) -> None:
