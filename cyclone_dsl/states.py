@@ -53,6 +53,7 @@ class ErrorKind(StrEnum):
     CHILD_FAILED = "child_failed"
     CANCELLED = "cancelled"
     SKIPPED = "skipped"  # a conditional node that did not run (its step is completed)
+    RECLAIMED = "reclaimed"  # an attempt whose lease expired (the attempt history only)
 
 
 class OnDepFailure(StrEnum):

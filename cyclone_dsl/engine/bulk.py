@@ -153,7 +153,8 @@ class RunFilter:
     * ``queues``: one of the run's steps is in this queue;
     * ``error_kinds``: one of the run's steps carries this error kind (the step
       that failed the run, the steps its failure or a deadline cancelled, or one
-      waiting to retry after a failed attempt);
+      waiting to retry after a failed attempt), or one of its attempts failed with
+      it (``reclaimed`` is only there): the runs ``list_runs(error_kind=...)`` lists;
     * ``since`` / ``until``: created at or after ``since`` and before ``until``;
     * ``ended_since`` / ``ended_until``: ended at or after / before (an open run
       has not ended and never matches these).

@@ -11,9 +11,13 @@ r.state = ANY(%(states)b::text[])
   AND (%(queues)b::text[] IS NULL OR EXISTS (
         SELECT 1 FROM cyclone_steps AS q
         WHERE q.run_id = r.id AND q.queue = ANY(%(queues)b::text[])))
-  AND (%(error_kinds)b::text[] IS NULL OR EXISTS (
-        SELECT 1 FROM cyclone_steps AS e
-        WHERE e.run_id = r.id AND e.error_kind = ANY(%(error_kinds)b::text[])))
+  -- A step carries the kind, or one of its attempts failed with it (as list_runs reads it).
+  AND (%(error_kinds)b::text[] IS NULL
+       OR EXISTS (SELECT 1 FROM cyclone_steps AS e
+                  WHERE e.run_id = r.id AND e.error_kind = ANY(%(error_kinds)b::text[]))
+       OR EXISTS (SELECT 1 FROM cyclone_steps AS e
+                  JOIN cyclone_ext_attempts AS a ON a.step_id = e.id
+                  WHERE e.run_id = r.id AND a.error_kind = ANY(%(error_kinds)b::text[])))
 
 -- name: bulk_bound
 -- The newest run id now: a bulk operation acts on runs up to it, never on later ones.

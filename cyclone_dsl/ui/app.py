@@ -75,7 +75,7 @@ def _preview(value: object) -> tuple[str, bool]:
 
 
 #: Error kinds the runs list filters by: the steps' and the attempt history's.
-ERROR_KINDS = [k.value for k in ErrorKind if k is not ErrorKind.SKIPPED] + ["reclaimed"]
+ERROR_KINDS = [k.value for k in ErrorKind if k is not ErrorKind.SKIPPED]
 
 
 @pass_context

@@ -22,6 +22,7 @@ from cyclone_dsl import (
     Permanent,
     RunFilter,
     RunState,
+    StepContext,
     Worker,
     child,
     step,
@@ -103,6 +104,18 @@ def wait_b(tag):  # type: ignore[no-untyped-def]
 @workflow(name="bk_parent")
 def parent(tag):  # type: ignore[no-untyped-def]
     return after(child(one, tag))
+
+
+@step(name="bk_flaky", max_attempts=2)
+def flaky(tag: str, *, ctx: StepContext) -> str:
+    if ctx.attempt == 1:
+        raise RuntimeError(f"{tag}: the first attempt fails")
+    return tag
+
+
+@workflow(name="bk_flaky_then_waits")
+def flaky_then_waits(tag):  # type: ignore[no-untyped-def]
+    return after(wait_signal("go", after=flaky(tag)))
 
 
 HANDLERS = [task, crash, other_queue, after]
@@ -269,6 +282,27 @@ def test_retry_many_by_error_kind(client: Client, start_worker: Callable[..., Wo
     assert states(client, crashed) == [RunState.COMPLETED]
     assert states(client, permanent) == [RunState.FAILED] * 2
     check_dry_run_then_act(client.retry_many, RunFilter(error_kinds=["permanent"]), permanent)
+
+
+def test_bulk_error_kinds_match_the_runs_list_shows(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """A run whose step failed an attempt, then completed, carries the kind in its attempt
+    history only: ``list_runs(error_kind=...)`` (and the dashboard) list it, and a bulk
+    operation with the same filter (the dashboard's bulk form) acts on what was listed."""
+    start_worker(flaky, after)
+    flaked = client.submit(flaky_then_waits, "f1")
+    waiting = client.submit(wait_a, "w1")
+    wait_until(
+        lambda: (
+            [s.state for s in client.get_run(flaked.id).steps if s.node == "bk_flaky"]
+            == ["completed"]
+        ),
+        what="the flaky step completed on its second attempt",
+    )
+    assert [r.id for r in client.list_runs(error_kind="error")] == [flaked.id]
+    check_dry_run_then_act(client.cancel_many, RunFilter(error_kinds="error"), [flaked.id])
+    assert states(client, [flaked.id, waiting.id]) == [RunState.CANCELLED, RunState.RUNNING]
 
 
 def test_retry_many_by_queue(client: Client, start_worker: Callable[..., Worker]) -> None:

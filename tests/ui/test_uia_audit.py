@@ -1,8 +1,7 @@
 """An audit of the dashboard as a hostile or careless user meets it: escaping of every
 user-controlled name, writes refused without their protection, bad ids and filters,
 static files, a database or replica that is down, and the features docs/ui.md promises.
-
-Tests marked ``xfail(strict=True)`` show a bug (their reason says which)."""
+"""
 
 from __future__ import annotations
 
@@ -495,11 +494,6 @@ def test_uia_bulk_resume_by_state_counts_then_acts(client: Client, uia_web: Test
     assert {client.get_run(r).state for r in [*paused, running]} == {RunState.RUNNING}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the runs list offers error kind 'reclaimed' and its bulk form, "
-    "but bulk refuses it ('not an error kind')",
-)
 def test_uia_bulk_takes_every_error_kind_the_runs_list_filters_by(
     client: Client, uia_web: TestClient
 ) -> None:
