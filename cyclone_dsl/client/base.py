@@ -13,7 +13,7 @@ from cyclone_dsl.engine import LIVE_FOR
 from cyclone_dsl.errors import InvalidArgument, RunNotFound
 from cyclone_dsl.graph.validate import MAX_SIGNAL_NAME_BYTES, queue_problem
 from cyclone_dsl.payload import JSONValue, is_text, utf8_size
-from cyclone_dsl.states import RunState
+from cyclone_dsl.states import ErrorKind, RunState
 
 #: The longest key or signal name (bytes of UTF-8): a wait takes no longer name.
 MAX_KEY_BYTES = MAX_SIGNAL_NAME_BYTES
@@ -136,6 +136,15 @@ def run_state(value: RunState | str) -> RunState:
     except ValueError:
         valid = ", ".join(s.value for s in RunState)
         raise InvalidArgument(f"{value!r} is not a run state; the states are {valid}") from None
+
+
+def error_kind(value: object) -> str:
+    """An error kind's name, or :class:`InvalidArgument` listing the valid ones."""
+    try:
+        return ErrorKind(value if isinstance(value, str) else "").value
+    except ValueError:
+        valid = ", ".join(k.value for k in ErrorKind)
+        raise InvalidArgument(f"{value!r} is not an error kind; the kinds are {valid}") from None
 
 
 def purge_states(states: tuple[RunState | str, ...]) -> list[RunState]:

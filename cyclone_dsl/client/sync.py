@@ -528,7 +528,7 @@ class Client:
         filters: dict[str, tuple[object, Callable[[str, object], object]]] = {
             "workflow": (workflow, base.checked_text),
             "text": (text, base.checked_text),
-            "error_kind": (error_kind, base.checked_text),
+            "error_kind": (error_kind, lambda _, value: base.error_kind(value)),
             "before_id": (before_id, base.checked_id),
             "parent_run_id": (parent_run_id, base.checked_id),
             "since": (since, base.checked_aware),

@@ -117,6 +117,10 @@ def mask_passwords(text: str, dsn: str | None = None, *, password: str | None = 
     return text
 
 
+#: A DSN that may carry a password: a password setting, or a URL's user:password@.
+_MENTIONS_PASSWORD = re.compile(r"password|://[^/@]*:[^/@]*@", re.IGNORECASE)
+
+
 def _one_line(text: str) -> str:
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return lines[0] if lines else "no detail"
@@ -139,6 +143,12 @@ def parse_dsn(dsn: str) -> dict[str, Any]:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         detail = mask_passwords(_one_line(str(exc)), dsn)
+        if _MENTIONS_PASSWORD.search(dsn):
+            # libpq quotes the piece it stumbled on, which may be part of the password (an
+            # unquoted space splits it): no quoted piece is shown then.
+            detail = re.sub(
+                r'"([^"]*)"', lambda m: m.group(0) if m.group(1) == "=" else f'"{MASK}"', detail
+            )
         raise InvalidArgument(f"the DSN cannot be parsed: {detail}") from None
     for port in str(params.get("port") or "").split(","):
         # libpq takes a list of ports (one per host); an empty entry is the default

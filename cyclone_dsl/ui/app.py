@@ -96,6 +96,9 @@ def create_app(
     read replica that every page and read-only endpoint reads from (with its lag shown);
     actions still go to ``client``. The replica is first reached at the first page, so
     the app starts while it is down (its pages then say so)."""
+    if token is not None and (not isinstance(token, str) or not token):
+        # "" would be matched by a request that sends no token: writes left unprotected.
+        raise InvalidArgument(f"token must be a non-empty string or None, not {token!r}")
     reads = Reads(client, read_dsn)
 
     def reading(request: Request) -> Reading:

@@ -146,6 +146,11 @@ def test_a_lost_connection_is_typed_and_the_next_call_reconnects(
             'the DSN cannot be parsed: unexpected spaces found in "****", use '
             "percent-encoded spaces (%20) instead",
         ),
+        (
+            # An unquoted space splits the password: libpq quotes its second half.
+            "host=db password=s3c ret dbname=app",
+            'the DSN cannot be parsed: missing "=" after "****" in connection info string',
+        ),
     ],
 )
 def test_a_dsn_error_is_one_line_without_the_password(dsn: str, message: str) -> None:

@@ -19,7 +19,15 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from starlette.testclient import TestClient
 
-from cyclone_dsl import Client, StepContext, Worker, step, wait_signal, workflow
+from cyclone_dsl import (
+    Client,
+    InvalidArgument,
+    StepContext,
+    Worker,
+    step,
+    wait_signal,
+    workflow,
+)
 from cyclone_dsl.states import RunState
 from cyclone_dsl.ui.app import CSRF_COOKIE, create_app
 
@@ -593,3 +601,22 @@ def test_uia_a_replica_that_is_down_gives_a_typed_page_and_actions_still_work(
         )
         assert done.status_code == 303
     assert client.get_run(handle.id).state is RunState.CANCELLED
+
+
+def test_uia_an_empty_token_is_refused(client: Client) -> None:
+    """An empty token would be matched by a request that sends none: writes unprotected."""
+    with pytest.raises(InvalidArgument, match="token"):
+        create_app(client, token="")
+
+
+def test_uia_an_unknown_error_kind_filter_is_a_bad_request(
+    client: Client, uia_web: TestClient
+) -> None:
+    """As an unknown state is: not an empty list that looks like "no such runs"."""
+    client.submit(uia_waits, 1)
+    response = uia_web.get("/runs", params={"error_kind": "bogus"})
+    assert response.status_code == 400
+    assert "'bogus' is not an error kind" in response.json()["error"]
+    with pytest.raises(InvalidArgument, match="'bogus' is not an error kind"):
+        client.list_runs(error_kind="bogus")
+    assert client.list_runs(error_kind="reclaimed") == []
