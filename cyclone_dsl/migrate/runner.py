@@ -25,6 +25,7 @@ from psycopg.rows import dict_row
 
 from cyclone_dsl.db.diagnose import connect_checked
 from cyclone_dsl.errors import (
+    DatabaseUnavailable,
     MigrationError,
     MigrationLockTimeout,
     MigrationPermissionDenied,
@@ -83,8 +84,16 @@ def read_versions(conn: psycopg.Connection[Any]) -> SchemaVersions:
     Read-only: creates nothing and takes no lock.
     """
     present = _one(conn, Q.version_tables_exist)
-    core = _version(conn, Q.read_version) if present and present["core"] else None
-    ext = _version(conn, Q.read_ext_version) if present and present["extension"] else None
+    try:
+        core = _version(conn, Q.read_version) if present and present["core"] else None
+        ext = _version(conn, Q.read_ext_version) if present and present["extension"] else None
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise DatabaseUnavailable(
+            f"the role {conn.info.user!r} may not read Cyclone's schema version: "
+            f"{_first_line(exc)}: grant it SELECT, INSERT, UPDATE and DELETE on Cyclone's "
+            f"tables (see the roles in docs/howto/deploy.md)",
+            "permission_denied",
+        ) from exc
     return SchemaVersions(core or 0, ext or 0)
 
 

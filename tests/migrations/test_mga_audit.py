@@ -576,3 +576,24 @@ def test_mga_cli_migrate_reports_the_versions_it_found_under_the_lock(
     assert outcome and outcome[0].returncode == 0, outcome
     report = json.loads(outcome[0].stdout)
     assert (report["before"], report["version"]) == (5, LATEST_SCHEMA_VERSION)
+
+
+def test_mga_a_role_that_may_not_read_the_version_tables_gets_a_typed_error(
+    role_without_usage: tuple[str, str, str],
+) -> None:
+    """USAGE on the schema but no SELECT on its tables: the start-up check names the
+    missing privilege instead of raising the driver's InsufficientPrivilege."""
+    name, admin, role_dsn = role_without_usage
+    role = conninfo_to_dict(role_dsn)["user"]
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                sql.Identifier(name), sql.Identifier(role)
+            )
+        )
+    for call in (lambda: versions(role_dsn), lambda: Client(role_dsn)):
+        with pytest.raises(DatabaseUnavailable) as caught:
+            call()
+        assert caught.value.cause == "permission_denied"
+        assert "cyclone_schema_version" in str(caught.value)
+        assert "\n" not in str(caught.value)
