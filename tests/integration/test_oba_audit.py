@@ -153,6 +153,20 @@ def metered(start_worker: Callable[..., Worker], *objects: Any, **options: Any) 
     return start_worker(*objects, metrics_port=0, metrics_host="127.0.0.1", **options)
 
 
+def counted(worker: Worker, kind: str, **expected: int) -> Samples:
+    """Wait until the worker's step counts of ``kind`` are ``expected`` (those not named:
+    0); return the scrape that showed them."""
+    want = {"claimed": 0, "completed": 0, "retried": 0, "failed": 0, "fenced": 0, **expected}
+    seen: list[Samples] = []
+
+    def settled() -> bool:
+        seen[:] = [scrape(worker.metrics_port)]
+        return counts(seen[0], kind) == want
+
+    wait_until(settled, what=f"the counts of {kind}: {want}")
+    return seen[0]
+
+
 def step_state(client: Client, run_id: int) -> str:
     return str(client.get_run(run_id).steps[0].state)
 
@@ -186,18 +200,7 @@ def test_oba_async_retry_counts_one_claim_per_attempt(
     worker = metered(start_worker, oba_async_flaky)
     handle = client.enqueue(oba_async_flaky, 5)
     assert handle.result(timeout=20) == 5
-    wait_until(
-        lambda: counts(scrape(worker.metrics_port), "oba_async_flaky")["completed"] == 1,
-        what="the completion counted",
-    )
-    samples = scrape(worker.metrics_port)
-    assert counts(samples, "oba_async_flaky") == {
-        "claimed": 2,
-        "completed": 1,
-        "retried": 1,
-        "failed": 0,
-        "fenced": 0,
-    }
+    samples = counted(worker, "oba_async_flaky", claimed=2, completed=1, retried=1)
     labels = {"queue": "default", "kind": "oba_async_flaky"}
     assert total(samples, "cyclone_step_handler_seconds_count", **labels) == 2
     assert total(samples, "cyclone_step_claim_to_start_seconds_count", **labels) == 2
@@ -210,18 +213,7 @@ def test_oba_permanent_failure_counts_failed_once_and_ends_the_run(
     worker = metered(start_worker, oba_permanent)
     handle = client.enqueue(oba_permanent, 7)
     assert handle.wait(timeout=20).state is RunState.FAILED
-    wait_until(
-        lambda: counts(scrape(worker.metrics_port), "oba_permanent")["failed"] == 1,
-        what="the failure counted",
-    )
-    samples = scrape(worker.metrics_port)
-    assert counts(samples, "oba_permanent") == {
-        "claimed": 1,
-        "completed": 0,
-        "retried": 0,
-        "failed": 1,
-        "fenced": 0,
-    }
+    samples = counted(worker, "oba_permanent", claimed=1, failed=1)
     assert (
         total(
             samples,
@@ -239,18 +231,7 @@ def test_oba_transactional_step_is_counted_once_with_its_run(
     worker = metered(start_worker, oba_tx)
     handle = client.enqueue(oba_tx, 4)
     assert handle.result(timeout=20) == 8
-    wait_until(
-        lambda: counts(scrape(worker.metrics_port), "oba_tx")["completed"] == 1,
-        what="the completion counted",
-    )
-    samples = scrape(worker.metrics_port)
-    assert counts(samples, "oba_tx") == {
-        "claimed": 1,
-        "completed": 1,
-        "retried": 0,
-        "failed": 0,
-        "fenced": 0,
-    }
+    samples = counted(worker, "oba_tx", claimed=1, completed=1)
     assert total(samples, "cyclone_step_handler_seconds_count", kind="oba_tx") == 1
     assert total(samples, "cyclone_run_duration_seconds_count", workflow="oba_tx") == 1
 
