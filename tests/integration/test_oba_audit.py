@@ -626,6 +626,34 @@ def test_oba_timed_out_attempt_span_says_timeout(
     assert [e.name for e in attempt.events] == ["cyclone.failed"]
 
 
+@step(name="oba_tx_slow_sql", transactional=True, timeout=0.5, max_attempts=1)
+def oba_tx_slow_sql(n: int, *, ctx: StepContext) -> int:
+    ctx.connection.execute("SELECT pg_sleep(10)")  # ended by the step's timeout
+    return n
+
+
+def test_oba_transactional_timed_out_attempt_span_says_timeout(
+    cyclone_dsn: str,
+    start_worker: Callable[..., Worker],
+    spans: tuple[TracerProvider, Callable[[], list[ReadableSpan]]],
+) -> None:
+    """A transactional step whose SQL outlived its timeout: its span says timeout, as a
+    plain step's does."""
+    provider, finished = spans
+    start_worker(oba_tx_slow_sql, tracing=provider)
+    with Client(cyclone_dsn, tracing=provider) as client:
+        handle = client.enqueue(oba_tx_slow_sql, 3)
+        assert handle.wait(timeout=20).state is RunState.FAILED
+        assert client.get_run(handle.id).steps[0].error_kind == "timeout"
+    wait_until(
+        lambda: [s for s in finished() if s.name == "cyclone.step oba_tx_slow_sql"],
+        what="the attempt's span",
+    )
+    [attempt] = [s for s in finished() if s.name == "cyclone.step oba_tx_slow_sql"]
+    assert attr(attempt, "cyclone.error_kind") == "timeout"
+    assert attr(attempt, "cyclone.outcome") == "timeout"
+
+
 def test_oba_cancelled_attempt_span_is_abandoned_with_a_fenced_event(
     cyclone_dsn: str,
     start_worker: Callable[..., Worker],
