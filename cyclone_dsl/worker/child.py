@@ -11,6 +11,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 from datetime import timedelta
@@ -18,7 +19,7 @@ from typing import Any
 
 from cyclone_dsl.db.errors import DatabaseError
 from cyclone_dsl.errors import CycloneError, WorkerCrashed
-from cyclone_dsl.worker.processes import ENV_SPEC
+from cyclone_dsl.worker.processes import ENV_SPEC, STOP_SIGNALS
 from cyclone_dsl.worker.worker import Worker
 
 log = logging.getLogger("cyclone.worker")
@@ -50,7 +51,32 @@ def _watch(stop_fd: int, worker: Worker, index: int) -> None:
     worker.request_stop()
 
 
+class _EarlySignals:
+    """SIGTERM and SIGINT before the worker runs (its imports can take seconds; a group
+    signal from systemd or Ctrl-C reaches this process too): a stop, not a death."""
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+        self.signalled = False
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+        # Blocked by the supervisor until now: one that came meanwhile is handled here.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.signalled = True
+        if self.worker is not None:
+            self.worker.request_stop()
+
+    def hand_over(self, worker: Worker) -> None:
+        """From now on ``worker`` hears the signals (its run() installs its handlers)."""
+        self.worker = worker
+        if self.signalled:
+            worker.request_stop()
+
+
 def main() -> int:
+    early = _EarlySignals()
     spec: dict[str, Any] = json.loads(os.environ.pop(ENV_SPEC))
     # The supervisor's import path (a script's directory first): its modules import here.
     sys.path[:0] = [p for p in spec["sys_path"] if p not in sys.path]
@@ -58,8 +84,8 @@ def main() -> int:
     for name in spec["also"]:
         try:
             importlib.import_module(name)
-        except ImportError as exc:
-            log.warning("could not import %r (it defines workflows): %s", name, exc)
+        except Exception as exc:  # noqa: BLE001 - only its workflows are missing then
+            log.warning("could not import %r (it defines workflows): %r", name, exc)
     options = dict(spec["options"])
     retention = options.pop("retention")
     metrics_port = options.pop("metrics_port")
@@ -73,6 +99,7 @@ def main() -> int:
         metrics_port=metrics_port + index - 1 if metrics_port else metrics_port,
         **options,
     )
+    early.hand_over(worker)
     threading.Thread(
         target=_watch, args=(spec["stop_fd"], worker, index), name="cyclone-stop-pipe", daemon=True
     ).start()

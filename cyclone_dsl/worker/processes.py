@@ -37,6 +37,9 @@ log = logging.getLogger("cyclone.worker")
 
 #: The environment variable that carries a child's settings (JSON), DSN included: the
 #: environment of a process is readable by its own user only, its command line by all.
+#: The signals a worker process holds back until it can take them as a stop.
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
 ENV_SPEC = "CYCLONE_WORKER_SPEC"
 #: A child that ran at least this long before it died is restarted at once.
 STABLE_S = 10.0
@@ -158,12 +161,17 @@ class Supervisor:
         self._thread.start()
         return self
 
-    def stop(self, timeout: float | None = None) -> int:
-        """Stop the children gracefully; return the exit code :meth:`run` would."""
+    def request_stop(self) -> None:
+        """Begin a graceful stop of the children (as a first SIGTERM does); return at once."""
+        self._stopping.set()
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """Stop the children gracefully; return the exit code :meth:`run` would, or None
+        while they are still stopping after ``timeout`` seconds."""
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout if timeout is not None else self.grace + STOP_MARGIN_S + 5)
-        return self.exit_code if self.exit_code is not None else 1
+        return self.exit_code  # None: still stopping (or running in run(), told to stop)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self._stopping.is_set():
@@ -193,6 +201,10 @@ class Supervisor:
     def _spawn(self, child: _Child) -> None:
         read_end, write_end = os.pipe()  # both ends non-inheritable: only pass_fds shares one
         spec = {**self.spec, "index": child.index, "stop_fd": read_end}
+        # The child starts with SIGTERM and SIGINT blocked (a thread's signal mask survives
+        # exec): a group signal while its interpreter starts and imports stays pending until
+        # it has handlers of its own, which take it as a stop (cyclone_dsl.worker.child).
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
             child.proc = subprocess.Popen(
                 [sys.executable, "-m", "cyclone_dsl.worker.child"],
@@ -203,6 +215,7 @@ class Supervisor:
             os.close(write_end)
             raise
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             os.close(read_end)
         child.stop_fd = write_end
         child.started = time.monotonic()

@@ -549,6 +549,7 @@ class Worker:
         self._children_due = threading.Event()  # a child run was left for a worker to start
         self._cancel_runs: set[int] = set()
         self._crash: BaseException | None = None
+        self._signalled = False  # a first SIGTERM or SIGINT came
         self._crash_reported = False
         self._registered = False
         self._unserved_reported: dict[tuple[str, str, str, str], float] = {}
@@ -682,7 +683,10 @@ class Worker:
             return
         if self._spec is not None:
             try:
-                self._supervise(self._new_supervisor().run())
+                self._supervisor = self._new_supervisor()
+                if self._stopping.is_set():  # request_stop() while the supervisor was made
+                    self._supervisor.request_stop()
+                self._supervise(self._supervisor.run())
             finally:
                 self._lifecycle = "stopped"
             return
@@ -725,7 +729,10 @@ class Worker:
         """Stop claiming, let running handlers finish within the grace period, then return
         (at once for a worker that is not running)."""
         if self._supervisor is not None:
-            self._supervise(self._supervisor.stop(timeout))
+            exit_code = self._supervisor.stop(timeout)
+            if exit_code is None:
+                return  # still stopping after ``timeout``, as a worker of one process may be
+            self._supervise(exit_code)
             self._lifecycle = "stopped"
             return
         self._stopping.set()
@@ -761,6 +768,8 @@ class Worker:
         """Begin a graceful stop (as a first SIGTERM does) and return at once."""
         self._stopping.set()
         self._wake_lanes()
+        if self._supervisor is not None:
+            self._supervisor.request_stop()
 
     def _new_supervisor(self) -> Supervisor:
         # The supervisor's one database check: a wrong DSN or schema fails here, once,
@@ -815,9 +824,12 @@ class Worker:
         self.stop()
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        if self._stopping.is_set():
+        # Signals are counted, not stops: a worker process whose supervisor closed its stop
+        # pipe on a group signal gets that same signal too, which is no second one.
+        if self._signalled:
             log.warning("second signal: exiting now; held leases will expire and be reclaimed")
             os._exit(1)
+        self._signalled = True
         log.info("signal %s: stopping (grace %.0fs)", signum, self.grace)
         self.request_stop()
 
