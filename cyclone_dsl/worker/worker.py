@@ -331,6 +331,9 @@ class Worker:
             checked_flag("pooled", pooled)
         _check_text("listen_dsn", listen_dsn, optional=True)
         _check_text("transactional_dsn", transactional_dsn, optional=True)
+        for other_dsn in (listen_dsn, transactional_dsn):
+            if other_dsn:
+                parse_dsn(other_dsn)  # refused here, its password masked, not at start()
         _check_text("metrics_host", metrics_host, optional=False)
         if registry is not None and not isinstance(registry, Registry):
             raise InvalidArgument(f"registry must be a Registry or None, not {registry!r}")
@@ -496,7 +499,7 @@ class Worker:
         self._observer: WorkerObserver | None = Observers(watching) if watching else None
         self._engine = Engine(
             compile_child=runs.child_compiler(self.registry, also=self._also),
-            compile_schedule=runs.compiler_for(self.registry),
+            compile_schedule=runs.compiler_for(self.registry, also=self._also),
             on_runs_ended=self._runs_ended if self._observer is not None else None,
             tracing=self._tracing,
         )
