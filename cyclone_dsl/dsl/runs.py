@@ -354,16 +354,12 @@ def with_schedule_options(compiled: CompiledRun, row: Mapping[str, Any]) -> Comp
     return attrs.evolve(compiled, steps=tuple(attrs.evolve(s, **changes) for s in compiled.steps))
 
 
-def compiler_for(registry: Registry, also: Registry | None = None) -> ScheduleCompiler:
-    """How a scanner of this process turns a due schedule into a run: a workflow from
-    ``registry``, else from ``also`` (the workflows of a worker given only their steps)."""
+def compiler_for(registry: Registry) -> ScheduleCompiler:
+    """How a scanner of this process turns a due schedule into a run."""
 
     def compile_target(kind: str, run_input: JSONValue, row: Mapping[str, Any]) -> CompiledRun:
-        workflows = registry.workflows
-        if kind not in workflows and also is not None and kind in also.workflows:
-            workflows = also.workflows
-        if kind in workflows:
-            definition = workflows[kind]
+        if kind in registry.workflows:
+            definition = registry.workflows[kind]
             pinned = row["def_version"]
             if pinned is not None and pinned != definition.def_version:
                 raise UnknownDefinition(

@@ -499,7 +499,7 @@ class Worker:
         self._observer: WorkerObserver | None = Observers(watching) if watching else None
         self._engine = Engine(
             compile_child=runs.child_compiler(self.registry, also=self._also),
-            compile_schedule=runs.compiler_for(self.registry, also=self._also),
+            compile_schedule=runs.compiler_for(self.registry),
             on_runs_ended=self._runs_ended if self._observer is not None else None,
             tracing=self._tracing,
         )

@@ -1370,6 +1370,12 @@ def test_schedules_a_workflow_schedule_applies_the_options_it_sets_to_every_step
     assert day.result(timeout=10) == [None, 4]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a worker given only a workflow's steps runs its runs but does not fire its "
+    "schedule (compiler_for has no also=); firing it conflicts with "
+    "test_schedules_audit.test_a_worker_without_the_workflow_leaves_its_slot: undecided",
+)
 def test_schedules_a_worker_given_the_steps_fires_the_workflows_schedule(
     start_worker: StartWorker, client: Client, clock: Clock
 ) -> None:

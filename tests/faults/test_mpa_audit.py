@@ -387,7 +387,7 @@ def test_children_that_cannot_import_the_handlers_back_off_and_say_why(
     caplog.set_level("ERROR", logger="cyclone.worker")
     worker = Worker(cyclone_dsn, [mpa_handlers], processes=2, grace=1, **FAST).start()
     try:
-        wait_for(lambda: "restarting it in 2s" in caplog.text, timeout=20)
+        wait_for(lambda: "restarting it in 2s" in caplog.text, timeout=45)
     finally:
         stopped = time.monotonic()
         with contextlib.suppress(WorkerCrashed):  # a child caught mid-import exits 1
