@@ -57,10 +57,11 @@ def regenerate_query_names() -> None:
 
 
 def parallel(args: list[str]) -> list[str]:
-    """pytest-xdist options for the whole suite: one process per core and one more, up to 4
-    (each runs its own embedded PostgreSQL; most tests wait on the database, timers and
-    subprocesses: on two cores the suite used a third of the CPU with two processes, and
-    ran in 458 s with three against 625 s); none when the caller chose (-n, -p no:xdist)."""
+    """pytest-xdist options for the whole suite: two processes per core, up to 4 (most tests
+    wait on the database, timers and subprocesses: on two cores the suite used a third of
+    the CPU with two processes, and ran in 458 s with three against 625 s; with the audits
+    of 2026-12-06, 655 s with three and 564 s with four); none when the caller chose
+    (-n, -p no:xdist)."""
     cores = os.cpu_count() or 1
     chose = any(a == "-n" or a.startswith("-n") or "xdist" in a for a in args)
     return [] if chose or cores < 2 else ["-n", str(min(cores * 2, 4))]
