@@ -6,6 +6,7 @@ cannot disturb other tests.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -55,10 +56,11 @@ def test_killed_backends_are_replaced_and_nothing_is_lost(private_server: Embedd
             until = time.monotonic() + 6
             with psycopg.connect(dsn, autocommit=True) as admin:
                 while not stop.is_set() and time.monotonic() < until:
+                    # This process's worker only: the other test processes share the server.
                     killed = admin.execute(
                         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE application_name LIKE 'cyclone-worker-%%' "
-                        "   OR application_name LIKE 'cyclone-listen-%%'"
+                        "WHERE application_name IN (%s, %s)",
+                        (f"cyclone-worker-{os.getpid()}", f"cyclone-listen-{os.getpid()}"),
                     ).fetchall()
                     kills += len(killed)
                     time.sleep(1.0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import threading
 import time
@@ -343,8 +344,9 @@ def test_the_worker_releases_the_transaction_at_a_lost_lease(
 def _idle_in_transaction(dsn: str) -> bool:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'"
-            " AND datname = current_database() AND application_name LIKE 'cyclone-handler%'"
+            "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%%'"
+            " AND application_name = %s",
+            (f"cyclone-handler-{os.getpid()}",),  # not another test process's handlers
         ).fetchone()
         return bool(row and row[0])
 
