@@ -112,6 +112,54 @@ def test_reset_truncates_only_tables_with_rows_and_restarts_every_used_sequence(
         drop_schema(cyclone_admin_dsn, name)
 
 
+def file_nodes(conn: psycopg.Connection[Any], name: str) -> dict[str, int]:
+    """Each relation of schema ``name`` and its file (a truncate gives it a new one)."""
+    rows = conn.execute(
+        "SELECT relname, relfilenode FROM pg_class WHERE relnamespace = %s::regnamespace", [name]
+    ).fetchall()
+    return {str(rel): int(node) for rel, node in rows}
+
+
+def test_reset_deletes_few_rows_in_key_order_and_truncates_many_or_a_cycle(
+    cyclone_admin_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small tables are deleted from, referencing ones first (a restricting key would
+    refuse the other order); a big table is truncated, with the tables that reference
+    it; tables whose keys reference each other are truncated."""
+    monkeypatch.setattr(schemas, "DELETE_AT_MOST", 5)
+    name = create_schema(cyclone_admin_dsn, migrated=False)
+    try:
+        with psycopg.connect(with_search_path(cyclone_admin_dsn, name), autocommit=True) as conn:
+            conn.execute(
+                "CREATE TABLE parent (id int PRIMARY KEY);"
+                "CREATE TABLE kid (p int REFERENCES parent (id) ON DELETE RESTRICT);"
+                "CREATE TABLE big (id int PRIMARY KEY);"
+                "CREATE TABLE on_big (b int REFERENCES big (id));"
+                "CREATE TABLE a (id int PRIMARY KEY, b int);"
+                "CREATE TABLE b (id int PRIMARY KEY, a int REFERENCES a (id));"
+                "ALTER TABLE a ADD FOREIGN KEY (b) REFERENCES b (id);"
+                "INSERT INTO parent VALUES (1), (2); INSERT INTO kid VALUES (1), (2);"
+                "INSERT INTO big SELECT generate_series(1, 50); INSERT INTO on_big VALUES (1);"
+            )
+            files = file_nodes(conn, name)
+            assert reset_schema(conn, name) == ["big", "kid", "on_big", "parent"]
+            assert nonempty_tables(conn, name) == []
+            after = file_nodes(conn, name)
+            assert after["parent"] == files["parent"] and after["kid"] == files["kid"]  # deleted
+            assert after["big"] != files["big"] and after["on_big"] != files["on_big"]
+
+            conn.execute("INSERT INTO parent VALUES (1); INSERT INTO kid VALUES (1)")
+            conn.execute(
+                "BEGIN; SET CONSTRAINTS ALL DEFERRED;"
+                "INSERT INTO a VALUES (1, NULL); INSERT INTO b VALUES (1, 1);"
+                "UPDATE a SET b = 1; COMMIT"
+            )
+            assert reset_schema(conn, name) == ["a", "b", "kid", "parent"]
+            assert nonempty_tables(conn, name) == []
+    finally:
+        drop_schema(cyclone_admin_dsn, name)
+
+
 CHANGES: dict[str, Callable[[str], object]] = {
     "migrate down": lambda dsn: migrate(dsn, version=LATEST_SCHEMA_VERSION - 1),
     "add a column": lambda dsn: execute(dsn, "ALTER TABLE cyclone_runs ADD COLUMN extra int"),
