@@ -368,6 +368,11 @@ def compiler_for(registry: Registry) -> ScheduleCompiler:
                     "fire it, or re-register the schedule to pin the new one"
                 )
             return with_schedule_options(compile_workflow(registry, definition, run_input), row)
+        if row["def_version"] is not None:  # only a workflow's schedule pins a definition
+            raise UnknownWorkflow(
+                f"this worker was not given workflow {kind!r}: a worker given the workflow "
+                "or its module fires its schedule"
+            )
         return compile_standalone(
             registry,
             kind,

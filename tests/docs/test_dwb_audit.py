@@ -1370,25 +1370,32 @@ def test_schedules_a_workflow_schedule_applies_the_options_it_sets_to_every_step
     assert day.result(timeout=10) == [None, 4]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a worker given only a workflow's steps runs its runs but does not fire its "
-    "schedule (compiler_for has no also=); firing it conflicts with "
-    "test_schedules_audit.test_a_worker_without_the_workflow_leaves_its_slot: undecided",
-)
-def test_schedules_a_worker_given_the_steps_fires_the_workflows_schedule(
+def test_schedules_a_worker_given_only_the_steps_leaves_the_slot_and_says_why(
     start_worker: StartWorker, client: Client, clock: Clock
 ) -> None:
-    # versioning.md: Worker(dsn, [fetch, charge]) in the module that defines orders serves it
+    """schedules.md: a workflow's schedule fires on a worker given the workflow (or its
+    module); one given only its steps runs its runs (versioning.md) but leaves the slot,
+    with a last_error that names the workflow and what to do."""
     start_worker(dwb_nightly_step)
     client.schedule(dwb_nightly_report, "* * * * *", id="dwb-steps-only", location="UTC", input=3)
-    # the worker does serve the workflow: a submitted run completes
     assert client.submit(dwb_nightly_report, 1).result(timeout=10) == [1, 4]
     clock(datetime.now(UTC) + timedelta(minutes=2))
-    time.sleep(1.5)  # several scan passes (scan_interval 0.2 s)
-    (made,) = [s for s in client.list_schedules() if s.id == "dwb-steps-only"]
-    assert made.last_error is None, made.last_error
-    assert made.last_run_id is not None
+    wait_until(lambda: the_schedule(client, "dwb-steps-only").last_error, what="the refused fire")
+    left = the_schedule(client, "dwb-steps-only")
+    assert left.last_run_id is None
+    assert "workflow 'dwb_nightly_report'" in str(left.last_error)
+    assert "@step or @action" not in str(left.last_error)
+    assert "module" in str(left.last_error)
+    start_worker(dwb_nightly_report)
+    wait_until(lambda: the_schedule(client, "dwb-steps-only").last_run_id, what="the fire")
+    fired = the_schedule(client, "dwb-steps-only")
+    assert fired.last_error is None
+    assert client.handle(fired.last_run_id).result(timeout=10) == [3, 4]
+
+
+def the_schedule(client: Client, schedule_id: str) -> Any:
+    (found,) = [s for s in client.list_schedules() if s.id == schedule_id]
+    return found
 
 
 @pytest.mark.parametrize("older_than", [timedelta(days=366_000), timedelta(seconds=-1), "7d", 3600])
