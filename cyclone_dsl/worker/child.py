@@ -2,7 +2,8 @@
 
 It reads its settings from ``$CYCLONE_WORKER_SPEC`` (see :mod:`.processes`), imports
 the handler modules by name, and runs a :class:`Worker` named ``<base>/<index>`` until
-a signal, or until its stop pipe closes (the supervisor stops it, or is gone).
+a signal, or until its stop pipe closes (the supervisor stops it, or is gone). It
+reports its completed steps and settings to the supervisor through its report pipe.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+import attrs
+
 from cyclone_dsl.db.errors import DatabaseError
 from cyclone_dsl.errors import CycloneError, WorkerCrashed
-from cyclone_dsl.worker.processes import ENV_SPEC, STOP_SIGNALS
+from cyclone_dsl.worker.processes import ENV_SPEC, REPORT_INTERVAL_S, STOP_SIGNALS
 from cyclone_dsl.worker.worker import Worker
 
 log = logging.getLogger("cyclone.worker")
@@ -49,6 +52,30 @@ def _watch(stop_fd: int, worker: Worker, index: int) -> None:
         pass
     log.info("worker process %d: the supervisor asks it to stop", index)
     worker.request_stop()
+
+
+def _report(report_fd: int, worker: Worker, ended: threading.Event) -> None:
+    """Write the worker's completed steps and settings, as a JSON line, when they changed
+    (and once more when ``ended``). A report the pipe cannot take now is skipped: the
+    next one carries the counts too."""
+    os.set_blocking(report_fd, False)
+    last = ""
+    while True:
+        done = ended.wait(REPORT_INTERVAL_S)
+        line = json.dumps(
+            {"completed": worker.completed_count, "settings": attrs.asdict(worker.settings())}
+        )
+        if line != last or done:
+            try:
+                os.write(report_fd, line.encode() + b"\n")
+            except BlockingIOError:
+                pass
+            except OSError:  # the supervisor is gone
+                return
+            last = line
+        if done:
+            os.close(report_fd)
+            return
 
 
 class _EarlySignals:
@@ -103,6 +130,11 @@ def main() -> int:
     threading.Thread(
         target=_watch, args=(spec["stop_fd"], worker, index), name="cyclone-stop-pipe", daemon=True
     ).start()
+    ended = threading.Event()
+    reporter = threading.Thread(
+        target=_report, args=(spec["report_fd"], worker, ended), name="cyclone-report"
+    )
+    reporter.start()
     try:
         worker.run()
     except WorkerCrashed:
@@ -110,6 +142,9 @@ def main() -> int:
     except (CycloneError, DatabaseError) as exc:
         log.error("worker process %d could not start: %s", index, str(exc).strip())
         return 1
+    finally:
+        ended.set()
+        reporter.join()
     return 0
 
 

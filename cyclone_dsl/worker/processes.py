@@ -7,7 +7,9 @@ that dies (at once, then with a growing delay while it keeps dying at once); the
 steps the dead child held come back through lease expiry, as with any killed worker.
 
 Each child watches a pipe from the supervisor: when the supervisor closes it (it was
-asked to stop) or dies, the child stops gracefully. Stopping through a pipe rather than
+asked to stop) or dies, the child stops gracefully. Through a second pipe, each child
+reports its completed steps and its settings every :data:`REPORT_INTERVAL_S` (the
+supervisor's ``completed_count`` and ``reports``). Stopping through a pipe rather than
 a signal keeps a child that also received the signal itself (a terminal's Ctrl-C, or
 systemd signalling the whole control group) from taking it as a second, immediate stop.
 """
@@ -47,6 +49,8 @@ STABLE_S = 10.0
 MAX_BACKOFF_S = 30.0
 #: At a stop, children get their grace and this much more before they are killed.
 STOP_MARGIN_S = 15.0
+#: How often a child reports its completed steps and its settings (when they changed).
+REPORT_INTERVAL_S = 0.2
 
 
 def default_processes() -> int:
@@ -116,6 +120,9 @@ class _Child:
     index: int
     proc: subprocess.Popen[bytes] | None = None
     stop_fd: int | None = None  # the supervisor's end of the child's stop pipe
+    report_fd: int | None = None  # the supervisor's end of the child's report pipe
+    unread: bytes = b""  # the start of a report line not read in full yet
+    report: dict[str, Any] | None = None  # the last report read
     started: float = 0.0
     quick_deaths: int = 0
     restart_at: float = 0.0
@@ -135,6 +142,22 @@ class Supervisor:
         self._now = threading.Event()  # a second signal: kill the children at once
         self._thread: threading.Thread | None = None
         self.exit_code: int | None = None
+        self._reports_lock = threading.Lock()
+        self._retired = 0  # steps completed by children that have exited since
+
+    @property
+    def completed_count(self) -> int:
+        """Steps the children completed, as they last reported (alive or exited)."""
+        with self._reports_lock:
+            return self._retired + sum(
+                int(c.report["completed"]) for c in self.children if c.report is not None
+            )
+
+    def reports(self) -> list[dict[str, Any]]:
+        """The last settings each running child reported (``Worker.settings()`` as a dict),
+        one per child that has reported since it started."""
+        with self._reports_lock:
+            return [dict(c.report["settings"]) for c in self.children if c.report is not None]
 
     @property
     def pids(self) -> list[int]:
@@ -200,7 +223,9 @@ class Supervisor:
 
     def _spawn(self, child: _Child) -> None:
         read_end, write_end = os.pipe()  # both ends non-inheritable: only pass_fds shares one
-        spec = {**self.spec, "index": child.index, "stop_fd": read_end}
+        report_read, report_write = os.pipe()
+        os.set_blocking(report_read, False)
+        spec = {**self.spec, "index": child.index, "stop_fd": read_end, "report_fd": report_write}
         # The child starts with SIGTERM and SIGINT blocked (a thread's signal mask survives
         # exec): a group signal while its interpreter starts and imports stays pending until
         # it has handlers of its own, which take it as a stop (cyclone_dsl.worker.child).
@@ -209,15 +234,18 @@ class Supervisor:
             child.proc = subprocess.Popen(
                 [sys.executable, "-m", "cyclone_dsl.worker.child"],
                 env={**os.environ, ENV_SPEC: json.dumps(spec)},
-                pass_fds=(read_end,),
+                pass_fds=(read_end, report_write),
             )
         except BaseException:
             os.close(write_end)
+            os.close(report_read)
             raise
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             os.close(read_end)
+            os.close(report_write)
         child.stop_fd = write_end
+        child.report_fd = report_read
         child.started = time.monotonic()
         log.info("worker process %d started (pid %d)", child.index, child.proc.pid)
 
@@ -229,8 +257,10 @@ class Supervisor:
             return
         code = child.proc.poll()
         if code is None:
+            self._read_reports(child)
             return
         self._close_pipe(child)
+        self._retire(child)
         lived = now - child.started
         child.quick_deaths = child.quick_deaths + 1 if lived < STABLE_S else 0
         delay = (
@@ -276,12 +306,45 @@ class Supervisor:
                     )
                 child.proc.kill()
                 child.proc.wait()
+            self._retire(child)
             code = child.proc.returncode
             if code != 0:
                 clean = False
                 log.error("worker process %d (pid %d) %s", child.index, child.proc.pid, _how(code))
         log.info("supervisor %d: all worker processes stopped", os.getpid())
         return 0 if clean else 1
+
+    def _read_reports(self, child: _Child) -> None:
+        """Read what ``child`` reported since the last call; keep its last report."""
+        if child.report_fd is None:
+            return
+        chunks = [child.unread]
+        while True:
+            try:
+                data = os.read(child.report_fd, 65536)
+            except BlockingIOError:
+                break
+            if not data:  # the child exited: every report it wrote has been read
+                os.close(child.report_fd)
+                child.report_fd = None
+                break
+            chunks.append(data)
+        *lines, child.unread = b"".join(chunks).split(b"\n")
+        if lines:
+            with self._reports_lock:
+                child.report = json.loads(lines[-1])
+
+    def _retire(self, child: _Child) -> None:
+        """``child`` exited: read its last report, and count its steps as the retired's."""
+        self._read_reports(child)
+        if child.report_fd is not None:
+            os.close(child.report_fd)
+            child.report_fd = None
+        with self._reports_lock:
+            if child.report is not None:
+                self._retired += int(child.report["completed"])
+            child.report = None
+        child.unread = b""
 
     @staticmethod
     def _close_pipe(child: _Child) -> None:

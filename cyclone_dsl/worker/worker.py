@@ -545,7 +545,7 @@ class Worker:
         self._scanner: Scanner | None = None
         self._takes_ctx: dict[str, bool] = {}
         self._queue_turn = 0
-        self.completed_count = 0
+        self._completed = 0  # steps this process completed (see completed_count)
         self._count_lock = threading.Lock()
         self._check_now = threading.Event()  # a cancel was heard: check leases at once
         self._lease_lock = threading.Lock()  # heartbeat statements vs lease_in_transaction
@@ -654,10 +654,24 @@ class Worker:
         """Handler slots taken now (claimed steps whose handler has not returned)."""
         return len(self._running)
 
+    @property
+    def completed_count(self) -> int:
+        """Steps this worker completed. With ``processes`` > 1: its worker processes, as
+        they last reported (each reports every 0.2 s), those that exited included."""
+        if self._supervisor is not None:
+            return self._supervisor.completed_count
+        return self._completed
+
     def settings(self) -> WorkerSettings:
         """The worker's effective settings now: the slot limits of sync handlers (which
         adapts unless ``concurrency`` was given) and of async ones, the claim size, the
-        threads started."""
+        threads started.
+
+        With ``processes`` > 1: the sums over the worker processes running now, as they
+        last reported (every 0.2 s); ``claim_size`` is the largest of one process, and
+        ``batch_size`` that of each."""
+        if self._supervisor is not None:
+            return self._summed_settings(self._supervisor.reports())
         threads, loop = self._thread_lane, self._loop_lane
         return WorkerSettings(
             adaptive=threads.controller is not None,
@@ -670,6 +684,23 @@ class Worker:
             async_concurrency=loop.slots.limit,
             max_async=self.max_async,
             async_in_use=loop.running,
+        )
+
+    def _summed_settings(self, reports: list[dict[str, Any]]) -> WorkerSettings:
+        def total(field: str) -> int:
+            return sum(int(report[field]) for report in reports)
+
+        return WorkerSettings(
+            adaptive=self.concurrency is None,
+            concurrency=total("concurrency"),
+            max_concurrency=total("max_concurrency"),
+            claim_size=max((int(report["claim_size"]) for report in reports), default=0),
+            batch_size=self.batch_size,
+            slots_in_use=total("slots_in_use"),
+            threads=total("threads"),
+            async_concurrency=total("async_concurrency"),
+            max_async=total("max_async"),
+            async_in_use=total("async_in_use"),
         )
 
     @property
@@ -1442,7 +1473,7 @@ class Worker:
                 self._transaction_observed(entry, result, self._observer)
             if result is COMMITTED:
                 with self._count_lock:
-                    self.completed_count += 1
+                    self._completed += 1
             elif isinstance(result, Failure):
                 if self._observer is not None:
                     self._observer.on_failure(entry.step, result.error_kind, result.error)
@@ -1687,7 +1718,7 @@ class Worker:
             else:
                 done, ended = self._collecting(lambda tx: self._engine.complete(tx, successes))
             with self._count_lock:  # two completers: += is not atomic
-                self.completed_count += len(done)
+                self._completed += len(done)
             if len(done) < len(successes):
                 log.info(
                     "%d completions fenced out (lease lost or run ended)",

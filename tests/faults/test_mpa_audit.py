@@ -311,32 +311,34 @@ def test_request_stop_stops_a_multi_process_worker(cyclone_dsn: str, client: Cli
             done.wait(15)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: completed_count stays 0 with processes>1 though the children completed steps",
-)
 def test_completed_count_counts_the_children_steps(cyclone_dsn: str, client: Client) -> None:
-    with Worker(cyclone_dsn, [mpa_handlers], processes=2, grace=2, **FAST) as worker:
+    """The children report their counts every 0.2 s; the parent's count sums them, those
+    of children that exited included (a stopped worker still knows its total)."""
+    worker = Worker(cyclone_dsn, [mpa_handlers], processes=2, grace=2, **FAST).start()
+    try:
         for handle in client.enqueue_many(mpa_handlers.env, [1, 2, 3]):
             assert handle.wait(timeout=30).state is RunState.COMPLETED
-        assert worker.completed_count == 3
+        wait_for(lambda: worker.completed_count == 3, timeout=5)
+    finally:
+        worker.stop()
+    assert worker.completed_count == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: settings() with processes>1 describes the idle parent (0 slots in use, "
-    "0 threads) while a child runs a handler; neither aggregated nor refused",
-)
 def test_settings_of_a_multi_process_worker_reflect_running_handlers(
     cyclone_dsn: str, client: Client, tmp_path: Path
 ) -> None:
     spec = sleep_spec(tmp_path, "s", 1.5)
     with Worker(cyclone_dsn, [mpa_handlers], processes=2, concurrency=3, grace=5, **FAST) as worker:
+        wait_for(lambda: worker.settings().concurrency == 6, timeout=30)  # both reported
+        idle = worker.settings()
         handle = client.enqueue(mpa_handlers.sleep, spec)
         wait_for(lambda: Path(str(spec["started"])).exists(), timeout=30)
-        settings = worker.settings()
+        wait_for(lambda: worker.settings().slots_in_use == 1, timeout=5)
+        busy = worker.settings()
         handle.result(timeout=10)
-    assert settings.slots_in_use >= 1 and settings.threads >= 1, settings
+    assert (idle.concurrency, idle.max_concurrency, idle.slots_in_use) == (6, 6, 0)
+    assert not idle.adaptive and idle.batch_size == worker.batch_size
+    assert busy.slots_in_use == 1 and busy.threads >= 1, busy
 
 
 # -- stops --------------------------------------------------------------------------------
