@@ -40,7 +40,8 @@ SIZES = {
         "bulk": 500,
         "history": 5_000,
         "expired": 2_000,
-        "slow_jobs": 300,
+        "slow_jobs": 100,
+        "repeats": 1,
     },
     "quick": {
         "jobs": 2000,
@@ -54,6 +55,7 @@ SIZES = {
         "history": 20_000,
         "expired": 10_000,
         "slow_jobs": 1000,
+        "repeats": 3,
     },
     "full": {
         "jobs": 20000,
@@ -67,6 +69,7 @@ SIZES = {
         "history": 1_000_000,
         "expired": 200_000,
         "slow_jobs": 5000,
+        "repeats": 3,
     },
 }
 
@@ -157,7 +160,7 @@ def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[st
     # worker, alternating, the median of each; the untuned worker's own settings printed.
     for label, handler in (("no-op", flows.noop), ("10 ms sleep", flows.sleepy)):
         tuned, untuned = [], []
-        for _ in range(3):
+        for _ in range(size["repeats"]):
             tuned.append(cy.defaults_throughput(admin, size["jobs"], handler, tuned=True)[0])
             rate, settings = cy.defaults_throughput(admin, size["jobs"], handler, tuned=False)
             untuned.append(rate)
@@ -308,7 +311,7 @@ def async_handlers(admin: str, size: dict[str, int], add: Callable[..., None]) -
         )
 
     tuned, untuned = [], []
-    for _ in range(3):
+    for _ in range(size["repeats"]):
         tuned.append(cy.defaults_throughput(admin, size["jobs"], flows.sleepy, tuned=True)[0])
         peaks = cy.Peaks()
         rate, settings = cy.defaults_throughput(

@@ -221,7 +221,7 @@ def test_unreachable_database_fails_start_once_in_the_caller() -> None:
 # -- the registry, the environment, the parent object ---------------------------------------
 
 
-def test_children_register_as_base_slash_index_and_record_their_stop(
+def test_children_register_as_base_slash_index_restart_in_their_row_and_record_their_stop(
     cyclone_dsn: str, client: Client
 ) -> None:
     base = unique()
@@ -235,19 +235,7 @@ def test_children_register_as_base_slash_index_and_record_their_stop(
         pids = {r["pid"] for r in live.values()}
         assert len(pids) == 2 and os.getpid() not in pids
         assert client.enqueue(mpa_handlers.env, 1).result(timeout=20)["pid"] in pids
-    finally:
-        worker.stop()
-    rows = rows_of(client, base)
-    assert sorted(rows) == [f"{base}/1", f"{base}/2"]
-    assert all(not r["live"] and r["stopped_at"] is not None for r in rows.values())
-    assert all(gone(pid) for pid in pids)
-
-
-def test_a_restarted_child_reuses_its_registry_row(cyclone_dsn: str, client: Client) -> None:
-    base = unique()
-    with Worker(cyclone_dsn, [mpa_handlers], name=base, processes=2, grace=2, **FAST):
-        wait_for(lambda: len(live_of(client, base)) == 2, timeout=30)
-        victim = live_of(client, base)[f"{base}/1"]["pid"]
+        victim = live[f"{base}/1"]["pid"]
         os.kill(victim, signal.SIGKILL)
         wait_for(
             lambda: live_of(client, base).get(f"{base}/1", {"pid": victim})["pid"] != victim,
@@ -256,35 +244,33 @@ def test_a_restarted_child_reuses_its_registry_row(cyclone_dsn: str, client: Cli
         rows = rows_of(client, base)
         assert sorted(rows) == [f"{base}/1", f"{base}/2"]  # one row per index, not per pid
         assert all(r["live"] for r in rows.values())
+        pids = {r["pid"] for r in rows.values()}
+    finally:
+        worker.stop()
+    rows = rows_of(client, base)
+    assert sorted(rows) == [f"{base}/1", f"{base}/2"]
+    assert all(not r["live"] and r["stopped_at"] is not None for r in rows.values())
+    assert all(gone(pid) for pid in pids)
 
 
 def test_children_inherit_environment_and_cwd_but_not_the_spec(
     cyclone_dsn: str, client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The spec (the DSN, with its password) is in the child's environment only until it
-    read it: a handler, and any process a handler starts, does not see it."""
+    read it: a handler, and any process a handler starts, does not see it; the
+    supervisor's own environment never holds it. A worker runs once."""
     monkeypatch.setenv("MPA_MARKER", "set-before-start")
-    with Worker(cyclone_dsn, [mpa_handlers], processes=2, grace=2, **FAST):
+    worker = Worker(cyclone_dsn, [mpa_handlers], processes=2, grace=2, **FAST)
+    with worker:
+        assert ENV_SPEC not in os.environ
         seen = client.enqueue(mpa_handlers.env, 1).result(timeout=30)
     assert seen["marker"] == "set-before-start"
     assert seen["cwd"] == os.getcwd()
     assert seen["ppid"] == os.getpid()  # the supervisor is this process
     assert seen["spec"] is None and not seen["spec_anywhere"]
     assert str(ROOT) in seen["sys_path"]
-
-
-def test_supervisor_process_holds_the_spec_out_of_its_own_environment(cyclone_dsn: str) -> None:
-    with Worker(cyclone_dsn, [mpa_handlers], processes=2, grace=2, **FAST):
-        assert ENV_SPEC not in os.environ
-
-
-def test_a_multi_process_worker_runs_once(cyclone_dsn: str, client: Client) -> None:
-    worker = Worker(cyclone_dsn, [mpa_handlers], processes=2, grace=2, **FAST)
-    with worker:
-        assert client.enqueue(mpa_handlers.env, 2).result(timeout=30)["x"] == 2
     with pytest.raises(InvalidTransition):
         worker.start()
-    worker.stop()  # stopping a stopped worker returns at once
 
 
 def test_request_stop_stops_a_multi_process_worker(cyclone_dsn: str, client: Client) -> None:
@@ -311,24 +297,15 @@ def test_request_stop_stops_a_multi_process_worker(cyclone_dsn: str, client: Cli
             done.wait(15)
 
 
-def test_completed_count_counts_the_children_steps(cyclone_dsn: str, client: Client) -> None:
-    """The children report their counts every 0.2 s; the parent's count sums them, those
-    of children that exited included (a stopped worker still knows its total)."""
-    worker = Worker(cyclone_dsn, [mpa_handlers], processes=2, grace=2, **FAST).start()
-    try:
-        for handle in client.enqueue_many(mpa_handlers.env, [1, 2, 3]):
-            assert handle.wait(timeout=30).state is RunState.COMPLETED
-        wait_for(lambda: worker.completed_count == 3, timeout=5)
-    finally:
-        worker.stop()
-    assert worker.completed_count == 3
-
-
-def test_settings_of_a_multi_process_worker_reflect_running_handlers(
+def test_completed_count_and_settings_add_up_the_children(
     cyclone_dsn: str, client: Client, tmp_path: Path
 ) -> None:
+    """The children report every 0.2 s; the parent sums them: settings of the running
+    children, and completed steps, those of children that exited included (a stopped
+    worker still knows its total)."""
     spec = sleep_spec(tmp_path, "s", 1.5)
-    with Worker(cyclone_dsn, [mpa_handlers], processes=2, concurrency=3, grace=5, **FAST) as worker:
+    worker = Worker(cyclone_dsn, [mpa_handlers], processes=2, concurrency=3, grace=5, **FAST)
+    with worker:
         wait_for(lambda: worker.settings().concurrency == 6, timeout=30)  # both reported
         idle = worker.settings()
         handle = client.enqueue(mpa_handlers.sleep, spec)
@@ -336,6 +313,10 @@ def test_settings_of_a_multi_process_worker_reflect_running_handlers(
         wait_for(lambda: worker.settings().slots_in_use == 1, timeout=5)
         busy = worker.settings()
         handle.result(timeout=10)
+        for other in client.enqueue_many(mpa_handlers.env, [1, 2]):
+            assert other.wait(timeout=30).state is RunState.COMPLETED
+        wait_for(lambda: worker.completed_count == 3, timeout=5)
+    assert worker.completed_count == 3
     assert (idle.concurrency, idle.max_concurrency, idle.slots_in_use) == (6, 6, 0)
     assert not idle.adaptive and idle.batch_size == worker.batch_size
     assert busy.slots_in_use == 1 and busy.threads >= 1, busy
@@ -370,9 +351,10 @@ def test_children_that_cannot_import_the_handlers_back_off(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     """The doc: restarted at once, then after 1, 2, 4... s while it keeps dying within
-    10 s; each death logged with how it died. No tight loop."""
+    10 s; each death logged with how it died. No tight loop, and the cause is visible."""
     imports = tmp_path / "imports.log"
     # Under load a child's interpreter takes seconds to start and fail its import; the
     # deaths must count as quick however slow the machine is, or the back-off never grows.
@@ -393,15 +375,12 @@ def test_children_that_cannot_import_the_handlers_back_off(
     assert "restarting it now" in caplog.text and "restarting it in 1s" in caplog.text
     starts = imports.read_text().splitlines()
     assert len(starts) <= 10, starts  # 2 children, 4 deaths each at most: no tight loop
+    assert "No module named 'mpa_dependency_that_is_not_installed'" in capfd.readouterr().err
 
 
 @pytest.mark.parametrize(
     ("broken", "shown"),
-    [
-        ("missing", "No module named 'mpa_dependency_that_is_not_installed'"),
-        ("syntax", "SyntaxError"),
-        ("raise", "configuration missing in this process"),
-    ],
+    [("syntax", "SyntaxError"), ("raise", "configuration missing in this process")],
 )
 def test_children_that_cannot_import_the_handlers_say_why(
     cyclone_dsn: str,
