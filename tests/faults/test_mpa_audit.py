@@ -428,7 +428,7 @@ def test_a_module_that_only_defines_workflows_failing_in_children_does_not_stop_
     try:
         with Worker(cyclone_dsn, [mpa_handlers], processes=2, grace=1, **FAST):
             handle = client.enqueue(mpa_handlers.env, 5)
-            assert handle.wait(timeout=6).state is RunState.COMPLETED
+            assert handle.wait(timeout=30).state is RunState.COMPLETED
     finally:
         sys.modules.pop(name, None)
 
