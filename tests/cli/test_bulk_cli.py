@@ -3,36 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from cyclone_dsl import Client, RunState
 from tests.cli import flows
-
-ROOT = Path(__file__).resolve().parents[2]
-Cli = Callable[..., subprocess.CompletedProcess[str]]
+from tests.cli.runner import Cli, in_process
 
 
 @pytest.fixture
 def cyclone(cyclone_dsn: str) -> Cli:
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "cyclone_dsl.cli", "--dsn", cyclone_dsn, *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,  # not a terminal: no prompt, --yes or a refusal
-            timeout=60,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            check=False,
-        )
-
-    return run
+    """In this process, stdin not a terminal: no prompt, --yes or a refusal."""
+    return in_process(cyclone_dsn)
 
 
 def states(client: Client, run_ids: list[int]) -> list[RunState]:

@@ -12,13 +12,13 @@ import pytest
 from cyclone_dsl import Client, RunState, Worker
 from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
 from tests.cli import flows
-from tests.cli.runner import Cli, runner
+from tests.cli.runner import Cli, in_process, runner
 from tests.waiting import wait_until
 
 
 @pytest.fixture
 def cyclone(cyclone_dsn: str) -> Cli:
-    return runner(cyclone_dsn)
+    return in_process(cyclone_dsn)
 
 
 @pytest.mark.parametrize(
@@ -30,7 +30,7 @@ def test_an_unmigrated_database_says_run_cyclone_migrate(
 ) -> None:
     schema = create_schema(cyclone_admin_dsn, migrated=False)
     try:
-        result = runner(with_search_path(cyclone_admin_dsn, schema))(*args)
+        result = in_process(with_search_path(cyclone_admin_dsn, schema))(*args)
     finally:
         drop_schema(cyclone_admin_dsn, schema)
     assert result.returncode == 2
