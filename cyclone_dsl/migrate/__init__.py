@@ -61,6 +61,11 @@ def migrate(
     the core down. ``extension_version`` moves the extension track to that version; it
     needs the core at its latest version (``version`` unset or ``LATEST_SCHEMA_VERSION``).
     :func:`migrate_versions` does the same and returns both versions.
+
+    ``lock_timeout`` bounds the wait for the migration lock, and each migration's wait
+    for its table locks, which it takes in short tries so that the application's queries
+    do not queue behind it for long (2 s a try); past it,
+    :class:`MigrationLockTimeout` names the sessions in the way.
     """
     return migrate_versions(
         target, version=version, extension_version=extension_version, lock_timeout=lock_timeout

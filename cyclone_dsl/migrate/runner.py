@@ -15,6 +15,7 @@ first.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, LiteralString, NamedTuple
@@ -37,6 +38,14 @@ from cyclone_dsl.sql import Q
 log = logging.getLogger("cyclone.migrate")
 
 LOCK_NAMESPACE = 0x0C7C10E  # Cyclone's advisory-lock namespace
+
+#: The longest one try of a migration waits for a table lock. While an ``ALTER`` waits for
+#: its lock, every query on that table queues behind it: a try that cannot get its locks
+#: in this time is rolled back, the queue drains, and it tries again (within the call's
+#: ``lock_timeout``).
+DDL_LOCK_TRY_S = 2.0
+#: The pause between two tries, for the queries that queued behind the last one.
+DDL_LOCK_PAUSE_S = 0.5
 
 PERMISSION_ADVICE = "run the migrations as a role that owns the schema or has CREATE on it"
 
@@ -181,9 +190,9 @@ def apply_migrations(
                 latest,
                 ext_current,
             )
-            ext_current = _move(conn, ext, ext_current, 0)
-        current = _move(conn, core, current, goal)
-        ext_current = _move(conn, ext, ext_current, ext_goal)
+            ext_current = _move(conn, ext, ext_current, 0, lock_timeout_s)
+        current = _move(conn, core, current, goal, lock_timeout_s)
+        ext_current = _move(conn, ext, ext_current, ext_goal, lock_timeout_s)
     except BaseException:
         _unlock_after_failure(conn)
         raise
@@ -258,34 +267,72 @@ def _current(
     return version
 
 
-def _move(conn: psycopg.Connection[Any], track: _Track, current: int, goal: int) -> int:
+def _move(
+    conn: psycopg.Connection[Any], track: _Track, current: int, goal: int, lock_timeout_s: float
+) -> int:
     while current < goal:
         migration = track.files[current]
-        _apply(conn, track, migration.up, migration, migration.version)
+        _apply(conn, track, migration.up, migration, migration.version, lock_timeout_s)
         current = migration.version
     while current > goal:
         migration = track.files[current - 1]
-        _apply(conn, track, migration.down, migration, migration.version - 1)
+        _apply(conn, track, migration.down, migration, migration.version - 1, lock_timeout_s)
         current = migration.version - 1
     return current
 
 
 def _apply(
-    conn: psycopg.Connection[Any], track: _Track, sql: str, migration: Migration, new_version: int
+    conn: psycopg.Connection[Any],
+    track: _Track,
+    sql: str,
+    migration: Migration,
+    new_version: int,
+    lock_timeout_s: float,
 ) -> None:
+    """Apply one migration in its own transaction. A table lock it cannot get within
+    :data:`DDL_LOCK_TRY_S` rolls the try back: an ``ALTER`` waiting for its lock makes
+    every query on that table queue behind it, so it never waits long at once. It tries
+    again after a pause, until ``lock_timeout_s`` have passed."""
     direction = "up" if new_version == migration.version else "down"
     # The core's lines start with "migration " (tests count them); the extension's with
     # "extension migration ".
     log.info("%smigration %03d_%s %s", track.label, migration.version, migration.name, direction)
-    what = (
-        f"{track.label}migration {migration.version:03d}_{migration.name} ({direction}) "
-        "failed and was rolled back"
-    )
-    with _typed(what), conn.transaction():
-        if sql:
-            # Migration files are trusted text shipped with the package, not user input.
-            conn.execute(sql.encode("utf-8"))
-        conn.execute(track.update, {"version": new_version})
+    name = f"{track.label}migration {migration.version:03d}_{migration.name} ({direction})"
+    given_up_at = time.monotonic() + lock_timeout_s
+    with _typed(f"{name} failed and was rolled back"):
+        while True:
+            try_s = max(0.001, min(DDL_LOCK_TRY_S, given_up_at - time.monotonic()))
+            try:
+                with conn.transaction():
+                    conn.execute(Q.set_migration_lock_timeout, {"timeout": f"{try_s * 1000:.0f}ms"})
+                    if sql:
+                        # Migration files are trusted text shipped with the package.
+                        conn.execute(sql.encode("utf-8"))
+                    conn.execute(track.update, {"version": new_version})
+                return
+            except psycopg.errors.LockNotAvailable:
+                holders = [row[0] for row in conn.execute(Q.long_lock_holders, {"seconds": try_s})]
+            if time.monotonic() >= given_up_at:
+                raise MigrationLockTimeout(
+                    f"{name} waited over {lock_timeout_s:g}s for locks on its tables and was "
+                    f"rolled back: {_holding(holders)} them in a transaction; end it "
+                    f"(pg_terminate_backend), or migrate again once it is done"
+                )
+            log.warning(
+                "%s could not lock its tables within %.1fs (%s them): trying again",
+                name,
+                try_s,
+                _holding(holders),
+            )
+            time.sleep(min(DDL_LOCK_PAUSE_S, max(0.0, given_up_at - time.monotonic())))
+
+
+def _holding(pids: list[int]) -> str:
+    if not pids:
+        return "another session holds"
+    if len(pids) == 1:
+        return f"the session with pid {pids[0]} holds"
+    return f"the sessions with pids {', '.join(str(pid) for pid in pids)} hold"
 
 
 def _lock(conn: psycopg.Connection[Any], timeout_s: float, *, restore: str) -> None:

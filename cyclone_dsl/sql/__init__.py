@@ -120,6 +120,8 @@ class _Queries:
     insert_ext_version: LiteralString
     update_ext_version: LiteralString
     version_tables_exist: LiteralString
+    set_migration_lock_timeout: LiteralString
+    long_lock_holders: LiteralString
     # read.sql
     get_run: LiteralString
     get_run_steps: LiteralString

@@ -62,3 +62,21 @@ UPDATE cyclone_ext_schema_version SET version = %(version)s
 -- Whether the core and the extension version tables exist on search_path (read-only probe).
 SELECT to_regclass('cyclone_schema_version') IS NOT NULL AS core,
        to_regclass('cyclone_ext_schema_version') IS NOT NULL AS extension
+
+-- name: set_migration_lock_timeout
+-- Bound how long one try of a migration waits for a table lock (for this transaction).
+SELECT set_config('lock_timeout', %(timeout)s, true)
+
+-- name: long_lock_holders
+-- The sessions (other than this one) holding a lock on a table of this schema in a
+-- transaction older than the given seconds: what a migration waited behind. Their
+-- transaction's start is NULL when this role may not see it: they are listed then.
+SELECT DISTINCT l.pid
+FROM pg_locks AS l
+JOIN pg_class AS c ON c.oid = l.relation
+LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE c.relnamespace = current_schema()::regnamespace
+  AND l.granted
+  AND l.pid <> pg_backend_pid()
+  AND coalesce(a.xact_start < clock_timestamp() - make_interval(secs => %(seconds)s), true)
+ORDER BY l.pid
