@@ -117,9 +117,15 @@ def main() -> int:
     retention = options.pop("retention")
     metrics_port = options.pop("metrics_port")
     index = int(spec["index"])
+    try:
+        handlers = [resolve(ref) for ref in spec["refs"]]
+    except Exception:
+        # Through the logging set-up, so that with JSON logs the traceback is in a field.
+        log.exception("worker process %d cannot import its handlers", index)
+        return 1
     worker = Worker(
         spec["dsn"],
-        [resolve(ref) for ref in spec["refs"]],
+        handlers,
         name=f"{spec['name']}/{index}",
         retention=None if retention is None else timedelta(seconds=retention),
         # Each process serves its own /metrics: on the given port plus its index - 1.

@@ -9,6 +9,7 @@ Handlers live in tests/faults/mpa_handlers.py (children import them by name).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -400,6 +401,30 @@ def test_children_that_cannot_import_the_handlers_say_why(
         with contextlib.suppress(WorkerCrashed):  # a child caught mid-import exits 1
             worker.stop()
     assert shown in capfd.readouterr().err
+
+
+def test_a_child_that_cannot_import_says_why_in_the_log_format(
+    cyclone_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """With JSON logs (``--log-format json``), a child's import failure is a JSON line with
+    its traceback, not raw lines a log pipeline cannot parse."""
+    monkeypatch.setattr(processes, "log_settings", lambda: {"json": True, "level": 30})
+    monkeypatch.setenv("MPA_BREAK_IMPORT", "missing")
+    caplog.set_level("ERROR", logger="cyclone.worker")
+    worker = Worker(cyclone_dsn, [mpa_handlers], processes=2, grace=1, **FAST).start()
+    try:
+        wait_for(lambda: "exited with code 1" in caplog.text, timeout=60)
+    finally:
+        with contextlib.suppress(WorkerCrashed):
+            worker.stop()
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # a raw traceback line fails here
+    assert any(
+        "mpa_dependency_that_is_not_installed" in json.dumps(record) for record in records
+    ), records
 
 
 def test_a_module_that_only_defines_workflows_failing_in_children_does_not_stop_them(
