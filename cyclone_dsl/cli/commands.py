@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import click
 
+from cyclone_dsl.arguments import check_seconds
 from cyclone_dsl.cli.main import (
     EXIT_FAILED,
     check_migrated,
@@ -445,7 +446,7 @@ def schedules_add(
     emit(
         created,
         as_json,
-        f"schedule {created.id}: {created.cron_spec} ({created.location}), next fire "
+        f"schedule {printable(created.id)}: {created.cron_spec} ({created.location}), next fire "
         f"{created.next_run_at:%Y-%m-%d %H:%M %Z}" + ("" if created.enabled else ", disabled"),
     )
 
@@ -454,7 +455,8 @@ def _enable(ctx: click.Context, schedule_id: str, enabled: bool, as_json: bool) 
     with client_for(ctx) as client:
         client.enable_schedule(schedule_id, enabled)
     word = "enabled" if enabled else "disabled"
-    emit({"id": schedule_id, "enabled": enabled}, as_json, f"schedule {schedule_id}: {word}")
+    text = f"schedule {printable(schedule_id)}: {word}"
+    emit({"id": schedule_id, "enabled": enabled}, as_json, text)
 
 
 @schedules.command(name="enable")
@@ -484,7 +486,8 @@ def schedules_rm(ctx: click.Context, schedule_id: str, as_json: bool) -> None:
     """Delete a schedule (the runs it fired stay)."""
     with client_for(ctx) as client:
         client.unschedule(schedule_id)
-    emit({"id": schedule_id, "deleted": True}, as_json, f"schedule {schedule_id}: deleted")
+    text = f"schedule {printable(schedule_id)}: deleted"
+    emit({"id": schedule_id, "deleted": True}, as_json, text)
 
 
 def limit_line(row: dict[str, Any]) -> str:
@@ -492,7 +495,8 @@ def limit_line(row: dict[str, Any]) -> str:
     used = f"{row['in_use']}/{row['max_count']}"
     if row["per_s"] is not None:
         used += f" per {human_duration(timedelta(seconds=row['per_s']))}"
-    line = f"{row['scope']:<30} {row['key'] or '-':<20} {used:>6} {row['waiting']:>8}"
+    key = printable(row["key"]) if row["key"] else "-"
+    line = f"{printable(row['scope']):<30} {key:<20} {used:>6} {row['waiting']:>8}"
     if row["next_free_at"] is not None:
         line += f"  full until {row['next_free_at']:%H:%M:%S}"
     return line
@@ -508,14 +512,14 @@ def stats(ctx: click.Context, read_url: str | None, as_json: bool) -> None:
         data = client.stats()
     lines = ["queue                available  running  waiting  oldest(s)  expired"]
     lines += [
-        f"{q['queue']:<20} {q['available']:>9} {q['running']:>8} {q['waiting']:>8}"
+        f"{printable(q['queue']):<20} {q['available']:>9} {q['running']:>8} {q['waiting']:>8}"
         f" {q['oldest_available_s'] or 0:>10.1f} {q['expired_leases']:>8}"
         for q in data["queues"]
     ]
     if data["kinds"]:
         lines += ["", "kind                 state        steps  oldest(s)  expired"]
         lines += [
-            f"{k['kind']:<20} {k['state']:<12} {k['count']:>6}"
+            f"{printable(k['kind']):<20} {k['state']:<12} {k['count']:>6}"
             f" {k['oldest_available_s'] or 0:>10.1f} {k['expired_leases']:>8}"
             for k in data["kinds"]
         ]
@@ -526,12 +530,16 @@ def stats(ctx: click.Context, read_url: str | None, as_json: bool) -> None:
         lines += ["", "waiting for a worker that has their definition (see the versioning guide):"]
         lines += [
             f"  {u['steps']:>6} "
-            + ("child runs to start" if u["kind"] == KIND_CHILD else f"steps of {u['kind']!r}")
-            + f" in queue {u['queue']!r}"
+            + (
+                "child runs to start"
+                if u["kind"] == KIND_CHILD
+                else f"steps of {printable(repr(u['kind']))}"
+            )
+            + f" in queue {printable(repr(u['queue']))}"
             + (
                 ""
                 if u["def_version"] == "standalone"
-                else f" (workflow {u['workflow']!r} at {u['def_version']})"
+                else f" (workflow {printable(repr(u['workflow']))} at {u['def_version']})"
             )
             + f", due since {u['oldest']:%Y-%m-%d %H:%M:%S %Z}"
             for u in data["unserved"]
@@ -552,11 +560,12 @@ def workers(ctx: click.Context, as_json: bool, show_all: bool, read_url: str | N
     for w in rows:
         state = "live" if w["live"] else ("stopped" if w["stopped_at"] else "silent")
         lines.append(
-            f"{w['id']}  [{state}]  queues {','.join(w['queues'])}  concurrency {w['concurrency']}"
+            f"{printable(w['id'])}  [{state}]  queues {printable(','.join(w['queues']))}"
+            f"  concurrency {w['concurrency']}"
             f"  last beat {w['heartbeat_at']:%H:%M:%S}  cyclone {w['package_version']}"
         )
-        lines += [f"    {v['workflow']} {v['def_version']}" for v in w["versions"]]
-        lines.append(f"    kinds: {', '.join(sorted(w['handlers']))}")
+        lines += [f"    {printable(v['workflow'])} {v['def_version']}" for v in w["versions"]]
+        lines.append(f"    kinds: {printable(', '.join(sorted(w['handlers'])))}")
     emit(rows, as_json, "\n".join(lines) if lines else "no live workers")
 
 
@@ -659,6 +668,7 @@ def scan(
     from cyclone_dsl.engine import Engine
     from cyclone_dsl.worker.scanner import Scanner
 
+    check_seconds("--interval", interval, positive=True)
     import_modules(modules)
     registry: Registry = default_registry()
     with database(ctx.obj["dsn"]) as dsn:

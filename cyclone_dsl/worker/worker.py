@@ -37,7 +37,6 @@ import contextlib
 import contextvars
 import functools
 import logging
-import math
 import os
 import queue
 import signal
@@ -52,7 +51,7 @@ from typing import Any, TypeVar
 import attrs
 
 from cyclone_dsl import payload
-from cyclone_dsl.arguments import checked_flag
+from cyclone_dsl.arguments import check_seconds, checked_flag
 from cyclone_dsl.db.callers import Connection
 from cyclone_dsl.db.connect import (
     connect,
@@ -70,7 +69,7 @@ from cyclone_dsl.db.tx import ConnectionTx, Tx, in_autocommit, in_transaction
 from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.registry import Registry, default_registry, object_list
 from cyclone_dsl.dsl.step import StepDef
-from cyclone_dsl.durations import MAX_DURATION, as_timedelta, is_duration, refusal
+from cyclone_dsl.durations import as_timedelta, is_duration, refusal
 from cyclone_dsl.engine import (
     CANCEL_CHANNEL,
     CHILD_WAKE,
@@ -138,30 +137,6 @@ def _checked_retention(retention: object) -> timedelta | None:
     if not isinstance(kept_for, timedelta) or not is_duration(kept_for):
         raise InvalidArgument(f"{refusal('retention', retention)} (or None: keep ended runs)")
     return kept_for
-
-
-#: The longest duration option: what a thread can wait (``threading.TIMEOUT_MAX``, about
-#: 292 years), within the durations Cyclone takes.
-_MAX_SECONDS = min(MAX_DURATION.total_seconds(), threading.TIMEOUT_MAX)
-
-
-def _check_seconds(option: str, seconds: object, *, positive: bool) -> None:
-    """A duration option in seconds: a finite number up to :data:`_MAX_SECONDS`, at least a
-    microsecond (``positive``: a shorter one is 0 as a ``timedelta``) or >= 0."""
-    # Compared, never converted: an int past the float range (10**400) is just too long.
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or (isinstance(seconds, float) and math.isnan(seconds))
-        or seconds < 0
-        or (positive and seconds < 1e-6)
-        or seconds > _MAX_SECONDS
-    ):
-        bound = "> 0 (a microsecond at least)" if positive else ">= 0"
-        raise InvalidArgument(
-            f"{option} must be a finite number of seconds {bound}, up to {_MAX_SECONDS:.0f} "
-            f"(what a thread can wait), not {seconds!r}"
-        )
 
 
 #: The most worker processes one supervisor runs (each holds its own connections).
@@ -376,7 +351,7 @@ class Worker:
             ("scan_interval", scan_interval, True),
             ("grace", grace, False),
         ):
-            _check_seconds(option, seconds, positive=positive)
+            check_seconds(option, seconds, positive=positive)
         kept_for = _checked_retention(retention)
         for option, count in (
             ("max_reclaims", max_reclaims),
