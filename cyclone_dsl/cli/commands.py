@@ -255,7 +255,7 @@ def follow_run(ctx: click.Context, run_id: int, after: int, as_json: bool) -> No
     failed = next((s for s in run.steps if s.state is StepState.DISCARDED), None)
     where = f" at node {failed.node!r}: {failed.error}" if failed and failed.error else ""
     final = {"run_id": run_id, "state": run.state.value}
-    text = f"run {run_id} {run.workflow} {run.state.value}{where}"
+    text = printable(f"run {run_id} {run.workflow} {run.state.value}{where}")
     click.echo(to_json_line(final) if as_json else text)
     if run.state is not RunState.COMPLETED:
         sys.exit(EXIT_FAILED)

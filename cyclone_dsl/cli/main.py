@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 import click
 
+from cyclone_dsl.cli.render import printable
 from cyclone_dsl.cli.values import Retention, human_duration, to_json
 from cyclone_dsl.db import diagnose
 from cyclone_dsl.db.connect import ENV_LISTEN_URL, ENV_POOLED
@@ -87,7 +88,9 @@ def one_line(text: str) -> str:
 
 def error_line(message: str) -> str:
     """The ``cyclone: ...`` line for ``message``: one line, passwords masked."""
-    return f"cyclone: {diagnose.mask_passwords(one_line(message), _dsn_given())}"
+    # Escaped: a message can carry a handler's error text or a name from the database.
+    line = printable(one_line(message))
+    return f"cyclone: {diagnose.mask_passwords(line, _dsn_given())}"
 
 
 def _dsn_given() -> str | None:

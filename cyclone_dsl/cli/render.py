@@ -142,7 +142,7 @@ def event_line(event: StepEvent) -> str:
         body = f"progress {done}/{total}{share}" + (f" {message}" if message else "")
     else:
         body = json.dumps(data, ensure_ascii=False)
-    text = f"{when} #{event.seq} {event.node}{attempt} {body}"
+    text = printable(f"{when} #{event.seq} {event.node}{attempt} {body}")
     if event.fenced:
         return click.style(f"{text}  (fenced: its execution lost the lease)", fg="yellow")
     return text

@@ -9,7 +9,7 @@ from datetime import datetime
 
 import pytest
 
-from cyclone_dsl import Client, RunState, Worker
+from cyclone_dsl import Client, RunState, StepContext, Worker, step, workflow
 from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
 from tests.cli import flows
 from tests.cli.runner import Cli, in_process, runner
@@ -252,3 +252,36 @@ def test_retry_force_replays_and_fork_copies(
     refused = cyclone("retry", str(handle.id), "cli_add")
     assert refused.returncode == 2
     assert "cyclone: " in refused.stderr and "--force" not in refused.stdout
+
+
+HOSTILE_TEXT = "bad \x1b[31mred\x9b2J\nforged line"
+
+
+@step(name="cli_hostile_fail", max_attempts=1)
+def hostile_fail(x: int, ctx: StepContext) -> int:
+    ctx.progress(1, 2, HOSTILE_TEXT)
+    raise RuntimeError(HOSTILE_TEXT)
+
+
+@workflow(name="cli_hostile\x1b]0;title\x07")
+def hostile_flow(x):  # type: ignore[no-untyped-def]
+    return hostile_fail(x)
+
+
+def test_error_texts_and_event_messages_from_handlers_are_escaped(
+    cyclone: Cli, client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """A handler's error and progress message are user data: the end line of
+    ``run --follow``, its event lines and ``submit --wait``'s error line escape their
+    control characters (C1 ones too), as the listings do."""
+    start_worker(hostile_fail, hostile_flow)
+    handle = client.submit(hostile_flow, 1)
+    assert handle.wait(timeout=20).state is RunState.FAILED
+    followed = cyclone("run", str(handle.id), "--follow")
+    waited = cyclone("submit", f"{__name__}:hostile_flow", "--input", "1", "--wait")
+    assert followed.returncode == 1 and waited.returncode == 1
+    for output in (followed.stdout, waited.stderr):
+        assert "\x1b" not in output and "\x9b" not in output and "\x07" not in output, output
+        assert not any(line.startswith("forged") for line in output.splitlines()), output
+    assert "forged line" in followed.stdout  # escaped, on its event's line
+    assert waited.stderr.strip().splitlines()[-1].startswith("cyclone: run "), waited.stderr
