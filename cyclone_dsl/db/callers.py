@@ -25,7 +25,7 @@ from psycopg.rows import dict_row, tuple_row
 
 from cyclone_dsl.db.adapters import has_engine_adapters, use_engine_adapters
 from cyclone_dsl.db.tx import ConnectionTx, Row, Tx, with_shift
-from cyclone_dsl.errors import InvalidArgument
+from cyclone_dsl.errors import InvalidArgument, SchemaVersionMismatch
 from cyclone_dsl.sql import Q
 
 T = TypeVar("T")
@@ -99,8 +99,24 @@ def in_callers_transaction(conn: Connection, work: Callable[[Tx], T], *, shift: 
         elif conn.info.transaction_status == TransactionStatus.INTRANS:
             with psycopg.Cursor(conn, row_factory=tuple_row) as cur:
                 shift += _age(cur.execute(Q.transaction_age).fetchone())
-        with conn.transaction():
+        with _schema_errors_typed(), conn.transaction():
             return work(CallersTx(conn, shift))
+
+
+@contextlib.contextmanager
+def _schema_errors_typed() -> Iterator[None]:
+    """A caller's connection that cannot see Cyclone's tables (another schema on its
+    search_path, or one not migrated to this build) as a typed error; the savepoint has
+    rolled back what the work wrote, and the caller's transaction goes on."""
+    try:
+        yield
+    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SchemaVersionMismatch(
+            f"the connection passed in cannot see Cyclone's tables as this build expects "
+            f"them ({first}): run `cyclone migrate` on the schema of its search_path, or "
+            f"set its search_path to the schema Cyclone was migrated in"
+        ) from exc
 
 
 async def in_callers_async_transaction(
@@ -121,6 +137,16 @@ async def _in_callers_async_transaction(
         async with psycopg.AsyncCursor(conn, row_factory=tuple_row) as cur:
             shift += _age(await (await cur.execute(Q.transaction_age)).fetchone())
     loop = asyncio.get_running_loop()
+    with _schema_errors_typed():
+        return await _in_async_savepoint(conn, work, shift, loop)
+
+
+async def _in_async_savepoint(
+    conn: AsyncConnection,
+    work: Callable[[Tx], T],
+    shift: timedelta,
+    loop: asyncio.AbstractEventLoop,
+) -> T:
     async with conn.transaction():
         engine_thread = asyncio.ensure_future(
             asyncio.to_thread(work, AsyncConnectionTx(conn, loop, shift))
