@@ -7,7 +7,8 @@ Every error a caller can act on has its own class; all derive from
     ├── InvalidGraph            a workflow definition breaks a rule (lists all problems)
     ├── InvalidArgument         a bad option or value at an API boundary (also a ValueError)
     │   ├── InvalidPayload      a value that is not strict JSON (names the JSON path)
-    │   └── PayloadTooLarge     a payload over the configured byte limit
+    │   ├── PayloadTooLarge     a payload over the configured byte limit
+    │   └── ScheduleError       a bad cron spec, location or schedule id
     ├── UnknownDefinition       a name this process has not registered
     │   ├── UnknownWorkflow     a workflow
     │   └── UnknownKind         a step or action kind
@@ -15,6 +16,7 @@ Every error a caller can act on has its own class; all derive from
     ├── RunNotFound             no run with that id
     ├── NodeNotFound            no node with that id in the run
     ├── AlreadyTerminal         the run has already completed, failed or been cancelled
+    │   └── PassedDeadline      a signal or pause after the run's (or a parent's) deadline
     ├── InvalidTransition       the operation does not apply to the run's current state
     ├── MailboxFull             a signal over the wait's mailbox capacity
     ├── EventLimitExceeded      a step emitted more events than the per-step cap
@@ -27,10 +29,10 @@ Every error a caller can act on has its own class; all derive from
     ├── DatabaseUnavailable     the database cannot be reached or refused the session (cause)
     ├── SchemaVersionMismatch   the database is migrated past what this build knows, or not migrated
     ├── MigrationError          a migration file set or a migration failed
-    │   ├── MigrationLockTimeout  the migration lock is held by another session
+    │   ├── MigrationLockTimeout  the migration lock, or a migration's tables, held too long
     │   └── MigrationPermissionDenied  the database role may not make a schema change
     ├── EmbeddedServerError     the embedded PostgreSQL could not be started
-    ├── ScheduleError           a bad cron spec, location or schedule id
+    ├── ClientClosed            a call on a client that was closed
     ├── Permanent               raised by a handler: fail now, skip the remaining attempts
     └── BuildTimeValue          a builder used a reference's value (also a TypeError)
 """

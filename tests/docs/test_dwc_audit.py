@@ -164,6 +164,30 @@ def test_dwc_every_documented_error_is_importable_from_cyclone_dsl() -> None:
     assert unexported == []
 
 
+def test_dwc_the_error_tree_of_the_errors_module_shows_each_class_under_its_base() -> None:
+    """The module's docstring draws the tree: every class, each under its first base."""
+    doc = cyclone_errors.__doc__ or ""
+    tree = [line for line in doc.splitlines() if "── " in line or line.strip() == "CycloneError"]
+    depth_of: dict[str, int] = {}
+    parents: dict[str, str] = {}
+    stack: list[str] = []
+    for line in tree:
+        name = line.split("── ")[-1].split()[0] if "── " in line else "CycloneError"
+        prefix = len(line) - len(line.lstrip(" │├└─"))  # "    ├── ": 8, one level down: 12
+        depth = (prefix - 4) // 4 if "── " in line else 0
+        depth_of[name] = depth
+        del stack[depth:]
+        if stack:
+            parents[name] = stack[-1]
+        stack.append(name)
+    for name, obj in vars(cyclone_errors).items():
+        if isinstance(obj, type) and issubclass(obj, cyclone_errors.CycloneError):
+            if obj is cyclone_errors.CycloneError:
+                continue
+            assert name in parents, f"{name} is not in the tree"
+            assert parents[name] == obj.__mro__[1].__name__, name
+
+
 def test_dwc_the_documented_errors_exist_in_cyclone_dsl_errors_with_their_bases() -> None:
     errors = cyclone_errors
     # errors.md:12 "BuildTimeValue (a TypeError)"
