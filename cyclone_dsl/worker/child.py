@@ -151,6 +151,11 @@ def main() -> int:
     finally:
         ended.set()
         reporter.join()
+        # The worker has stopped: a stop signal now (a group signal that reached this
+        # process after its pipe closed) is moot. Ignored, so that one arriving while the
+        # interpreter exits, once it has put the default action back, does not kill it.
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
     return 0
 
 
