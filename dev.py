@@ -60,7 +60,8 @@ def parallel(args: list[str]) -> list[str]:
     """pytest-xdist options for the whole suite: two processes per core, up to 4 (most tests
     wait on the database, timers and subprocesses: on two cores the suite used a third of
     the CPU with two processes, and ran in 458 s with three against 625 s; with the audits
-    of 2026-12-06, 655 s with three and 564 s with four); none when the caller chose
+    of 2026-12-06, 655 s with three and 564 s with four; 460 s with four once the schema
+    pool deleted rather than truncated); none when the caller chose
     (-n, -p no:xdist)."""
     cores = os.cpu_count() or 1
     chose = any(a == "-n" or a.startswith("-n") or "xdist" in a for a in args)
