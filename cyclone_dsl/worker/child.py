@@ -62,17 +62,21 @@ def _report(report_fd: int, worker: Worker, ended: threading.Event) -> None:
     last = ""
     while True:
         done = ended.wait(REPORT_INTERVAL_S)
-        line = json.dumps(
-            {"completed": worker.completed_count, "settings": attrs.asdict(worker.settings())}
-        )
+        try:
+            line = json.dumps(
+                {"completed": worker.completed_count, "settings": attrs.asdict(worker.settings())}
+            )
+        except Exception:  # a report is not worth the worker: try again later
+            log.debug("worker process report failed", exc_info=True)
+            line = last
         if line != last or done:
             try:
                 os.write(report_fd, line.encode() + b"\n")
+                last = line
             except BlockingIOError:
-                pass
+                pass  # sent again with the next change, or at the end
             except OSError:  # the supervisor is gone
                 return
-            last = line
         if done:
             os.close(report_fd)
             return

@@ -330,9 +330,14 @@ class Supervisor:
                 break
             chunks.append(data)
         *lines, child.unread = b"".join(chunks).split(b"\n")
-        if lines:
+        for line in reversed(lines):
+            try:
+                report = json.loads(line)
+            except ValueError:  # not a report: never let it stop the supervisor
+                continue
             with self._reports_lock:
-                child.report = json.loads(lines[-1])
+                child.report = report
+            break
 
     def _retire(self, child: _Child) -> None:
         """``child`` exited: read its last report, and count its steps as the retired's."""
