@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -389,7 +390,7 @@ class AsyncClient:
         await follow_async(
             route.dsn,
             run_end_plan(run_id, timeout, recheck=route.recheck),
-            name="cyclone-wait",
+            name=f"cyclone-wait-{os.getpid()}",
             listen=route.listen,
             pooled=route.pooled,
         )

@@ -4,6 +4,7 @@ or async driver)."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -102,7 +103,7 @@ def wait_for_end(route: WaitRoute, run_id: int, timeout: float | None) -> str:
     return follow(
         route.dsn,
         run_end_plan(run_id, timeout, recheck=route.recheck),
-        name="cyclone-wait",
+        name=f"cyclone-wait-{os.getpid()}",
         listen=route.listen,
         pooled=route.pooled,
     )

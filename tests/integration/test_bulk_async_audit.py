@@ -12,6 +12,7 @@ timed out, and a client closed while a call is in flight.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -688,9 +689,10 @@ def test_async_submit_signal_result_and_handles_match_the_sync_client(
 
 
 def wait_pids(conn: psycopg.Connection[Any]) -> set[int]:
-    """The backends of wait connections (``cyclone-wait``) now."""
+    """The backends of this process's wait connections (``cyclone-wait-<pid>``) now."""
     rows = conn.execute(
-        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'cyclone-wait%'"
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+        (f"cyclone-wait-{os.getpid()}",),
     ).fetchall()
     return {int(r[0]) for r in rows}
 
