@@ -19,4 +19,18 @@ CREATE TABLE cyclone_ext_fan_out_limits (
 
 ---- create above / drop below ----
 
+DO $$
+BEGIN
+    IF EXISTS (
+        SELECT 1 FROM cyclone_ext_fan_out_limits AS l
+        JOIN cyclone_runs AS r ON r.id = l.run_id
+        WHERE r.state NOT IN ('completed', 'failed', 'cancelled')
+    ) THEN
+        RAISE EXCEPTION 'cannot migrate the extension track below 3 while a run with a '
+            'fan-out max_items is under way: its fan-out would expand without the limit; let '
+            'those runs end, or cancel them, first';
+    END IF;
+END
+$$;
+
 DROP TABLE cyclone_ext_fan_out_limits;

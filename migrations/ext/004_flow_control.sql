@@ -70,6 +70,20 @@ CREATE INDEX idx_ext_debounce_run ON cyclone_ext_debounce (run_id);
 
 ---- create above / drop below ----
 
+DO $$
+BEGIN
+    IF EXISTS (
+        SELECT 1 FROM cyclone_ext_gates AS g
+        JOIN cyclone_runs AS r ON r.id = g.run_id
+        WHERE r.state NOT IN ('completed', 'failed', 'cancelled')
+    ) THEN
+        RAISE EXCEPTION 'cannot migrate the extension track below 4 while a step under flow '
+            'control (a concurrency key, a rate limit, a queue cap) is under way: it would '
+            'run without its limits; let those runs end, or cancel them, first';
+    END IF;
+END
+$$;
+
 DROP TABLE cyclone_ext_debounce;
 DROP TABLE cyclone_ext_gates;
 DROP TABLE cyclone_ext_slots;

@@ -24,4 +24,18 @@ CREATE TABLE cyclone_ext_guards (
 
 ---- create above / drop below ----
 
+DO $$
+BEGIN
+    IF EXISTS (
+        SELECT 1 FROM cyclone_runs AS r
+        WHERE r.state NOT IN ('completed', 'failed', 'cancelled')
+          AND EXISTS (SELECT 1 FROM cyclone_ext_guards AS g WHERE g.def_version = r.def_version)
+    ) THEN
+        RAISE EXCEPTION 'cannot migrate the extension track below 5 while a run of a workflow '
+            'with conditions (when=) is under way: its nodes would run without them; let '
+            'those runs end, or cancel them, first';
+    END IF;
+END
+$$;
+
 DROP TABLE cyclone_ext_guards;
