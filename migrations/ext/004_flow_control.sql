@@ -73,13 +73,15 @@ CREATE INDEX idx_ext_debounce_run ON cyclone_ext_debounce (run_id);
 DO $$
 BEGIN
     IF EXISTS (
-        SELECT 1 FROM cyclone_ext_gates AS g
-        JOIN cyclone_runs AS r ON r.id = g.run_id
+        SELECT 1 FROM cyclone_runs AS r
         WHERE r.state NOT IN ('completed', 'failed', 'cancelled')
+          AND (EXISTS (SELECT 1 FROM cyclone_ext_gates AS g WHERE g.run_id = r.id)
+               OR EXISTS (SELECT 1 FROM cyclone_ext_debounce AS d WHERE d.run_id = r.id))
     ) THEN
-        RAISE EXCEPTION 'cannot migrate the extension track below 4 while a step under flow '
-            'control (a concurrency key, a rate limit, a queue cap) is under way: it would '
-            'run without its limits; let those runs end, or cancel them, first';
+        RAISE EXCEPTION 'cannot migrate the extension track below 4 while a run under flow '
+            'control (a concurrency key, a rate limit, a queue cap, a debounce window) is '
+            'under way: it would run without its limits; let those runs end, or cancel '
+            'them, first';
     END IF;
 END
 $$;

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -22,6 +23,7 @@ from cyclone_dsl import (
     LATEST_SCHEMA_VERSION,
     Client,
     Concurrency,
+    Debounce,
     NodeRef,
     Ref,
     Worker,
@@ -411,8 +413,13 @@ def lma_limited(x: int) -> int:
     [
         (lambda c: c.submit(lma_capped, 5), r"003_fan_out_limits .down. failed.*fan-out", 3),
         (lambda c: c.enqueue(lma_limited, 1), r"004_flow_control .down. failed.*flow control", 4),
+        (
+            lambda c: c.submit(lma_flow, 1, debounce=Debounce(delay=timedelta(minutes=5))),
+            r"004_flow_control .down. failed.*debounce",
+            4,
+        ),
     ],
-    ids=["fan-out-limit", "flow-control"],
+    ids=["fan-out-limit", "flow-control", "debounce"],
 )
 def test_lma_going_down_is_refused_while_a_run_in_flight_needs_its_limits(
     cyclone_dsn: str, submit: Callable[[Client], Any], reason: str, stops_at: int
