@@ -418,17 +418,27 @@ DELETE FROM cyclone_ext_limits WHERE scope = %(scope)s RETURNING scope
 
 -- name: park_ended_gates
 -- Park a page of the gate rows whose steps have ended (queue '': no claim walks past them
--- any more); return the last step id looked at, for the next page.
+-- any more); return the last step id looked at, for the next page. The ended steps are
+-- locked and their state read again as committed: an operator retry that brought one back
+-- (and unparked its gate) after this statement's snapshot must not see its gate parked
+-- again, or the step would never be claimed.
 WITH page AS (
     SELECT g.step_id, s.state FROM cyclone_ext_gates AS g
     JOIN cyclone_steps AS s ON s.id = g.step_id
     WHERE g.step_id > %(after_id)s AND g.queue <> ''
     ORDER BY g.step_id
     LIMIT %(limit)s
+), ended AS (
+    SELECT s.id FROM cyclone_steps AS s
+    WHERE s.id = ANY(ARRAY(SELECT p.step_id FROM page AS p
+                           WHERE p.state IN ('completed', 'discarded', 'cancelled')))
+      AND s.state IN ('completed', 'discarded', 'cancelled')
+    ORDER BY s.id
+    FOR SHARE OF s
 ), parked AS (
     UPDATE cyclone_ext_gates AS g SET queue = ''
-    FROM page
-    WHERE g.step_id = page.step_id AND page.state IN ('completed', 'discarded', 'cancelled')
+    FROM ended
+    WHERE g.step_id = ended.id
     RETURNING g.step_id
 )
 SELECT (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM page) AS seen,
