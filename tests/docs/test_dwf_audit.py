@@ -198,36 +198,18 @@ def test_dwf_document_pipeline_fans_out_over_pages_then_indexes_them_in_a_child_
 # -- examples/hello.py: "two steps in parallel, joined by a third" -------------------------
 
 
-@step(name="dwf_greet")
-def dwf_greet(name: str) -> str:
-    return f"Hello, {name}"
-
-
-@step(name="dwf_shout")
-def dwf_shout(name: str) -> str:
-    return name.upper() + "!"
-
-
-@step(name="dwf_combine")
-def dwf_combine(greeting: str, shouted: str) -> str:
-    return f"{greeting} ({shouted})"
-
-
-@workflow(name="dwf_hello")
-def dwf_hello(name: Ref[str]) -> NodeRef[str]:
-    return dwf_combine(dwf_greet(name), dwf_shout(name))
-
-
 def test_dwf_hello_two_steps_are_ready_together_and_the_third_waits_for_both(
     start_worker: StartWorker, client: Client
 ) -> None:
     """examples/hello.py:1: two steps in parallel, joined by a third."""
-    handle = client.submit(dwf_hello, "Ada")
+    from examples import hello as ex
+
+    handle = client.submit(ex.hello, "Ada")
     run = handle.get()
-    assert run.step("dwf_greet").state is StepState.AVAILABLE
-    assert run.step("dwf_shout").state is StepState.AVAILABLE
-    assert run.step("dwf_combine").state is StepState.PENDING
-    start_worker(dwf_hello)
+    assert run.step("greet").state is StepState.AVAILABLE
+    assert run.step("shout").state is StepState.AVAILABLE
+    assert run.step("combine").state is StepState.PENDING
+    start_worker(ex.hello)
     assert handle.result(timeout=30) == "Hello, Ada (ADA!)"
 
 
