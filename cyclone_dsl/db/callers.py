@@ -24,6 +24,7 @@ from psycopg.pq import Format, PipelineStatus, TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 
 from cyclone_dsl.db.adapters import has_engine_adapters, use_engine_adapters
+from cyclone_dsl.db.errors import first_line
 from cyclone_dsl.db.tx import ConnectionTx, Row, Tx, with_shift
 from cyclone_dsl.errors import InvalidArgument, SchemaVersionMismatch
 from cyclone_dsl.sql import Q
@@ -111,10 +112,9 @@ def _schema_errors_typed() -> Iterator[None]:
     try:
         yield
     except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SchemaVersionMismatch(
             f"the connection passed in cannot see Cyclone's tables as this build expects "
-            f"them ({first}): run `cyclone migrate` on the schema of its search_path, or "
+            f"them ({first_line(exc)}): run `cyclone migrate` on the schema of its search_path, or "
             f"set its search_path to the schema Cyclone was migrated in"
         ) from exc
 

@@ -25,3 +25,10 @@ UniqueViolation = psycopg.errors.UniqueViolation
 SerializationFailure = psycopg.errors.SerializationFailure
 
 __all__ = ["ConnectionFailure", "DatabaseError", "SerializationFailure", "UniqueViolation"]
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-blank line of ``exc``'s message (a driver error's later lines are its
+    DETAIL and HINT), or its class name when it has none."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

@@ -36,6 +36,7 @@ from psycopg.rows import dict_row
 
 from cyclone_dsl.db.clock import current_shift
 from cyclone_dsl.db.connect import connect, connect_async
+from cyclone_dsl.db.errors import first_line
 from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen_async
 from cyclone_dsl.db.listen import listen as listen_on
 from cyclone_dsl.db.tx import with_shift
@@ -198,7 +199,7 @@ def _drive(
                 if conn is not None:
                     conn.close()
                 conn = None
-                failure = ConnectionLost(_first_line(exc))
+                failure = ConnectionLost(first_line(exc))
     finally:
         plan.close()
         if conn is not None:
@@ -248,7 +249,7 @@ async def _drive_async(
                 if conn is not None:
                     await conn.close()
                 conn = None
-                failure = ConnectionLost(_first_line(exc))
+                failure = ConnectionLost(first_line(exc))
     finally:
         plan.close()
         if conn is not None:
@@ -262,8 +263,3 @@ async def _read_async(conn: psycopg.AsyncConnection[Any], request: Read | ReadAl
             if isinstance(request, Read):
                 return await cur.fetchone()
             return await cur.fetchall()
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__

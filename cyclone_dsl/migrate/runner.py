@@ -25,6 +25,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from cyclone_dsl.db.diagnose import connect_checked
+from cyclone_dsl.db.errors import first_line
 from cyclone_dsl.errors import (
     DatabaseUnavailable,
     MigrationError,
@@ -99,7 +100,7 @@ def read_versions(conn: psycopg.Connection[Any]) -> SchemaVersions:
     except psycopg.errors.InsufficientPrivilege as exc:
         raise DatabaseUnavailable(
             f"the role {conn.info.user!r} may not read Cyclone's schema version: "
-            f"{_first_line(exc)}: grant it SELECT, INSERT, UPDATE and DELETE on Cyclone's "
+            f"{first_line(exc)}: grant it SELECT, INSERT, UPDATE and DELETE on Cyclone's "
             f"tables (see the roles in docs/howto/deploy.md)",
             "permission_denied",
         ) from exc
@@ -242,14 +243,9 @@ def _typed(what: str) -> Iterator[None]:
     try:
         yield
     except psycopg.errors.InsufficientPrivilege as exc:
-        raise MigrationPermissionDenied(f"{what}: {_first_line(exc)}: {PERMISSION_ADVICE}") from exc
+        raise MigrationPermissionDenied(f"{what}: {first_line(exc)}: {PERMISSION_ADVICE}") from exc
     except psycopg.Error as exc:
-        raise MigrationError(f"{what}: {_first_line(exc)}") from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
+        raise MigrationError(f"{what}: {first_line(exc)}") from exc
 
 
 def _current(

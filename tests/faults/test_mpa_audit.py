@@ -28,6 +28,7 @@ from cyclone_dsl.errors import InvalidTransition, WorkerCrashed
 from cyclone_dsl.states import RunState, StepState
 from cyclone_dsl.worker import processes
 from cyclone_dsl.worker.processes import ENV_SPEC
+from tests.cli.runner import runner
 from tests.faults import mpa_handlers
 from tests.faults.conftest import ROOT, wait_for
 
@@ -168,34 +169,14 @@ def test_a_handler_of_a_script_run_as_main_is_refused(cyclone_dsn: str) -> None:
 def test_cli_processes_flag_rejects_bad_values_as_usage_errors(
     cyclone_dsn: str, value: str
 ) -> None:
-    out = subprocess.run(
-        [
-            *(sys.executable, "-m", "cyclone_dsl.cli", "--dsn", cyclone_dsn, "worker"),
-            *("tests.faults.mpa_handlers", "--processes", value),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    out = runner(cyclone_dsn)("worker", "tests.faults.mpa_handlers", "--processes", value)
     assert out.returncode == 2, out.stderr
     assert "--processes" in out.stderr
     assert "Traceback" not in out.stderr
 
 
 def test_cli_processes_above_the_maximum_is_one_line_error(cyclone_dsn: str) -> None:
-    out = subprocess.run(
-        [
-            *(sys.executable, "-m", "cyclone_dsl.cli", "--dsn", cyclone_dsn, "worker"),
-            *("tests.faults.mpa_handlers", "--processes", "5000"),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    out = runner(cyclone_dsn)("worker", "tests.faults.mpa_handlers", "--processes", "5000")
     assert out.returncode != 0
     assert "processes must be an integer from 1 to 1024" in out.stderr
     assert "Traceback" not in out.stderr
