@@ -19,6 +19,8 @@ from cyclone_dsl.errors import MigrationError
 SEPARATOR = "---- create above / drop below ----"
 EXTENSION_FOLDER = "ext"
 _NAME = re.compile(r"^(\d+)_([A-Za-z0-9_]+)\.sql$")
+#: A down part's guard: a ``DO`` block first, which only reads and raises to refuse.
+_GUARD = re.compile(r"\ADO \$\$\n.*?\n\$\$;", re.DOTALL)
 
 
 @attrs.frozen
@@ -27,6 +29,13 @@ class Migration:
     name: str
     up: str
     down: str
+
+    @property
+    def down_guard(self) -> str | None:
+        """The check that opens the down part (a ``DO`` block that only reads and refuses
+        while runs in flight need what the down part drops), or None."""
+        match = _GUARD.match(self.down)
+        return match[0] if match else None
 
 
 def migrations_dir() -> Traversable:

@@ -183,7 +183,17 @@ def apply_migrations(
                 f"database"
             )
         before, ext_before = current, ext_current
-        if goal < latest and ext_current > 0:
+        ext_first = goal < latest and ext_current > 0
+        _check_guards(
+            conn,
+            [
+                *(_downs(ext, ext_current, 0) if ext_first else []),
+                *_downs(core, current, goal),
+                *_downs(ext, 0 if ext_first else ext_current, ext_goal),
+            ],
+            lock_timeout_s,
+        )
+        if ext_first:
             log.warning(
                 "the core schema goes down to version %d (below %d): taking the extension "
                 "track down from %d to 0 first, which drops its tables",
@@ -263,6 +273,41 @@ def _current(
     return version
 
 
+def _downs(track: _Track, current: int, goal: int) -> list[tuple[_Track, Migration]]:
+    """The migrations of ``track`` going down from ``current`` to ``goal``, in order."""
+    return [(track, track.files[version - 1]) for version in range(current, goal, -1)]
+
+
+def _check_guards(
+    conn: psycopg.Connection[Any], downs: Sequence[tuple[_Track, Migration]], lock_timeout_s: float
+) -> None:
+    """Run the guard of every down migration about to be applied, in one read-only
+    transaction, before the first of them: each migration commits on its own, so a guard
+    that refused half-way down would leave the migrations above it undone."""
+    guarded = [(track, migration) for track, migration in downs if migration.down_guard]
+    if not guarded:
+        return
+    with conn.transaction(force_rollback=True):
+        conn.execute(Q.read_only_transaction)
+        conn.execute(Q.set_migration_lock_timeout, {"timeout": f"{lock_timeout_s * 1000:.0f}ms"})
+        for track, migration in guarded:
+            name = _name(track, migration, "down")
+            guard = migration.down_guard
+            assert guard is not None
+            with _typed(f"cannot check whether {name} may apply"):
+                try:
+                    # Migration files are trusted text shipped with the package.
+                    conn.execute(guard.encode("utf-8"))
+                except psycopg.errors.RaiseException as exc:
+                    raise MigrationError(
+                        f"{name} refused: {first_line(exc)} (no migration was applied)"
+                    ) from exc
+
+
+def _name(track: _Track, migration: Migration, direction: str) -> str:
+    return f"{track.label}migration {migration.version:03d}_{migration.name} ({direction})"
+
+
 def _move(
     conn: psycopg.Connection[Any], track: _Track, current: int, goal: int, lock_timeout_s: float
 ) -> int:
@@ -293,7 +338,7 @@ def _apply(
     # The core's lines start with "migration " (tests count them); the extension's with
     # "extension migration ".
     log.info("%smigration %03d_%s %s", track.label, migration.version, migration.name, direction)
-    name = f"{track.label}migration {migration.version:03d}_{migration.name} ({direction})"
+    name = _name(track, migration, direction)
     given_up_at = time.monotonic() + lock_timeout_s
     with _typed(f"{name} failed and was rolled back"):
         while True:

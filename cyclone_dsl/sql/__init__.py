@@ -122,6 +122,7 @@ class _Queries:
     version_tables_exist: LiteralString
     set_migration_lock_timeout: LiteralString
     long_lock_holders: LiteralString
+    read_only_transaction: LiteralString
     # read.sql
     get_run: LiteralString
     get_run_steps: LiteralString

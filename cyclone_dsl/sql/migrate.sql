@@ -80,3 +80,7 @@ WHERE c.relnamespace = current_schema()::regnamespace
   AND l.pid <> pg_backend_pid()
   AND coalesce(a.xact_start < clock_timestamp() - make_interval(secs => %(seconds)s), true)
 ORDER BY l.pid
+
+-- name: read_only_transaction
+-- The guards of the down migrations are checked in a transaction that cannot write.
+SET TRANSACTION READ ONLY

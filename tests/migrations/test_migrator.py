@@ -145,9 +145,11 @@ def test_down_from_18_refuses_while_paused(cyclone_dsn: str) -> None:
         conn.execute(
             "INSERT INTO cyclone_runs (workflow, def_version, state) VALUES ('w', 'v', 'paused')"
         )
-    with pytest.raises(MigrationError, match="paused"):
+    with pytest.raises(MigrationError, match=r"018_pause_resume .down. refused.*paused"):
         migrate(cyclone_dsn, version=17)
-    assert schema_version(cyclone_dsn) == 18  # 19's down applied, 18's refused
+    # Every guard on the way down is checked before the first migration goes down: 19's
+    # down (and the extension track's) would have applied before 18's refused.
+    assert versions(cyclone_dsn) == (LATEST_SCHEMA_VERSION, LATEST_EXTENSION_VERSION)
     with psycopg.connect(cyclone_dsn) as conn:
         conn.execute("UPDATE cyclone_runs SET state = 'cancelled'")
     assert migrate(cyclone_dsn, version=17) == 17
@@ -167,7 +169,8 @@ def test_down_from_19_refuses_while_waiting_child(cyclone_dsn: str) -> None:
         )
     with pytest.raises(MigrationError, match="waiting_child"):
         migrate(cyclone_dsn, version=18)
-    assert schema_version(cyclone_dsn) == 19
+    # The extension track is not taken down first for a core down that is then refused.
+    assert versions(cyclone_dsn) == (LATEST_SCHEMA_VERSION, LATEST_EXTENSION_VERSION)
     with psycopg.connect(cyclone_dsn) as conn:
         conn.execute("UPDATE cyclone_steps SET state = 'cancelled'")
     assert migrate(cyclone_dsn, version=18) == 18
