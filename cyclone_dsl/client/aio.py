@@ -68,7 +68,8 @@ class AsyncClient:
 
     Every method of :class:`Client`, with the same parameters, as a coroutine
     (except :meth:`handle`, which does no I/O). With ``tracing=``, a submit's span is a
-    child of the span current in the calling task.
+    child of the span current in the calling task. One client may be shared by every task
+    (and thread) of a process, as a :class:`Client` may.
     """
 
     def __init__(

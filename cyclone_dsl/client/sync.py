@@ -63,7 +63,9 @@ class Client:
     """The producer's entry point: ``Client(dsn)``, or ``Client()`` with ``$CYCLONE_DATABASE_URL``.
 
     Holds a small connection pool; close it with :meth:`close` or a ``with``
-    block. Workflows are given as the decorated objects, or by name when they
+    block. One client may be shared by every thread of a process: each call takes a
+    connection of its own from the pool (at most ``pool_size`` calls at once; the others
+    wait for a connection). Workflows are given as the decorated objects, or by name when they
     are registered in ``registry`` (the process-wide default registry unless
     one is passed).
 
