@@ -83,4 +83,4 @@ ORDER BY l.pid
 
 -- name: read_only_transaction
 -- The guards of the down migrations are checked in a transaction that cannot write.
-SET TRANSACTION READ ONLY
+SELECT set_config('transaction_read_only', 'on', true)
