@@ -66,6 +66,8 @@ RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.fan_out_parallel,
 
 -- name: finish_fan_out
 -- Complete a fan-out node whose items all completed, with their outputs in item order.
+-- A fan-out without items has not expanded yet (an empty list completes the node as it
+-- expands, with complete_node): it is not finished.
 UPDATE cyclone_steps AS s
 SET state = 'completed', completed_at = now() + %(shift)s::interval,
     output = CASE WHEN s.fan_out_max_bytes IS NULL THEN NULL ELSE (
@@ -74,6 +76,7 @@ SET state = 'completed', completed_at = now() + %(shift)s::interval,
         FROM cyclone_steps AS i WHERE i.run_id = s.run_id AND i.item_of = s.node) END
 WHERE s.run_id = %(run_id)s AND s.node = %(node)s AND s.state = 'pending'
   AND s.fan_out_parallel IS NOT NULL
+  AND EXISTS (SELECT 1 FROM cyclone_steps AS i WHERE i.run_id = s.run_id AND i.item_of = s.node)
   AND NOT EXISTS (
       SELECT 1 FROM cyclone_steps AS i
       WHERE i.run_id = s.run_id AND i.item_of = s.node
@@ -124,9 +127,11 @@ RETURNING s.id, s.node, s.kind,
 SELECT id, state FROM cyclone_steps WHERE run_id = %(run_id)s AND node = %(node)s
 
 -- name: fan_out_nodes_of_run
--- The fan-out nodes of a run still collecting items.
-SELECT node FROM cyclone_steps
-WHERE run_id = %(run_id)s AND fan_out_parallel IS NOT NULL AND state = 'pending'
+-- The fan-out nodes of a run still collecting items (expanded: a pending fan-out without
+-- items waits for its list).
+SELECT s.node FROM cyclone_steps AS s
+WHERE s.run_id = %(run_id)s AND s.fan_out_parallel IS NOT NULL AND s.state = 'pending'
+  AND EXISTS (SELECT 1 FROM cyclone_steps AS i WHERE i.run_id = s.run_id AND i.item_of = s.node)
 
 -- name: discard_node_completed
 -- Turn a just-completed node into a failure (its collected output broke a limit).

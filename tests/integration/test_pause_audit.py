@@ -251,6 +251,11 @@ def one_at_a_time(x):  # type: ignore[no-untyped-def]
     return run_limited_step(x)
 
 
+@workflow(name="pa_fan_parent")
+def fan_parent(n):  # type: ignore[no-untyped-def]
+    return echo(child(fan_steps, n))
+
+
 ALL_STEPS = (
     echo,
     hold,
@@ -516,6 +521,34 @@ def test_pause_inside_a_fan_out_of_steps_holds_the_next_items(
     client.resume(handle.id)
     assert handle.result(timeout=10) == [0, 10, 20, 30, 40, 50]
     assert all(CALLS[f"pa_item[{i}]"] == 1 for i in range(6))
+
+
+def test_a_fan_out_paused_before_it_expanded_expands_after_the_resume(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """Paused before its list's step ran, the fan-out had no items yet: the resume must
+    not take it for one whose items all ended (it completed with [] and no item ran)."""
+    gate("items").set()
+    handle = client.submit(fan_steps, 4)
+    client.pause(handle.id)
+    client.resume(handle.id)
+    assert handle.get().step("pa_item").state is StepState.PENDING
+    start_worker(*ALL_STEPS)
+    assert handle.result(timeout=15) == [0, 10, 20, 30]
+    assert all(CALLS[f"pa_item[{i}]"] == 1 for i in range(4))
+
+
+def test_a_child_runs_fan_out_paused_with_its_parent_expands_after_the_resume(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """The same one level down: pausing the parent pauses its child run, whose fan-out
+    has not expanded; resuming the parent resumes the child run's fan-out intact."""
+    gate("items").set()
+    handle = client.submit(fan_parent, 3)
+    client.pause(handle.id)
+    client.resume(handle.id)
+    start_worker(*ALL_STEPS, *ALL_WORKFLOWS, fan_parent)
+    assert handle.result(timeout=15) == [0, 10, 20]
 
 
 def test_pause_inside_a_fan_out_of_child_runs_pauses_them_and_holds_the_next(
