@@ -4,7 +4,7 @@
 is in use. :class:`SlotController` moves that limit from what the worker saw over the
 last interval (a :class:`Sample`):
 
-* claims came back full (a backlog) and either were small (fast handlers free their
+* the last claim came back full (a backlog) and either were small (fast handlers free their
   slots while the next claim runs, so the limit sets the claim size, and a bigger claim
   costs less per step) or the fetch loop spent much of the interval waiting for a free
   slot (slow handlers hold the slots back): it doubles, or grows by a quarter when the
@@ -102,6 +102,10 @@ class Sample:
     peak: int  # most slots in use at once
     handler_cpu: float  # CPU seconds the handlers' threads used (async: the loop's thread)
     process_cpu: float  # CPU seconds the whole process used
+    #: Whether the interval's last claim filled every slot it was offered (None: no
+    #: claim). The backlog is judged by it: idle polls earlier in the interval say nothing
+    #: of the work that arrived since, and while every slot is held no claim is made.
+    last_claim_full: bool | None = None
 
 
 class SlotController:
@@ -130,7 +134,9 @@ class SlotController:
 
     def update(self, s: Sample) -> int:
         """Take one interval's sample; return the new limit."""
-        if s.asked:
+        if s.last_claim_full is not None:
+            self._backlog = s.last_claim_full
+        elif s.asked:
             self._backlog = s.claimed >= 0.9 * s.asked
         waited = s.slot_wait / s.seconds if s.seconds > 0 else 0.0
         small_claims = s.claims > 0 and s.asked < SMALL_CLAIM * self.batch_size * s.claims

@@ -49,6 +49,7 @@ class Lane:
     claims: int = 0  # claims since the last sample
     asked: int = 0  # slots offered to them
     claimed: int = 0  # steps those claims returned
+    last_claim_full: bool | None = None  # the last claim since the last sample filled its slots
     peak: int = 0  # most slots in use at once since the last sample
     slot_wait: float = 0.0  # seconds the fetch loop waited for slots since the last sample
     handler_cpu: list[float] = attrs.field(factory=list)  # sync handlers' thread CPU
@@ -98,9 +99,11 @@ class Lane:
             peak=max(self.peak, self.running),
             handler_cpu=handler_cpu,
             process_cpu=cpu - self._sampled_cpu,
+            last_claim_full=self.last_claim_full,
         )
         self._sampled_at, self._sampled_returned, self._sampled_cpu = now, self.returned, cpu
         self.claims = self.asked = self.claimed = self.peak = 0
+        self.last_claim_full = None
         self.slot_wait = 0.0
         before = self.slots.limit
         limit = controller.update(sample)

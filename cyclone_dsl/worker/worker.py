@@ -1132,6 +1132,7 @@ class Worker:
                 lane.claims += 1
                 lane.asked += free
                 lane.claimed += len(claimed)
+                lane.last_claim_full = len(claimed) >= free
                 if len(claimed) < free:
                     slots.release(free - len(claimed))
                 if claimed:
