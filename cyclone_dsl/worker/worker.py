@@ -170,6 +170,7 @@ class _Inflight:
     returned: bool = False  # the handler has returned: its slot is free
     task: asyncio.Task[Any] | None = None  # an async handler's task, to cancel it
     stuck_reported: bool = False
+    timed_out: bool = False  # failed by its timeout while the handler still ran
     # A sync transactional handler's connection while it runs, to interrupt it; the lock
     # keeps an interrupt from reaching the connection once it is back in the pool.
     connection: object = None
@@ -178,6 +179,10 @@ class _Inflight:
     def attach(self, connection: object) -> None:
         with self.connection_lock:
             self.connection = connection
+
+
+def _cancel_timer(timer: asyncio.TimerHandle, _task: asyncio.Task[Any]) -> None:
+    timer.cancel()
 
 
 def _claim_key(step: Claimed) -> tuple[int, int]:
@@ -1066,11 +1071,26 @@ class Worker:
         log.info("worker %s stopped", self.id)
 
     def _run_loop(self) -> None:
-        """The async handlers' event loop, closed once the stop ends it."""
+        """The async handlers' event loop, closed once the stop ends it.
+
+        A task that raises ``SystemExit`` or ``KeyboardInterrupt`` (a helper task a handler
+        started, which :func:`execute.contained` cannot wrap) ends ``run_forever``: the
+        task keeps the exception, so the handler awaiting it fails with it, and the loop
+        runs on. (Signals reach the main thread only: nothing else stops this loop.)
+        """
         loop = self._loop
         assert loop is not None
         try:
-            loop.run_forever()
+            while True:
+                try:
+                    loop.run_forever()
+                    return
+                except (SystemExit, KeyboardInterrupt) as exc:
+                    log.error(
+                        "a task on the async handlers' loop raised %s; the handler awaiting "
+                        "it fails, the worker goes on",
+                        type(exc).__name__,
+                    )
         finally:
             loop.close()
 
@@ -1495,6 +1515,13 @@ class Worker:
                 continue
             entry.task = task
             task.add_done_callback(functools.partial(self._on_async_done, entry, keep_output))
+            if entry.deadline is not None:
+                # On time, unlike the heartbeat loop's look (every 0.1 s); that look still
+                # fails the step if a handler blocks the loop past its timeout.
+                timer = self._loop.call_later(
+                    max(0.0, entry.deadline - time.monotonic()), self._fail_by_timeout, entry
+                )
+                task.add_done_callback(functools.partial(_cancel_timer, timer))
 
     def _on_async_done(self, entry: _Inflight, keep_output: bool, task: asyncio.Task[Any]) -> None:
         """An async handler's task ended (on the loop's thread): decide and free its slot
@@ -1545,13 +1572,16 @@ class Worker:
         logs.enter(entry.step)  # the task's own context: no reset
         if self._observer is not None:
             self._started(entry, self._observer)
-        return await asyncio.wait_for(execute.contained(fn(*args, **kwargs)), entry.step.timeout_s)
+        # The timeout is the timer _start_async set, not asyncio.wait_for: wait_for runs the
+        # handler in a task of its own, which outlives a cancelled wait_for when it swallows
+        # the cancellation (the slot would be freed while it still ran).
+        return await execute.contained(fn(*args, **kwargs))
 
     def _on_done(self, entry: _Inflight, future: Settled, keep_output: bool) -> None:
         """The handler returned (or raised, or its task was cancelled): record, free the slot."""
         try:
             if entry.settled:
-                self._finished(entry, "abandoned")
+                self._finished(entry, "timeout" if entry.timed_out else "abandoned")
                 return  # timed out, cancelled or lease lost: already decided
             step = entry.step
             exc = asyncio.CancelledError() if future.cancelled() else future.exception()
@@ -1624,7 +1654,8 @@ class Worker:
         entry.ctx._cancelled.set()
         task, loop = entry.task, self._loop
         if task is not None and loop is not None:
-            loop.call_soon_threadsafe(task.cancel)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the task is gone
+                loop.call_soon_threadsafe(task.cancel)
         with entry.connection_lock:
             if entry.connection is not None:
                 interrupt(entry.connection)
@@ -1826,9 +1857,16 @@ class Worker:
         for entry in entries:
             # Decide first: a transactional handler that took its decision is committing,
             # and must not be interrupted.
-            late = entry.deadline is not None and now > entry.deadline
-            if late and self._settle(entry, execute.timeout_failure(entry.step)):
-                self._stop_handler(entry)
+            if entry.deadline is not None and now > entry.deadline:
+                self._fail_by_timeout(entry)
+
+    def _fail_by_timeout(self, entry: _Inflight) -> None:
+        """Fail a step whose timeout passed, and ask its handler to stop (``ctx.cancelled``
+        first, then an async handler's task is cancelled). Its slot stays taken until the
+        handler really returns (an async one that swallows the cancellation still runs)."""
+        if self._settle(entry, execute.timeout_failure(entry.step)):
+            entry.timed_out = True
+            self._stop_handler(entry)
 
     def _report_stuck(self, running: list[_Inflight], now: float) -> None:
         for entry in running:
