@@ -180,8 +180,10 @@ class TransactionalRunner:
             return self._completion_failed(call, exc)
         return COMMITTED
 
-    async def run_async(self, call: Call, timeout_s: float | None) -> object:
-        """:meth:`run` for an async handler, on the worker's event loop."""
+    async def run_async(self, call: Call) -> object:
+        """:meth:`run` for an async handler, on the worker's event loop, in the task the
+        worker cancels at the step's timeout (no task of its own: one that outlived a
+        cancellation it swallowed would go on with the connection)."""
         if self._async_pool is None:
             self._async_pool = async_handler_pool(
                 self._dsn,
@@ -208,9 +210,7 @@ class TransactionalRunner:
                             )
                             self._hold_lease(call, held)
                         call.ctx._connection = conn
-                        result = await asyncio.wait_for(
-                            execute.contained(call.fn(*call.args, **call.kwargs)), timeout_s
-                        )
+                        result = await execute.contained(call.fn(*call.args, **call.kwargs))
                         outcome = self._decided_outcome(call, result)
                         engine_tx.shift = current_shift() + await async_ready_for_completion(
                             conn, pooled=self._pooled

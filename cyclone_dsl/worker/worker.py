@@ -1368,9 +1368,11 @@ class Worker:
             assert self._loop is not None
 
             async def run_async() -> object:
-                entry.task = asyncio.current_task()
+                entry.task = task = asyncio.current_task()
+                assert task is not None
+                self._arm_timeout(entry, task)
                 self._enter_transactional(entry)  # the task's own context: no reset
-                return await runner.run_async(call, entry.step.timeout_s)
+                return await runner.run_async(call)
 
             future = asyncio.run_coroutine_threadsafe(run_async(), self._loop)
             future.add_done_callback(lambda f: self._on_transaction_done(entry, f))
@@ -1515,13 +1517,19 @@ class Worker:
                 continue
             entry.task = task
             task.add_done_callback(functools.partial(self._on_async_done, entry, keep_output))
-            if entry.deadline is not None:
-                # On time, unlike the heartbeat loop's look (every 0.1 s); that look still
-                # fails the step if a handler blocks the loop past its timeout.
-                timer = self._loop.call_later(
-                    max(0.0, entry.deadline - time.monotonic()), self._fail_by_timeout, entry
-                )
-                task.add_done_callback(functools.partial(_cancel_timer, timer))
+            self._arm_timeout(entry, task)
+
+    def _arm_timeout(self, entry: _Inflight, task: asyncio.Task[Any]) -> None:
+        """Fail the step of an async handler's ``task`` when its timeout passes, on time
+        (the heartbeat loop looks every 0.1 s, and still fails the step if a handler blocks
+        the loop past its timeout). No ``asyncio.wait_for``: it runs the handler in a task
+        of its own, which outlives a cancellation the handler swallows."""
+        if entry.deadline is None or self._loop is None:
+            return
+        timer = self._loop.call_later(
+            max(0.0, entry.deadline - time.monotonic()), self._fail_by_timeout, entry
+        )
+        task.add_done_callback(functools.partial(_cancel_timer, timer))
 
     def _on_async_done(self, entry: _Inflight, keep_output: bool, task: asyncio.Task[Any]) -> None:
         """An async handler's task ended (on the loop's thread): decide and free its slot
@@ -1572,10 +1580,7 @@ class Worker:
         logs.enter(entry.step)  # the task's own context: no reset
         if self._observer is not None:
             self._started(entry, self._observer)
-        # The timeout is the timer _start_async set, not asyncio.wait_for: wait_for runs the
-        # handler in a task of its own, which outlives a cancelled wait_for when it swallows
-        # the cancellation (the slot would be freed while it still ran).
-        return await execute.contained(fn(*args, **kwargs))
+        return await execute.contained(fn(*args, **kwargs))  # timed by _arm_timeout
 
     def _on_done(self, entry: _Inflight, future: Settled, keep_output: bool) -> None:
         """The handler returned (or raised, or its task was cancelled): record, free the slot."""

@@ -258,6 +258,69 @@ def test_an_async_handler_writes_on_an_async_connection(
     ]
 
 
+ASYNC_TIMEOUT_SEEN: list[bool] = []
+LATE_WRITE_DONE = threading.Event()
+
+
+@step(name="tx_async_polite", transactional=True, max_attempts=1, timeout=0.3)
+async def async_polite(n: int, *, ctx: StepContext) -> int:
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        ASYNC_TIMEOUT_SEEN.append(ctx.cancelled)
+        raise
+    return n
+
+
+@step(name="tx_async_stubborn", transactional=True, max_attempts=1, timeout=0.3)
+async def async_stubborn(n: int, *, ctx: StepContext) -> int:
+    connection = ctx.connection
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:  # the mistake: carry on regardless
+        await asyncio.sleep(0.5)
+        with contextlib.suppress(Exception):
+            await connection.execute(
+                "INSERT INTO ledger VALUES (%s, %s, %s, 'late')", (ctx.run_id, ctx.node, 1)
+            )
+        LATE_WRITE_DONE.set()
+    return n
+
+
+def test_an_async_transactional_handler_sees_cancelled_at_its_timeout(
+    client: Client, start_worker: StartWorker
+) -> None:
+    """ctx.cancelled is true once the timeout passed, also when the handler learns of it
+    by the CancelledError the timeout raises in it."""
+    ASYNC_TIMEOUT_SEEN.clear()
+    start_worker(async_polite)
+    handle = client.enqueue(async_polite, 1)
+    assert handle.wait(timeout=20).state is RunState.FAILED
+    assert only_step(client, handle.id).error_kind == "timeout"
+    assert ASYNC_TIMEOUT_SEEN == [True]
+
+
+def test_an_async_transactional_handler_that_swallows_its_timeout_commits_nothing(
+    client: Client, start_worker: StartWorker, ledger: Callable[[], list[tuple[Any, ...]]]
+) -> None:
+    """A handler that catches the timeout's cancellation and writes afterwards still runs
+    in its own transaction, which rolls back: the write never lands (not on a connection
+    given back to the pool, in another step's transaction). Until it returns it keeps its
+    slot: with one slot, nothing else starts meanwhile."""
+    LATE_WRITE_DONE.clear()
+    start_worker(async_stubborn, async_write, concurrency=1)
+    handle = client.enqueue(async_stubborn, 1)
+    assert handle.wait(timeout=20).state is RunState.FAILED
+    others = [client.enqueue(async_write, i) for i in range(5)]
+    first = others[0].wait(timeout=20)
+    assert LATE_WRITE_DONE.is_set(), "a step started while the stubborn handler still ran"
+    assert first.state is RunState.COMPLETED
+    for other in others:
+        assert other.wait(timeout=20).state is RunState.COMPLETED
+    assert [row[3] for row in ledger()] == ["async"] * 5
+    assert only_step(client, handle.id).error_kind == "timeout"
+
+
 def test_an_async_handlers_statement_is_cancelled_at_its_timeout(
     client: Client, start_worker: StartWorker, ledger: Callable[[], list[tuple[Any, ...]]]
 ) -> None:
