@@ -292,7 +292,12 @@ def test_completed_count_and_settings_add_up_the_children(
         idle = worker.settings()
         handle = client.enqueue(mpa_handlers.sleep, spec)
         wait_for(lambda: Path(str(spec["started"])).exists(), timeout=30)
-        wait_for(lambda: worker.settings().slots_in_use == 1, timeout=5)
+        # A report taken between the claim (its slot) and the handler's thread start says
+        # slots_in_use 1, threads 0: wait for the next one.
+        wait_for(
+            lambda: worker.settings().slots_in_use == 1 and worker.settings().threads >= 1,
+            timeout=5,
+        )
         busy = worker.settings()
         handle.result(timeout=10)
         for other in client.enqueue_many(mpa_handlers.env, [1, 2]):
