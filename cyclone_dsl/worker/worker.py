@@ -1594,10 +1594,10 @@ class Worker:
                 outcome: Success | Failure | None = None  # cancelled by us: decided elsewhere
                 self._finished(entry, "abandoned")
             elif _late(entry):
-                # Its timeout passed (the wait_for of an async handler ends just after it:
-                # the deadline was set before the handler started). A TimeoutError raised
-                # before then is the handler's own, an error like any other; so is a
-                # CancelledError the worker did not cause (a library cancelled a future).
+                # Its timeout passed, and the handler ended before the worker's timer or
+                # heartbeat loop failed it. A TimeoutError raised before then is the
+                # handler's own, an error like any other; so is a CancelledError the worker
+                # did not cause (a library cancelled a future).
                 outcome = execute.timeout_failure(step)
                 self._finished(entry, "timeout")
             elif exc is not None:
