@@ -44,6 +44,12 @@ AnyConnection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
 _reset_by_completion: weakref.WeakSet[AnyConnection] = weakref.WeakSet()
 
 
+def transaction_ended(conn: AnyConnection) -> bool:
+    """Whether a handler ended the transaction the worker opened for it (a ``COMMIT`` or
+    ``ROLLBACK`` sent as SQL: the connection is idle, in no transaction)."""
+    return conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
 def _setup(conn: AnyConnection, pooled: bool) -> LiteralString:
     """What the completion runs first (see the queries): through a pooler, only the
     session's search_path back; else the whole session reset too."""

@@ -8,17 +8,20 @@ SELECT set_config('client_connection_check_interval', %(ms)s::text, false)
 SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s
 
 -- fragment: session_reset
--- What a transactional handler may leave on its session: settings, temporary tables,
--- session advisory locks, LISTENs, open cursors (see completion_reset).
-RESET ALL; DISCARD TEMP; SELECT pg_advisory_unlock_all(); UNLISTEN *; CLOSE ALL
+-- What a transactional handler may leave on its session: settings (RESET ALL leaves the
+-- role and the session authorization out), temporary tables, session advisory locks,
+-- LISTENs, open cursors (see completion_reset).
+RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL; DISCARD TEMP;
+SELECT pg_advisory_unlock_all(); UNLISTEN *; CLOSE ALL
 
 -- name: completion_setup
 -- Before a completion at the end of a handler's transaction through a pooler (whose
--- sessions are its own to reset), in one round trip (two statements, no parameter): the
--- session's own search_path back (a handler's SET or SET LOCAL would hide Cyclone's tables
--- from the completion), then how long ago this transaction began (now() is its start,
--- which the engine's statements read as the time).
-RESET search_path; {{transaction_age_s}}
+-- sessions are its own to reset), in one round trip (no parameter): the session's own
+-- search_path and role back (a handler's SET or SET LOCAL would hide Cyclone's tables
+-- from the completion, or run it as a role that may not write them), then how long ago
+-- this transaction began (now() is its start, which the engine's statements read as the
+-- time).
+RESET SESSION AUTHORIZATION; RESET ROLE; RESET search_path; {{transaction_age_s}}
 
 -- name: completion_reset
 -- completion_setup on a session of the worker's own, which it also gives back clean: what

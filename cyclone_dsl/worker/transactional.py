@@ -28,6 +28,7 @@ import attrs
 from cyclone_dsl.db.callers import AsyncConnectionTx
 from cyclone_dsl.db.clock import current_shift
 from cyclone_dsl.db.handler_tx import (
+    AnyConnection,
     AsyncPool,
     async_handler_connection,
     async_handler_pool,
@@ -36,9 +37,11 @@ from cyclone_dsl.db.handler_tx import (
     handler_connection,
     handler_pool,
     ready_for_completion,
+    transaction_ended,
 )
 from cyclone_dsl.db.tx import ConnectionTx
 from cyclone_dsl.engine import AfterCommit, Claimed, Engine, Failure, Success
+from cyclone_dsl.errors import Permanent
 from cyclone_dsl.states import ErrorKind
 from cyclone_dsl.worker import execute
 from cyclone_dsl.worker.context import StepContext
@@ -81,6 +84,20 @@ class _RollBack(Exception):
     def __init__(self, outcome: Failure | None) -> None:
         super().__init__("rolled back")
         self.outcome = outcome
+
+
+def _refuse_an_ended_transaction(conn: AnyConnection, raised: Exception | None = None) -> None:
+    """Fail the step for good if its handler ended the worker's transaction (a COMMIT or
+    ROLLBACK sent as SQL: the connection is no longer in a transaction). What it wrote
+    can no longer be kept together with the completion, which would run statement by
+    statement; a retry would write again what a COMMIT kept."""
+    if not transaction_ended(conn):
+        return
+    raise Permanent(
+        "the handler ended its step's transaction itself (a COMMIT or ROLLBACK sent as "
+        "SQL): its writes can no longer be kept with the step's completion, so the step "
+        "fails without a retry (check what it wrote); raise to roll back instead"
+    ) from raised
 
 
 class TransactionalRunner:
@@ -154,7 +171,12 @@ class TransactionalRunner:
                         if _old_snapshot(call):
                             self._hold_lease(call, self._engine.hold_lease(tx, call.step.id))
                         call.ctx._connection = conn
-                        result = call.fn(*call.args, **call.kwargs)
+                        try:
+                            result = call.fn(*call.args, **call.kwargs)
+                        except Exception as exc:
+                            _refuse_an_ended_transaction(conn, exc)
+                            raise
+                        _refuse_an_ended_transaction(conn)
                         outcome = self._decided_outcome(call, result)
                         # The engine's time is now(), the start of this transaction.
                         engine_tx.shift = current_shift() + ready_for_completion(
@@ -210,7 +232,12 @@ class TransactionalRunner:
                             )
                             self._hold_lease(call, held)
                         call.ctx._connection = conn
-                        result = await execute.contained(call.fn(*call.args, **call.kwargs))
+                        try:
+                            result = await execute.contained(call.fn(*call.args, **call.kwargs))
+                        except Exception as exc:
+                            _refuse_an_ended_transaction(conn, exc)
+                            raise
+                        _refuse_an_ended_transaction(conn)
                         outcome = self._decided_outcome(call, result)
                         engine_tx.shift = current_shift() + await async_ready_for_completion(
                             conn, pooled=self._pooled

@@ -330,9 +330,11 @@ def test_a_handler_that_misuses_its_connection_keeps_no_write_and_leaves_a_clean
     client: Client, start_worker: StartWorker, ledger: Rows
 ) -> None:
     """commit()/rollback()/autocommit/isolation_level are refused inside the worker's
-    transaction; a closed connection or a ROLLBACK in SQL fails the attempt. Each step
-    fails, none keeps its write, and the next handler (one connection: concurrency=1)
-    gets a working connection."""
+    transaction; a closed connection fails the attempt; a ROLLBACK in SQL ended the
+    worker's transaction, which fails the step for good (permanent: the worker cannot
+    tell it from a COMMIT, whose writes a retry would repeat). Each step fails, none
+    keeps its write, and the next handler (one connection: concurrency=1) gets a working
+    connection."""
     start_worker(tsa_misuse, tsa_write, concurrency=1)
     cases = ["commit", "rollback", "autocommit", "isolation", "close", "close-return"]
     cases.append("sql-rollback")
@@ -340,7 +342,8 @@ def test_a_handler_that_misuses_its_connection_keeps_no_write_and_leaves_a_clean
     for how, handle in handles.items():
         assert ended(client, handle.id) == RunState.FAILED, how
         failed = only_step(client, handle.id)
-        assert failed.error_kind == "error" and failed.attempts, how
+        kind = "permanent" if how == "sql-rollback" else "error"
+        assert failed.error_kind == kind and failed.attempts, how
     refused = {how: only_step(client, handles[how].id).error or "" for how in cases[:4]}
     assert all("ProgrammingError" in error for error in refused.values()), refused
     assert ledger() == []
