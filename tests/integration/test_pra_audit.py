@@ -14,6 +14,7 @@ Tests marked ``xfail(strict=True)`` show a finding: they fail today and pass onc
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -725,9 +726,10 @@ def test_pra_a_fan_out_of_steps_within_max_items_paused_mid_way_keeps_its_order(
     start_worker(*EVERYTHING)
     wait_until(lambda: sum(CALLS[f"pra_item[{i}]"] for i in (1, 2, 3)) >= 1, what="an item to run")
     client.pause(handle.id)
-    settle()
+    settle()  # items claimed before the pause may still start; then nothing more does
     ran = sum(CALLS[f"pra_item[{i}]"] for i in (1, 2, 3))
-    assert ran <= 2  # max_parallel=2: at most the first two started before the pause
+    settle()
+    assert sum(CALLS[f"pra_item[{i}]"] for i in (1, 2, 3)) == ran, "an item started paused"
     assert run_of(client, handle.id).state is RunState.PAUSED
     client.resume(handle.id)
     assert handle.result(timeout=20) == [30, 10, 20]
@@ -804,7 +806,8 @@ def test_pra_define_result_and_after_steps_run_once_across_pauses(
         pass
     else:
         settle()
-        client.resume(handle.id)
+        with contextlib.suppress(AlreadyTerminal):  # its last steps ended inside the pause
+            client.resume(handle.id)
     assert handle.result(timeout=20) == "r"
     assert (CALLS["pra_gated"], CALLS["pra_echo"], CALLS["pra_side"], CALLS["pra_last"]) == (
         1,
