@@ -65,7 +65,9 @@ class Client:
     Holds a small connection pool; close it with :meth:`close` or a ``with``
     block. One client may be shared by every thread of a process: each call takes a
     connection of its own from the pool (at most ``pool_size`` calls at once; the others
-    wait for a connection). Workflows are given as the decorated objects, or by name when they
+    wait for a connection). It survives ``os.fork()`` (gunicorn ``--preload``, prefork
+    pools): a forked child never touches the parent's connections and opens its own on
+    its first call. Workflows are given as the decorated objects, or by name when they
     are registered in ``registry`` (the process-wide default registry unless
     one is passed).
 

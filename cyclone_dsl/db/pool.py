@@ -3,10 +3,19 @@
 Callers above this layer never see psycopg: a server that cannot be reached,
 a connection lost mid-call and a pool with no free connection all become
 :class:`~cyclone_dsl.errors.DatabaseUnavailable` naming the cause.
+
+A pool survives ``os.fork()`` (gunicorn ``--preload``, prefork pools): the child gets
+copies of the parent's sockets, which it must never use nor close (a close sends the
+server the end of the parent's session). Right after a fork, the child points each
+inherited socket at ``/dev/null`` and keeps the inherited pool unused for ever; its
+first call opens a pool of its own.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,6 +30,35 @@ from cyclone_dsl.errors import ClientClosed, DatabaseUnavailable
 T = TypeVar("T")
 
 
+#: Every pooled database of this process, for the after-fork hook.
+_LIVE: weakref.WeakSet[PooledDatabase] = weakref.WeakSet()
+#: Pools inherited through a fork: kept, never used nor closed (see the module's docstring).
+_INHERITED: list[ConnectionPool[Any]] = []
+
+
+def _after_fork_in_child() -> None:
+    for database in list(_LIVE):
+        database._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _silence(pool: ConnectionPool[Any]) -> None:
+    """Point the sockets of ``pool``'s idle connections at /dev/null: whatever this process
+    would send on them (the end of a session, when they are garbage) reaches no server."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        for conn in list(getattr(pool, "_pool", ())):  # psycopg_pool's idle connections
+            try:
+                os.dup2(devnull, conn.pgconn.socket)
+            except (OSError, psycopg.Error):
+                continue  # already closed: nothing to send on
+    finally:
+        os.close(devnull)
+
+
 class PooledDatabase:
     """A connection pool named ``name`` (``application_name``) of at most ``max_size``
     (``pooled``: ``dsn`` goes through a transaction-mode pooler)."""
@@ -29,18 +67,45 @@ class PooledDatabase:
         self.dsn = dsn
         self.pooled = pooled
         self._name = name
+        self._max_size = max_size
         # The last call found the server gone: the next ones probe it before waiting for a
         # pooled connection (the pool's wait would last its whole timeout, 30 s).
         self._server_gone = False
+        self._pid = os.getpid()
+        self._replacing = threading.Lock()
         try:
             self._pool: ConnectionPool[Any] = make_pool(
                 dsn, name=name, max_size=max_size, pooled=pooled
             )
         except PoolTimeout as exc:
             raise self._pool_unavailable(exc) from exc
+        _LIVE.add(self)
+
+    def _forked(self) -> None:
+        """In a child just forked: leave the parent's pool alone, its sockets silenced."""
+        if self._pid != os.getpid():
+            _silence(self._pool)
+            _INHERITED.append(self._pool)
+            self._replacing = threading.Lock()  # the parent's may have been held
+
+    def _own_pool(self) -> ConnectionPool[Any]:
+        """This process's pool: a new one on the first call after a fork."""
+        if self._pid != os.getpid():
+            with self._replacing:
+                if self._pid != os.getpid():
+                    closed = self._pool.closed
+                    self._pool = make_pool(
+                        self.dsn,
+                        name=self._name,
+                        max_size=self._max_size,
+                        pooled=self.pooled,
+                        open_now=not closed,
+                    )
+                    self._pid = os.getpid()
+        return self._pool
 
     def close(self) -> None:
-        self._pool.close()
+        self._own_pool().close()
 
     def check_open(self) -> None:
         """:class:`ClientClosed` once :meth:`close` was called."""
@@ -49,7 +114,7 @@ class PooledDatabase:
 
     @property
     def pool(self) -> ConnectionPool[Any]:
-        return self._pool
+        return self._own_pool()
 
     def transaction(self, work: Callable[[Tx], T], *, one_statement: bool = False) -> T:
         """Run ``work`` in a transaction, or in autocommit mode when it is one statement
@@ -58,12 +123,13 @@ class PooledDatabase:
         A deadlock or serialization failure retries the whole transaction.
         """
         self.check_open()
+        pool = self._own_pool()
         if self._server_gone:
             self._probe()
         try:
             if one_statement:
-                return in_autocommit(self._pool, work)
-            return in_transaction(self._pool, work)
+                return in_autocommit(pool, work)
+            return in_transaction(pool, work)
         except PoolTimeout as exc:
             self.check_open()  # closed while this call waited for a connection
             raise self._pool_unavailable(exc) from exc
