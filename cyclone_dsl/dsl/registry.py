@@ -47,9 +47,8 @@ class Registry:
         existing = table.get(name)
         if existing is not None and existing is not obj and existing.fn is not obj.fn:
             raise RegistryConflict(
-                f"two different {what}s are named {name!r} ({existing.fn.__module__}."
-                f"{existing.fn.__qualname__} and {obj.fn.__module__}.{obj.fn.__qualname__}): "
-                "rename one with name="
+                f"two different {what}s are named {name!r} ({_where(existing.fn)} and "
+                f"{_where(obj.fn)}): rename one with name="
             )
         if existing is None:
             table[name] = obj
@@ -118,3 +117,11 @@ _default = Registry()
 def default_registry() -> Registry:
     """The process-wide registry the decorators fill."""
     return _default
+
+
+def _where(fn: object) -> str:
+    """Where a handler was defined, for messages (``module.qualname``; a partial or a
+    callable object has no qualname of its own)."""
+    module = getattr(fn, "__module__", None) or "?"
+    qualname = getattr(fn, "__qualname__", None) or repr(fn)
+    return f"{module}.{qualname}"

@@ -65,8 +65,27 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
 
 
 _cached_signature = functools.cache(_signature)
-#: Asked for every step a worker runs.
-_is_coroutine_function = functools.cache(inspect.iscoroutinefunction)
+
+
+def _coroutine_function(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` makes a coroutine: an ``async def``, also reached through a
+    ``staticmethod``, a ``functools.partial`` or a callable object's ``async def __call__``."""
+    fn = getattr(fn, "__func__", fn)  # a staticmethod object
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 - the class's, not a callable test
+    return not inspect.isroutine(fn) and inspect.iscoroutinefunction(call)
+
+
+def _is_coroutine_function(fn: Callable[..., Any]) -> bool:
+    """:func:`_coroutine_function`, cached: asked for every step a worker runs."""
+    try:
+        return _cached_coroutine_function(fn)
+    except TypeError:  # an unhashable callable object: not cached
+        return _coroutine_function(fn)
+
+
+_cached_coroutine_function = functools.cache(_coroutine_function)
 
 
 def takes_positional(signature: inspect.Signature) -> bool:
@@ -180,7 +199,10 @@ class StepDef(StepCalls[P, R]):
 
     @property
     def takes_ctx(self) -> bool:
-        return "ctx" in inspect.signature(self.fn).parameters
+        """Whether the handler takes ``ctx`` (not when Python cannot read its signature,
+        as for a builtin: it is then called with its input alone)."""
+        signature = handler_signature(self.fn)
+        return signature is not None and "ctx" in signature.parameters
 
     def __repr__(self) -> str:
         return f"<{'step' if self.keep_output else 'action'} {self.name}>"
@@ -252,7 +274,12 @@ def _define(
         problems.append(
             f"max_reclaims must be an integer from 0 to {INT32_MAX}, not {max_reclaims!r}"
         )
-    kind = name or fn.__name__
+    kind = name or getattr(fn, "__name__", None)
+    if kind is None:
+        raise InvalidArgument(
+            f"@step: {fn!r} has no __name__ (a functools.partial, a callable object): "
+            "give it one with name="
+        )
     if not is_text(kind) or kind.startswith("@"):
         problems.append(
             "a handler name must be a non-empty string without NUL characters or lone "
@@ -277,7 +304,8 @@ def _define(
             )
         elif not flow.transactional:
             problems.append("isolation applies to a transactional handler: add transactional=True")
-    if flow.transactional is True and "ctx" not in inspect.signature(fn).parameters:
+    signature = handler_signature(fn)
+    if flow.transactional is True and (signature is None or "ctx" not in signature.parameters):
         problems.append(
             "a transactional handler takes a ctx parameter: it writes on ctx.connection"
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -107,6 +108,9 @@ def success_from_result(
     ``extra_units`` are rate-limit units the handler used beyond its claim's.
     """
     if not keep_output:
+        never_ran = _never_ran(result)
+        if never_ran is not None:
+            return _invalid_output(step, never_ran)
         return Success(step.id, step.generation, None, extra_units)
     try:
         text = payload.encode(result, what=f"the output of {step.node!r}", max_bytes=max_bytes)
@@ -120,6 +124,20 @@ def success_from_result(
         reason = f"the handler's output raised while it was encoded: {one_line(exc)}"
         return _invalid_output(step, reason)
     return Success(step.id, step.generation, text, extra_units)
+
+
+def _never_ran(result: object) -> str | None:
+    """Why an action's result shows its body never ran (a coroutine nobody awaited, an
+    async generator nobody iterated): its effect would be lost silently."""
+    if inspect.iscoroutine(result):
+        result.close()  # no "never awaited" warning: the failure says it
+        return "the handler returned a coroutine, never awaited: declare it async def"
+    if inspect.isasyncgen(result) or inspect.isgenerator(result):
+        return (
+            "the handler returned a generator, never iterated: its body did not run "
+            "(an action runs a function or a coroutine function, not a generator)"
+        )
+    return None
 
 
 def _invalid_output(step: Claimed, reason: str) -> Failure:

@@ -1788,8 +1788,16 @@ class Worker:
     # -- leases --------------------------------------------------------------------------
 
     def _beat(self, step: Claimed) -> bool:
+        """``ctx.heartbeat()``: False once the step was decided here (timed out, cancelled,
+        lost: its result is ignored) or the worker stopped, else whether the lease is held."""
         entry = self._inflight.get(_claim_key(step))
-        held = self._tx(lambda tx: self._renew(tx, [entry] if entry is not None else [], [step]))
+        if entry is None or entry.settled or self._lifecycle == "stopped":
+            return False
+        try:
+            held = self._tx(lambda tx: self._renew(tx, [entry], [step]))
+        except DatabaseError as exc:
+            log.info("step %s: heartbeat failed (%s)", step.id, exc)
+            return False
         return step.id in held
 
     def _renew(self, tx: Tx, entries: list[_Inflight], steps: list[Claimed]) -> set[int]:
