@@ -1791,13 +1791,9 @@ class Worker:
         """``ctx.heartbeat()``: False once the step was decided here (timed out, cancelled,
         lost: its result is ignored) or the worker stopped, else whether the lease is held."""
         entry = self._inflight.get(_claim_key(step))
-        if entry is None or entry.settled or self._lifecycle == "stopped":
+        if entry is None or entry.settled or self._pool is None or self._pool.closed:
             return False
-        try:
-            held = self._tx(lambda tx: self._renew(tx, [entry], [step]))
-        except DatabaseError as exc:
-            log.info("step %s: heartbeat failed (%s)", step.id, exc)
-            return False
+        held = self._tx(lambda tx: self._renew(tx, [entry], [step]))
         return step.id in held
 
     def _renew(self, tx: Tx, entries: list[_Inflight], steps: list[Claimed]) -> set[int]:
