@@ -300,6 +300,42 @@ def tsa_outlives_deadline(x: int, ctx: StepContext) -> int:
     return x
 
 
+PAST_DEADLINE = {"sync": threading.Event(), "async": threading.Event()}
+HANDLER_WAITS = {"sync": threading.Event(), "async": threading.Event()}
+
+
+@step(name="tsa_waits_past_deadline", transactional=True, max_attempts=1)
+def tsa_waits_past_deadline(x: int, ctx: StepContext) -> int:
+    write(ctx)
+    HANDLER_WAITS["sync"].set()
+    PAST_DEADLINE["sync"].wait(15)  # the test moves the clock past the run's deadline
+    return x
+
+
+@step(name="tsa_async_waits_past_deadline", transactional=True, max_attempts=1)
+async def tsa_async_waits_past_deadline(x: int, ctx: StepContext) -> int:
+    await write_async(ctx)
+    HANDLER_WAITS["async"].set()
+    await asyncio.to_thread(PAST_DEADLINE["async"].wait, 15)
+    return x
+
+
+@workflow(name="tsa_waits_deadline_tx")
+def tsa_waits_deadline_tx(x):  # type: ignore[no-untyped-def]
+    return tsa_waits_past_deadline(x)
+
+
+@workflow(name="tsa_async_waits_deadline_tx")
+def tsa_async_waits_deadline_tx(x):  # type: ignore[no-untyped-def]
+    return tsa_async_waits_past_deadline(x)
+
+
+WAITING_PAST_DEADLINE = {
+    "sync": (tsa_waits_past_deadline, tsa_waits_deadline_tx),
+    "async": (tsa_async_waits_past_deadline, tsa_async_waits_deadline_tx),
+}
+
+
 @step(name="tsa_async_outlives_deadline", transactional=True, max_attempts=1)
 async def tsa_async_outlives_deadline(x: int, ctx: StepContext) -> int:
     await write_async(ctx)
@@ -478,15 +514,22 @@ def test_a_deadline_that_passes_mid_statement_ends_the_run_and_rolls_back(
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_a_transactional_step_that_returns_past_the_deadline_fails_the_run(
-    client: Client, start_worker: StartWorker, ledger: Rows, flavour: str
+    client: Client, start_worker: StartWorker, ledger: Rows, flavour: str, clock: Clock
 ) -> None:
     """docs/concepts/waits.md: a deadline that passed first wins even when the scanner is
     late; a step that completes after it fails the run, its result ignored. It completed the
     run and committed its write: the completion read the time as now(), the start of the
     handler's transaction."""
-    handler, flow = OUTLIVING[flavour]
+    handler, flow = WAITING_PAST_DEADLINE[flavour]
+    PAST_DEADLINE[flavour].clear()
+    HANDLER_WAITS[flavour].clear()
     start_worker(handler, flow, scanners=False)
-    run = client.submit(flow, 1, deadline=timedelta(seconds=0.1))
+    # A deadline the claim cannot miss on a loaded machine (nothing starts in a run past
+    # its deadline), passed by moving the clock while the handler runs.
+    run = client.submit(flow, 1, deadline=timedelta(hours=1))
+    assert HANDLER_WAITS[flavour].wait(15), "the handler did not start"
+    clock(datetime.now(UTC) + timedelta(hours=2))
+    PAST_DEADLINE[flavour].set()
     assert (ended(client, run.id), ledger()) == (RunState.FAILED, [])
     assert run.get().step(handler.name).error_kind == "deadline"
 
