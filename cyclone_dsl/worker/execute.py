@@ -107,10 +107,10 @@ def success_from_result(
 
     ``extra_units`` are rate-limit units the handler used beyond its claim's.
     """
+    never_ran = _never_ran(result)
+    if never_ran is not None:
+        return _invalid_output(step, never_ran)
     if not keep_output:
-        never_ran = _never_ran(result)
-        if never_ran is not None:
-            return _invalid_output(step, never_ran)
         return Success(step.id, step.generation, None, extra_units)
     try:
         text = payload.encode(result, what=f"the output of {step.node!r}", max_bytes=max_bytes)
@@ -127,8 +127,9 @@ def success_from_result(
 
 
 def _never_ran(result: object) -> str | None:
-    """Why an action's result shows its body never ran (a coroutine nobody awaited, an
-    async generator nobody iterated): its effect would be lost silently."""
+    """Why a handler's result shows its body never ran (a coroutine nobody awaited, a
+    generator nobody iterated): an action's effect would be lost silently, and a step's
+    output is no JSON either."""
     if inspect.iscoroutine(result):
         result.close()  # no "never awaited" warning: the failure says it
         return "the handler returned a coroutine, never awaited: declare it async def"
