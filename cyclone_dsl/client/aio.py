@@ -70,6 +70,10 @@ class AsyncClient:
     (except :meth:`handle`, which does no I/O). With ``tracing=``, a submit's span is a
     child of the span current in the calling task. One client may be shared by every task
     (and thread) of a process, as a :class:`Client` may.
+
+    A call whose task is cancelled (a request's timeout) may still have happened: the
+    write is whole or absent, but a cancel can land after it committed. A caller that
+    retries a cancelled submit should use :meth:`submit_once` with a key.
     """
 
     def __init__(
@@ -390,7 +394,7 @@ class AsyncClient:
         route = self._client.wait_route
         await follow_async(
             route.dsn,
-            run_end_plan(run_id, timeout, recheck=route.recheck),
+            run_end_plan(run_id, timeout, recheck=route.recheck, closed=self._client._db.is_closed),
             name=f"cyclone-wait-{os.getpid()}",
             listen=route.listen,
             pooled=route.pooled,

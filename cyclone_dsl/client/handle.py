@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -25,7 +25,7 @@ from cyclone_dsl.db.follow import (
     follow,
 )
 from cyclone_dsl.engine import EVENTS_CHANNEL, RUN_DONE_CHANNEL, names_run
-from cyclone_dsl.errors import InvalidArgument, NoOutput, RunFailed, RunNotFound
+from cyclone_dsl.errors import ClientClosed, InvalidArgument, NoOutput, RunFailed, RunNotFound
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, RunState, StepState
@@ -98,11 +98,13 @@ class RunHandle:
         return self.client.events(self.id, after=after, timeout=timeout)
 
 
-def wait_for_end(route: WaitRoute, run_id: int, timeout: float | None) -> str:
+def wait_for_end(
+    route: WaitRoute, run_id: int, timeout: float | None, *, closed: Callable[[], bool]
+) -> str:
     """Block until the run is terminal; return its state (see :func:`run_end_plan`)."""
     return follow(
         route.dsn,
-        run_end_plan(run_id, timeout, recheck=route.recheck),
+        run_end_plan(run_id, timeout, recheck=route.recheck, closed=closed),
         name=f"cyclone-wait-{os.getpid()}",
         listen=route.listen,
         pooled=route.pooled,
@@ -127,12 +129,18 @@ def deadline_of(timeout: object) -> float | None:
 
 
 def run_end_plan(
-    run_id: int, timeout: float | None, *, recheck: float = RECHECK_SECONDS
+    run_id: int,
+    timeout: float | None,
+    *,
+    recheck: float = RECHECK_SECONDS,
+    closed: Callable[[], bool] = lambda: False,
 ) -> Plan[str]:
     """Wait for a run to be terminal using LISTEN, re-reading its state every ``recheck``
     seconds as a fallback.
 
-    Raises :class:`RunNotFound`, or ``TimeoutError`` after ``timeout`` seconds.
+    Raises :class:`RunNotFound`, ``TimeoutError`` after ``timeout`` seconds, or
+    :class:`ClientClosed` at the first look after ``closed()`` became true (the client
+    that waits was closed meanwhile).
     A connection lost or left half-open while waiting is replaced, and every
     read is bounded, so ``timeout`` holds whatever the network does.
     """
@@ -142,6 +150,10 @@ def run_end_plan(
             yield Listen((RUN_DONE_CHANNEL,))
             while True:
                 row = yield Read(Q.get_run_state, {"run_id": run_id})
+                if closed():
+                    raise ClientClosed(
+                        f"the client was closed while waiting for run {run_id} to end"
+                    )
                 state = check_state(row, run_id, deadline, timeout)
                 if state is not None:
                     return state

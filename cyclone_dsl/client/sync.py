@@ -615,7 +615,7 @@ class Client:
         """
         run_id = base.checked_run_id(run_id)
         self._db.check_open()
-        wait_for_end(self.wait_route, run_id, timeout)
+        wait_for_end(self.wait_route, run_id, timeout, closed=self._db.is_closed)
         return self.get_run(run_id)
 
     def result(self, run_id: int, timeout: float | None = None) -> JSONValue:
@@ -626,7 +626,7 @@ class Client:
         """
         run_id = base.checked_run_id(run_id)
         self._db.check_open()
-        wait_for_end(self.wait_route, run_id, timeout)
+        wait_for_end(self.wait_route, run_id, timeout, closed=self._db.is_closed)
         return self.outcome(run_id)
 
     def events(

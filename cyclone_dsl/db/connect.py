@@ -160,8 +160,14 @@ async def connect_async(
     conn = await psycopg.AsyncConnection.connect(
         conninfo, autocommit=True, **connection_kwargs(conninfo, name, pooled=pooled)
     )
-    await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
-    use_engine_adapters(conn)
+    try:
+        await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
+        use_engine_adapters(conn)
+    except BaseException:
+        # A cancel (a caller's timeout) landing here would leave the open connection to
+        # the garbage collector: nobody else holds it yet. (close() does not yield.)
+        await conn.close()
+        raise
     return conn
 
 

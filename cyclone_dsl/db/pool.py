@@ -107,6 +107,10 @@ class PooledDatabase:
     def close(self) -> None:
         self._own_pool().close()
 
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._pool.closed
+
     def check_open(self) -> None:
         """:class:`ClientClosed` once :meth:`close` was called."""
         if self._pool.closed:
