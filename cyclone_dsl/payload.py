@@ -95,9 +95,12 @@ def utf8_size(text: str) -> int | None:
         return None
 
 
-def encode(value: object, *, what: str = "payload", max_bytes: int | None = None) -> str:
-    """Check ``value`` and return its compact JSON text."""
-    check(value)
+def encode(
+    value: object, *, what: str = "payload", max_bytes: int | None = None, path: str = "$"
+) -> str:
+    """Check ``value`` and return its compact JSON text (``path``: where ``value`` is, for
+    the error's JSON path: ``$[3]`` for the fourth input of a bulk call)."""
+    check(value, path=path)
     text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     limit = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
     if limit and len(text) > limit // 4:  # cheap pre-check before counting UTF-8 bytes

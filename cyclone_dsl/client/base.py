@@ -12,7 +12,7 @@ from cyclone_dsl.durations import MAX_DURATION, is_duration, refusal
 from cyclone_dsl.engine import LIVE_FOR
 from cyclone_dsl.errors import InvalidArgument, RunNotFound
 from cyclone_dsl.graph.validate import MAX_SIGNAL_NAME_BYTES, queue_problem
-from cyclone_dsl.payload import JSONValue, is_text, utf8_size
+from cyclone_dsl.payload import JSONValue, encode, is_text, utf8_size
 from cyclone_dsl.states import ErrorKind, RunState
 
 #: The longest key or signal name (bytes of UTF-8): a wait takes no longer name.
@@ -54,6 +54,15 @@ def checked_inputs(inputs: object) -> list[JSONValue]:
             f"{inputs!r:.80}"
         )
     return list(inputs)
+
+
+def encoded_inputs(inputs: list[JSONValue], what: str) -> list[str]:
+    """The JSON text of each input of a bulk call; an error names the input (``$[3]``,
+    ``the run input [3]``)."""
+    return [
+        encode(value, what=f"{what} [{index}]", path=f"$[{index}]")
+        for index, value in enumerate(inputs)
+    ]
 
 
 def check_older_than(older_than: object) -> None:

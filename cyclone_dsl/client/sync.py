@@ -232,7 +232,12 @@ class Client:
         """Start one run per input, all in one transaction (the graph is sent once): bulk loads."""
         inputs = base.checked_inputs(inputs)
         template = runs.workflow_template(self.registry, workflow)
-        texts = [encode(value, what="the run input") for value in inputs]
+        texts = base.encoded_inputs(inputs, "the run input")
+        for value, text in zip(inputs, texts, strict=True):
+            if not template_fits(template, text):
+                # The insert would put this input into step inputs past the payload limit:
+                # compiling the run in Python says which step (PayloadTooLarge), or fits.
+                runs.compile_workflow(self.registry, workflow, value)
         flows = runs.workflow_flows(self.registry, workflow, inputs)
         deadline = base.check_deadline(deadline)
         ids = self._traced(
@@ -462,7 +467,7 @@ class Client:
             retention=retention,
         )
         runs.check_standalone_inputs(runs.resolve_step(self.registry, step), inputs)
-        texts = [encode(value, what="the input") for value in inputs]
+        texts = base.encoded_inputs(inputs, "the input")
         flows = runs.standalone_flows(self.registry, step, inputs)
         base.check_scheduled_at(scheduled_at)
         ids = self._traced(
