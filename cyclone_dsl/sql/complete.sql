@@ -126,27 +126,25 @@ CROSS JOIN LATERAL (
 ) AS d
 JOIN cyclone_steps AS s ON s.run_id = c.run_id AND s.node = d.node
 
--- fragment: activate_candidates
--- Activate the pending nodes of CTE candidates(run_id, node) whose dependencies all
--- completed, by kind and run state. A node of a conditional definition (a row in
--- cyclone_ext_guards) is judged first: it is skipped (completed, output NULL, error_kind
--- 'skipped') when every dependency was skipped and its on_skip is 'skip', or when its
--- condition does not hold on the outputs it reads. Nodes of other definitions find no
--- guard row, and the CASE reads nothing more for them.
-ready AS (
-    SELECT s.id, s.run_id, s.node
-    FROM candidates AS c
-    JOIN cyclone_steps AS s ON s.run_id = c.run_id AND s.node = c.node
-    WHERE s.state = 'pending' AND s.item_of IS NULL
+-- fragment: ready_conditions
+-- Step s is a pending node (not a fan-out item) whose dependencies all completed, and not
+-- a fan-out that has expanded already.
+s.state = 'pending' AND s.item_of IS NULL
       AND NOT EXISTS (
           SELECT 1 FROM cyclone_deps AS d
           JOIN cyclone_steps AS u ON u.run_id = d.run_id AND u.node = d.dep_node
           WHERE d.run_id = s.run_id AND d.node = s.node AND u.state <> 'completed')
       AND NOT (s.fan_out_parallel IS NOT NULL AND EXISTS (
           SELECT 1 FROM cyclone_steps AS i WHERE i.run_id = s.run_id AND i.item_of = s.node))
-    ORDER BY s.id
-    FOR NO KEY UPDATE OF s
-), judged AS (
+
+-- fragment: activate_candidates
+-- Activate the nodes of CTE ready(id, run_id, node) (ready_conditions, locked), by kind
+-- and run state. A node of a conditional definition (a row in
+-- cyclone_ext_guards) is judged first: it is skipped (completed, output NULL, error_kind
+-- 'skipped') when every dependency was skipped and its on_skip is 'skip', or when its
+-- condition does not hold on the outputs it reads. Nodes of other definitions find no
+-- guard row, and the CASE reads nothing more for them.
+judged AS (
     SELECT ready.id, r.state AS run_state, CASE
         WHEN g.node IS NULL THEN false
         WHEN g.on_skip = 'skip' AND (
@@ -194,8 +192,25 @@ RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.fan_out_parallel,
 
 -- name: activate_ready
 -- Activate the given pending nodes whose dependencies all completed (activate_candidates).
+-- Their steps are probed by (run_id, node) (OFFSET 0 keeps the probe from being
+-- flattened), then locked by id: as a join, a bulk submit's activation of its runs' roots
+-- (thousands of pairs, no statistics yet) scanned every step once per pair.
 WITH candidates(run_id, node) AS (
     SELECT * FROM unnest(%(run_ids)b::bigint[], %(nodes)b::text[])
+), probed AS (
+    SELECT p.id
+    FROM candidates AS c
+    CROSS JOIN LATERAL (
+        SELECT s.id FROM cyclone_steps AS s
+        WHERE s.run_id = c.run_id AND s.node = c.node
+        OFFSET 0
+    ) AS p
+), ready AS (
+    SELECT s.id, s.run_id, s.node
+    FROM cyclone_steps AS s
+    WHERE s.id = ANY(ARRAY(SELECT id FROM probed)) AND {{ready_conditions}}
+    ORDER BY s.id
+    FOR NO KEY UPDATE OF s
 ), {{activate_candidates}}
 
 -- name: activate_dependents
@@ -211,6 +226,14 @@ WITH candidates(run_id, node) AS (
         WHERE e.run_id = c.run_id AND e.dep_node = c.node
         OFFSET 0
     ) AS d
+), ready AS (
+    -- A join: a batch's worth of candidates (the bulk form is activate_ready's).
+    SELECT s.id, s.run_id, s.node
+    FROM candidates AS c
+    JOIN cyclone_steps AS s ON s.run_id = c.run_id AND s.node = c.node
+    WHERE {{ready_conditions}}
+    ORDER BY s.id
+    FOR NO KEY UPDATE OF s
 ), {{activate_candidates}}
 
 -- name: finish_runs
