@@ -91,8 +91,21 @@ def _consume(
 
 def consume_buffered_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
     """Activation hook: a wait that just became waiting takes what its mailbox holds."""
-    for row in activated:
-        if row["kind"] != KIND_SIGNAL or row["state"] != StepState.WAITING_SIGNAL:
+    waits = [
+        row
+        for row in activated
+        if row["kind"] == KIND_SIGNAL and row["state"] == StepState.WAITING_SIGNAL
+    ]
+    if not waits:
+        return
+    with_mail = {
+        r["run_id"]
+        for r in tx.rows(
+            Q.runs_with_buffered_signals, run_ids=sorted({row["run_id"] for row in waits})
+        )
+    }
+    for row in waits:
+        if row["run_id"] not in with_mail:
             continue
         wait = tx.one(Q.find_wait_by_id, id=row["id"])
         if wait is None:

@@ -182,6 +182,7 @@ class _Queries:
     complete_wait: LiteralString
     record_partial_quorum: LiteralString
     find_wait_by_id: LiteralString
+    runs_with_buffered_signals: LiteralString
     # submit.sql
     insert_run_graph: LiteralString
     find_run_by_submit_key: LiteralString

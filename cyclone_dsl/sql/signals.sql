@@ -51,3 +51,9 @@ UPDATE cyclone_steps SET output = %(output)s::jsonb WHERE id = %(id)s AND state 
 -- A wait node by id.
 SELECT s.id, s.node, s.state, s.signal_name, s.signal_names, s.wait_count, s.output
 FROM cyclone_steps AS s WHERE s.id = %(id)s
+
+-- name: runs_with_buffered_signals
+-- Of these runs, those holding a delivery no wait consumed yet (most just-activated waits
+-- have none: one statement instead of two per wait).
+SELECT DISTINCT g.run_id FROM cyclone_signals AS g
+WHERE g.run_id = ANY(%(run_ids)b::bigint[]) AND g.consumed_by IS NULL
