@@ -35,7 +35,7 @@ from cyclone_dsl import (
 from cyclone_dsl.payload import DEFAULT_MAX_BYTES, encoded_size
 
 LIMIT = DEFAULT_MAX_BYTES  # 16 MiB: the documented payload byte limit
-BIG = 20_000
+BIG = 5_000
 
 
 # -- handlers -------------------------------------------------------------------------
@@ -94,10 +94,10 @@ def sla_fan_narrow(n: Ref[int]) -> NodeRef[list[int]]:
 
 @workflow(name="sla_fan_root_wide")
 def sla_fan_root_wide(items: Ref[list[int]]) -> NodeRef[list[int]]:
-    return for_each(sla_double, over=items, max_parallel=5_000)
+    return for_each(sla_double, over=items, max_parallel=1_000)
 
 
-def test_sla_for_each_of_20000_collects_every_item_in_order_and_feeds_it_downstream(
+def test_sla_for_each_of_5000_collects_every_item_in_order_and_feeds_it_downstream(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
     start_worker(sla_range, sla_double, sla_total, concurrency=16, batch_size=200)
@@ -110,7 +110,7 @@ def test_sla_for_each_of_20000_collects_every_item_in_order_and_feeds_it_downstr
     assert run.step("sla_total").output == BIG * (BIG - 1)
 
 
-def test_sla_for_each_over_a_20000_item_run_input_with_max_parallel_5000(
+def test_sla_for_each_over_a_5000_item_run_input_with_max_parallel_1000(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
     items: list[Any] = list(range(BIG, 0, -1))
@@ -470,7 +470,7 @@ def test_sla_submit_many_refuses_a_run_input_that_makes_a_step_input_too_large(
 
 # -- big quorums and full mailboxes -----------------------------------------------------------
 
-QUORUM = 1_000
+QUORUM = 400
 
 
 @workflow(name="sla_quorum")
@@ -499,7 +499,7 @@ def _flood(client: Client, run_id: int, payloads: list[int]) -> list[Delivery | 
         return list(pool.map(send, payloads))
 
 
-def test_sla_wait_n_of_1000_takes_1000_signals_from_8_threads_exactly_once(
+def test_sla_wait_n_of_400_takes_400_signals_from_8_threads_exactly_once(
     cyclone_dsn: str,
 ) -> None:
     with Client(cyclone_dsn, pool_size=8) as client:
@@ -520,7 +520,7 @@ def test_sla_wait_n_of_1000_takes_1000_signals_from_8_threads_exactly_once(
         assert result == in_id_order
 
 
-def test_sla_a_mailbox_at_its_cap_of_1000_refuses_the_rest_and_delivers_in_order(
+def test_sla_a_mailbox_at_its_cap_of_400_refuses_the_rest_and_delivers_in_order(
     cyclone_dsn: str,
 ) -> None:
     with Client(cyclone_dsn, pool_size=8) as client:
@@ -662,7 +662,7 @@ def test_sla_list_runs_refuses_a_page_over_its_documented_maximum(client: Client
         client.list_runs(limit=10_001)
 
 
-EVENTS = 5_000
+EVENTS = 1_500
 
 
 @step(name="sla_chatty", max_attempts=1)
@@ -677,7 +677,7 @@ def sla_chatty_wf(n: Ref[int]) -> NodeRef[int]:
     return sla_chatty(n)
 
 
-def test_sla_events_of_pages_over_5000_events_each_exactly_once(
+def test_sla_events_of_pages_over_1500_events_each_exactly_once(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
     start_worker(sla_chatty)
