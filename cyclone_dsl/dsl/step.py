@@ -49,25 +49,32 @@ CALL_KEYWORDS = tuple(sorted({*OPTION_NAMES, "after", "node_id", "when", "otherw
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
+def _cached(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` cached by its arguments (inspect is slow, and asked for every step a worker
+    runs); an unhashable callable object among them is looked at each time."""
+    cached = functools.cache(fn)
+
+    @functools.wraps(fn)
+    def lookup(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return cached(*args, **kwargs)  # type: ignore[arg-type]
+        except TypeError:  # an unhashable argument: not cached
+            return fn(*args, **kwargs)
+
+    return lookup
+
+
+@_cached
 def handler_signature(fn: Callable[..., Any]) -> inspect.Signature | None:
-    """The handler's signature, or None when Python cannot read it (cached: inspect is slow)."""
-    try:
-        return _cached_signature(fn)
-    except TypeError:  # an unhashable callable object: not cached
-        return _signature(fn)
-
-
-def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """The handler's signature, or None when Python cannot read it (cached)."""
     try:
         return inspect.signature(fn)
     except (TypeError, ValueError):
         return None
 
 
-_cached_signature = functools.cache(_signature)
-
-
-def _coroutine_function(fn: Callable[..., Any]) -> bool:
+@_cached
+def _is_coroutine_function(fn: Callable[..., Any]) -> bool:
     """Whether calling ``fn`` makes a coroutine: an ``async def``, also reached through a
     ``staticmethod``, a ``functools.partial`` or a callable object's ``async def __call__``."""
     fn = getattr(fn, "__func__", fn)  # a staticmethod object
@@ -75,17 +82,6 @@ def _coroutine_function(fn: Callable[..., Any]) -> bool:
         return True
     call = getattr(type(fn), "__call__", None)  # noqa: B004 - the class's, not a callable test
     return not inspect.isroutine(fn) and inspect.iscoroutinefunction(call)
-
-
-def _is_coroutine_function(fn: Callable[..., Any]) -> bool:
-    """:func:`_coroutine_function`, cached: asked for every step a worker runs."""
-    try:
-        return _cached_coroutine_function(fn)
-    except TypeError:  # an unhashable callable object: not cached
-        return _coroutine_function(fn)
-
-
-_cached_coroutine_function = functools.cache(_coroutine_function)
 
 
 def takes_positional(signature: inspect.Signature) -> bool:
@@ -114,6 +110,7 @@ def describe_positional(signature: inspect.Signature) -> str:
     return f"takes {count} {noun} ({', '.join(names)})"
 
 
+@_cached
 def call_problem(fn: Callable[..., Any], name: str, passed: int, who: str) -> str | None:
     """Why a worker could not call ``fn`` with ``passed`` positional arguments (and ``ctx``).
 
@@ -121,13 +118,6 @@ def call_problem(fn: Callable[..., Any], name: str, passed: int, who: str) -> st
     reports that). ``who`` names the caller in the message (``the workflow``).
     Uses :meth:`inspect.Signature.bind` with placeholders; cached per function.
     """
-    try:
-        return _cached_call_problem(fn, name, passed, who)
-    except TypeError:  # an unhashable callable object: not cached
-        return _call_problem(fn, name, passed, who)
-
-
-def _call_problem(fn: Callable[..., Any], name: str, passed: int, who: str) -> str | None:
     signature = handler_signature(fn)
     if signature is None:
         return None
@@ -146,9 +136,6 @@ def _call_problem(fn: Callable[..., Any], name: str, passed: int, who: str) -> s
             f"{with_ctx}: {exc}"
         )
     return None
-
-
-_cached_call_problem = functools.cache(_call_problem)
 
 
 def count_fits(signature: inspect.Signature, passed: int) -> bool:

@@ -19,8 +19,9 @@ database work, bounded by the step's timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -84,6 +85,18 @@ class _RollBack(Exception):
     def __init__(self, outcome: Failure | None) -> None:
         super().__init__("rolled back")
         self.outcome = outcome
+
+
+@contextlib.contextmanager
+def _in_the_workers_transaction(conn: AnyConnection) -> Iterator[None]:
+    """Around the handler's call: whether it returned or raised, fail the step for good if
+    it ended the worker's transaction (see :func:`_refuse_an_ended_transaction`)."""
+    try:
+        yield
+    except Exception as exc:
+        _refuse_an_ended_transaction(conn, exc)
+        raise
+    _refuse_an_ended_transaction(conn)
 
 
 def _refuse_an_ended_transaction(conn: AnyConnection, raised: Exception | None = None) -> None:
@@ -171,12 +184,8 @@ class TransactionalRunner:
                         if _old_snapshot(call):
                             self._hold_lease(call, self._engine.hold_lease(tx, call.step.id))
                         call.ctx._connection = conn
-                        try:
+                        with _in_the_workers_transaction(conn):
                             result = call.fn(*call.args, **call.kwargs)
-                        except Exception as exc:
-                            _refuse_an_ended_transaction(conn, exc)
-                            raise
-                        _refuse_an_ended_transaction(conn)
                         outcome = self._decided_outcome(call, result)
                         # The engine's time is now(), the start of this transaction.
                         engine_tx.shift = current_shift() + ready_for_completion(
@@ -232,12 +241,8 @@ class TransactionalRunner:
                             )
                             self._hold_lease(call, held)
                         call.ctx._connection = conn
-                        try:
+                        with _in_the_workers_transaction(conn):
                             result = await execute.contained(call.fn(*call.args, **call.kwargs))
-                        except Exception as exc:
-                            _refuse_an_ended_transaction(conn, exc)
-                            raise
-                        _refuse_an_ended_transaction(conn)
                         outcome = self._decided_outcome(call, result)
                         engine_tx.shift = current_shift() + await async_ready_for_completion(
                             conn, pooled=self._pooled
