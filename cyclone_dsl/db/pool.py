@@ -88,24 +88,25 @@ class PooledDatabase:
             _INHERITED.append(self._pool)
             self._replacing = threading.Lock()  # the parent's may have been held
 
-    def _own_pool(self) -> ConnectionPool[Any]:
-        """This process's pool: a new one on the first call after a fork."""
+    def _own_pool(self, *, opened: bool = True) -> ConnectionPool[Any]:
+        """This process's pool: a new one on the first call after a fork (``opened``: its
+        connections opened, unless the parent's pool was closed)."""
         if self._pid != os.getpid():
             with self._replacing:
                 if self._pid != os.getpid():
-                    closed = self._pool.closed
                     self._pool = make_pool(
                         self.dsn,
                         name=self._name,
                         max_size=self._max_size,
                         pooled=self.pooled,
-                        open_now=not closed,
+                        open_now=opened and not self._pool.closed,
                     )
                     self._pid = os.getpid()
         return self._pool
 
     def close(self) -> None:
-        self._own_pool().close()
+        # A child that only closes its inherited client opens no connection to do it.
+        self._own_pool(opened=False).close()
 
     def is_closed(self) -> bool:
         """Whether :meth:`close` was called."""

@@ -284,16 +284,17 @@ def _check_guards(
     """Run the guard of every down migration about to be applied, in one read-only
     transaction, before the first of them: each migration commits on its own, so a guard
     that refused half-way down would leave the migrations above it undone."""
-    guarded = [(track, migration) for track, migration in downs if migration.down_guard]
-    if not guarded:
+    guards = [
+        (_name(track, migration, "down"), guard)
+        for track, migration in downs
+        if (guard := migration.down_guard) is not None
+    ]
+    if not guards:
         return
     with conn.transaction(force_rollback=True):
         conn.execute(Q.read_only_transaction)
-        conn.execute(Q.set_migration_lock_timeout, {"timeout": f"{lock_timeout_s * 1000:.0f}ms"})
-        for track, migration in guarded:
-            name = _name(track, migration, "down")
-            guard = migration.down_guard
-            assert guard is not None
+        conn.execute(Q.set_migration_lock_timeout, {"timeout": _milliseconds(lock_timeout_s)})
+        for name, guard in guards:
             with _typed(f"cannot check whether {name} may apply"):
                 try:
                     # Migration files are trusted text shipped with the package.
@@ -302,6 +303,11 @@ def _check_guards(
                     raise MigrationError(
                         f"{name} refused: {first_line(exc)} (no migration was applied)"
                     ) from exc
+
+
+def _milliseconds(seconds: float) -> str:
+    """A ``lock_timeout`` setting of ``seconds`` (at least 1 ms: 0 would mean no limit)."""
+    return f"{max(1, round(seconds * 1000))}ms"
 
 
 def _name(track: _Track, migration: Migration, direction: str) -> str:
@@ -345,7 +351,7 @@ def _apply(
             try_s = max(0.001, min(DDL_LOCK_TRY_S, given_up_at - time.monotonic()))
             try:
                 with conn.transaction():
-                    conn.execute(Q.set_migration_lock_timeout, {"timeout": f"{try_s * 1000:.0f}ms"})
+                    conn.execute(Q.set_migration_lock_timeout, {"timeout": _milliseconds(try_s)})
                     if sql:
                         # Migration files are trusted text shipped with the package.
                         conn.execute(sql.encode("utf-8"))
@@ -379,7 +385,7 @@ def _holding(pids: list[int]) -> str:
 def _lock(conn: psycopg.Connection[Any], timeout_s: float, *, restore: str) -> None:
     """Take the migration lock, waiting up to ``timeout_s``; the session's lock_timeout is
     ``restore`` again afterwards."""
-    conn.execute(Q.set_lock_timeout, {"timeout": f"{max(1, int(timeout_s * 1000))}ms"})
+    conn.execute(Q.set_lock_timeout, {"timeout": _milliseconds(timeout_s)})
     try:
         conn.execute(Q.migration_lock, {"namespace": LOCK_NAMESPACE})
     except psycopg.errors.LockNotAvailable:
