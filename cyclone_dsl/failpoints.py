@@ -23,6 +23,7 @@ POINTS = frozenset(
         "fanout.after_expand",
         "schedule.after_fire_record",
         "scan.leader",
+        "worker.before_start",
     }
 )
 

@@ -83,6 +83,7 @@ from cyclone_dsl.engine import (
     run_ids_of,
 )
 from cyclone_dsl.errors import InvalidArgument, InvalidTransition, WorkerCrashed
+from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.graph.rows import KIND_CHILD
 from cyclone_dsl.graph.validate import INT32_MAX, queue_problem
 from cyclone_dsl.migrate import check_database
@@ -160,6 +161,9 @@ class _Inflight:
     deadline: float | None  # monotonic time the handler's timeout passes
     lane: Lane  # whose slot it holds
     claimed_at: float = 0.0  # monotonic time its claim returned
+    # Monotonic time until which its lease surely holds: the lease from the moment its
+    # claim (or last renewal) was sent, which is before the server's clock started it.
+    lease_until: float = float("inf")
     started_at: float = 0.0  # monotonic time its handler started (kept when observed)
     decided_here: bool = False  # a transactional step's own transaction took the decision
     # Its lease is held by its handler's open transaction (repeatable read, serializable),
@@ -198,6 +202,10 @@ def _late(entry: _Inflight) -> bool:
 
 #: An async handler to start: its entry, function, arguments and whether to keep its output.
 _Start = tuple[_Inflight, Callable[..., Any], list[Any], dict[str, Any], bool]
+
+
+class _NotStarted(Exception):
+    """A claimed step's handler was not started (see ``Worker._may_start``)."""
 
 
 @attrs.frozen
@@ -1142,6 +1150,7 @@ class Worker:
                 if self._stopping.is_set():
                     slots.release(free)
                     break
+                asked_at = time.monotonic()
                 try:
                     claimed = in_autocommit(self._pool, self._claimer(lane.kinds, free))
                     backoff = 0.0
@@ -1156,7 +1165,7 @@ class Worker:
                 if len(claimed) < free:
                     slots.release(free - len(claimed))
                 if claimed:
-                    self._dispatch_claimed(claimed)
+                    self._dispatch_claimed(claimed, asked_at + self.lease.total_seconds())
             if backoff:
                 self._stopping.wait(backoff)
             elif not claimed or len(claimed) < free:
@@ -1165,7 +1174,7 @@ class Worker:
                     min(self.poll_interval, RATED_POLL_S) if self._rated else self.poll_interval
                 )
 
-    def _dispatch_claimed(self, claimed: list[Claimed]) -> None:
+    def _dispatch_claimed(self, claimed: list[Claimed], lease_until: float) -> None:
         claimed_at = time.monotonic()
         if self._observer is not None:
             if self._tracing is not None:
@@ -1173,7 +1182,7 @@ class Worker:
             self._observer.on_claimed(claimed)
         starts: list[_Start] = []
         for step in claimed:
-            self._dispatch(step, claimed_at, starts)
+            self._dispatch(step, claimed_at, lease_until, starts)
         if starts:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._start_async, starts)
@@ -1264,7 +1273,9 @@ class Worker:
         self._queue_turn = (self._queue_turn + 1) % len(self.queues)
         return self.queues[self._queue_turn :] + self.queues[: self._queue_turn]
 
-    def _dispatch(self, step: Claimed, claimed_at: float, starts: list[_Start]) -> None:
+    def _dispatch(
+        self, step: Claimed, claimed_at: float, lease_until: float, starts: list[_Start]
+    ) -> None:
         """Start the step's handler (an async one: add it to ``starts``, which the loop
         starts together)."""
         handler = self.handlers[step.kind]
@@ -1275,7 +1286,7 @@ class Worker:
             lambda kind, text: self._record_event(step, kind, text),
         )
         lane = self._lane_of[step.kind]
-        entry = _Inflight(step, ctx, deadline, lane, claimed_at)
+        entry = _Inflight(step, ctx, deadline, lane, claimed_at, lease_until)
         with self._inflight_lock:
             self._inflight[_claim_key(step)] = entry
             self._running[_claim_key(step)] = entry
@@ -1302,10 +1313,34 @@ class Worker:
             lambda f: self._on_done(entry, f, keep), self._call, entry, handler.fn, args, kwargs
         )
 
+    def _may_start(self, entry: _Inflight) -> bool:
+        """Whether to start the step's handler now: not once the step was decided (timed
+        out, cancelled, its lease lost), nor once its lease may have passed by this
+        process's clock (the process was stopped, or its heartbeats failed, since the
+        claim): another worker may have taken the step over, and would see its side
+        effects twice. The step is then left to the lease scanner."""
+        failpoint("worker.before_start")
+        if time.monotonic() >= entry.lease_until and self._settle(entry, None):
+            log.warning(
+                "step %s (run %s, node %r): not started, its lease may have passed since "
+                "the claim (%.1fs ago; the process was stopped or its heartbeats failed); "
+                "it will run again once the lease expires",
+                entry.step.id,
+                entry.step.run_id,
+                entry.step.node,
+                time.monotonic() - entry.claimed_at,
+                extra=logs.step_fields(entry.step),
+            )
+            if self._observer is not None:
+                self._observer.on_fenced([entry.step.id])
+        return not entry.settled
+
     def _call(
         self, entry: _Inflight, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
     ) -> Any:
         """Run a sync handler on this handler thread, its step in scope of the logs."""
+        if not self._may_start(entry):
+            raise _NotStarted
         token = logs.enter(entry.step)
         try:
             if self._observer is not None:
@@ -1368,6 +1403,8 @@ class Worker:
             assert self._loop is not None
 
             async def run_async() -> object:
+                if not self._may_start(entry):
+                    raise _NotStarted
                 entry.task = task = asyncio.current_task()
                 assert task is not None
                 self._arm_timeout(entry, task)
@@ -1402,6 +1439,8 @@ class Worker:
     def _run_transactional(
         self, entry: _Inflight, runner: TransactionalRunner, call: Call
     ) -> object:
+        if not self._may_start(entry):
+            raise _NotStarted
         self._enter_transactional(entry)
         return runner.run(call)
 
@@ -1503,8 +1542,8 @@ class Worker:
         """Start the tasks of async handlers (on the loop's thread, one call per claim)."""
         assert self._loop is not None
         for entry, fn, args, kwargs, keep_output in starts:
-            if entry.settled:  # timed out, cancelled or released before it could start
-                self._finished(entry, "abandoned")
+            if not self._may_start(entry):
+                self._finished(entry, "timeout" if entry.timed_out else "abandoned")
                 self._handler_returned(entry)
                 continue
             try:
@@ -1803,9 +1842,13 @@ class Worker:
         in_transaction = {e.step.id for e in entries if e.lease_in_transaction}
         renewed = [(s.id, s.generation) for s in steps if s.id not in in_transaction]
         checked = [(s.id, s.generation) for s in steps if s.id in in_transaction]
-        return self._engine.heartbeat(tx, renewed, self.lease) | self._engine.leases_held(
-            tx, checked
-        )
+        sent = time.monotonic()
+        held = self._engine.heartbeat(tx, renewed, self.lease)
+        until = sent + self.lease.total_seconds()
+        for entry in entries:
+            if entry.step.id in held:
+                entry.lease_until = max(entry.lease_until, until)
+        return held | self._engine.leases_held(tx, checked)
 
     def _hold_lease_in_transaction(self, entry: _Inflight, held: bool) -> None:
         """Mark the step's lease as held by its handler's transaction (or no longer, once it

@@ -115,3 +115,37 @@ def test_a_worker_stalled_past_the_idle_timeout_keeps_its_outcome(
     assert handle.result(timeout=1) == {"x": 1, "by": stalled.pid}
     step = client.get_run(handle.id).step("fault_work")
     assert (step.attempt, step.reclaims) == (0, 0)  # no failure, no reclaim
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_worker_frozen_before_a_handler_starts_does_not_start_it_once_its_lease_passed(
+    client: Client, spawn_worker: Spawn, fault_log: Path, kind: str
+) -> None:
+    """A worker freezes (SIGSTOP) between claiming a step and starting its handler, for
+    longer than the lease. Another worker takes the step over and completes it. Woken up,
+    the frozen worker must not start the handler: its lease passed by its own clock, so the
+    execution would be fenced, and its side effects repeated for nothing."""
+    if kind == "sync":
+        handle = client.enqueue(handlers.work, 1)
+        frozen = freeze_at(spawn_worker, "worker.before_start")
+        survivor = completed_by_a_new_worker(spawn_worker, handle, 1)
+    else:
+        from tests.faults import async_handlers
+
+        handle = client.enqueue(async_handlers.async_work, 1)
+        frozen = spawn_worker(
+            CYCLONE_FAILPOINTS="worker.before_start=stop",
+            CYCLONE_FAULT_LEASE="1",
+            CYCLONE_FAULT_ASYNC="1",
+        )
+        wait_for(lambda: is_stopped(frozen), timeout=60)
+        survivor = spawn_worker(CYCLONE_FAULT_ASYNC="1")
+        assert handle.result(timeout=STALL_S + SLACK_S) == {"x": 1, "by": survivor.pid}
+    frozen.send_signal(signal.SIGCONT)
+    time.sleep(2)  # the frozen worker wakes up with the claimed step in hand
+    assert frozen.poll() is None, "the woken worker died"
+    starts = [row[0] for row in read_log(fault_log) if row[3] == "start"]
+    assert starts == [survivor.pid]
+    step = client.get_run(handle.id).steps[0]
+    assert (step.attempt, step.reclaims) == (0, 1)
