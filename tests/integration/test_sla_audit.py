@@ -143,7 +143,7 @@ def test_sla_for_each_one_over_max_items_fails_before_any_item(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
     start_worker(sla_range, sla_double, concurrency=8)
-    run = client.submit(sla_fan_items_capped, 1_001).wait(timeout=30)
+    run = client.submit(sla_fan_items_capped, 1_001).wait(timeout=90)
     assert run.state is RunState.FAILED
     node = run.step("sla_double")
     assert node.error_kind == "item_limit"
@@ -178,7 +178,7 @@ def test_sla_for_each_collected_output_one_byte_over_max_bytes_fails_whole(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
     start_worker(sla_range, sla_kib, concurrency=8)
-    run = client.submit(sla_fan_bytes_under, KIB_ITEMS).wait(timeout=30)
+    run = client.submit(sla_fan_bytes_under, KIB_ITEMS).wait(timeout=90)
     assert run.state is RunState.FAILED
     node = run.step("sla_kib")
     assert node.error_kind == "output_limit"

@@ -385,6 +385,7 @@ DOCUMENTED_POINTS = {
     "schedule.after_fire_record",
     "scan.leader",
     "claim.between_queues",
+    "worker.before_start",
 }
 
 
