@@ -680,9 +680,12 @@ class Client:
     # -- steering ----------------------------------------------------------------------
 
     def cancel(self, run_id: int) -> None:
-        """Cancel a run and its descendant runs; :class:`AlreadyTerminal` if it has ended."""
+        """Cancel a run and its descendant runs; :class:`AlreadyTerminal` if it has ended,
+        and its subclass :class:`PassedDeadline` if it (or its parent run) passed its
+        deadline first: it ended there, failed by the deadline."""
         run_id = base.checked_run_id(run_id)
-        self._db.transaction(lambda tx: self._engine.cancel(tx, run_id))
+        with self._ending_past_deadline():
+            self._db.transaction(lambda tx: self._engine.cancel(tx, run_id))
 
     def fork(
         self,
@@ -804,9 +807,12 @@ class Client:
             raise
 
     def resume(self, run_id: int) -> None:
-        """Resume a paused run; its deadline and timed waits move by the pause length."""
+        """Resume a paused run; its deadline and timed waits move by the pause length. A
+        child run paused on its own whose parent run passed its deadline meanwhile raises
+        :class:`PassedDeadline`."""
         run_id = base.checked_run_id(run_id)
-        self._db.transaction(lambda tx: self._engine.resume(tx, run_id))
+        with self._ending_past_deadline():
+            self._db.transaction(lambda tx: self._engine.resume(tx, run_id))
 
     # -- operations in bulk ------------------------------------------------------------
 

@@ -27,7 +27,13 @@ from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine import control, waits
 from cyclone_dsl.engine.notify import Coalesced
 from cyclone_dsl.engine.transitions import Hooks
-from cyclone_dsl.errors import AlreadyTerminal, InvalidArgument, InvalidTransition, RunNotFound
+from cyclone_dsl.errors import (
+    AlreadyTerminal,
+    InvalidArgument,
+    InvalidTransition,
+    PassedDeadline,
+    RunNotFound,
+)
 from cyclone_dsl.payload import is_text
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, RunState
@@ -292,6 +298,9 @@ def page(
         # rule), so a refused run leaves nothing behind and the page goes on.
         try:
             transition(held, run_id, hooks)
+        except PassedDeadline as late:  # its end by the deadline came first: record it
+            waits.fail_past_deadline(held, [{"id": late.deadline_run_id}], hooks)
+            skipped.append((run_id, str(late)))
         except _REFUSALS as exc:
             skipped.append((run_id, str(exc)))
         else:

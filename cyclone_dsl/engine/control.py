@@ -15,25 +15,37 @@ from cyclone_dsl.engine.transitions import (
     end_runs,
     finish_if_done,
 )
-from cyclone_dsl.errors import AlreadyTerminal, InvalidTransition, NodeNotFound, RunNotFound
+from cyclone_dsl.errors import (
+    AlreadyTerminal,
+    InvalidTransition,
+    NodeNotFound,
+    PassedDeadline,
+    RunNotFound,
+)
 from cyclone_dsl.graph.rows import KIND_CHILD
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, OnDepFailure, RunState, StepState
 
 
-def _lock_tree_rows(tx: Tx, run_id: int) -> list[Row]:
+def _lock_tree_rows(tx: Tx, run_id: int, *, checking_deadline: bool = False) -> list[Row]:
     """Lock a run, its descendant runs and their ancestors (in id order); return the rows
-    of the run and its descendants (the ancestors are locked, not returned)."""
+    of the run and its descendants (the ancestors are locked, not returned).
+
+    ``checking_deadline``: :class:`PassedDeadline` when the run is open and it or a run
+    above it is past its deadline (its end came first; the caller records it), as
+    :func:`lock_run_checking_deadline` does."""
     tree = {r["id"] for r in tx.rows(Q.run_tree, run_id=run_id)}
-    locked = [r for r in tx.rows(Q.lock_runs, run_ids=sorted(tree)) if r["id"] in tree]
-    if not any(r["id"] == run_id for r in locked):
+    every = tx.rows(Q.lock_runs, run_ids=sorted(tree))
+    locked = [r for r in every if r["id"] in tree]
+    run = next((r for r in locked if r["id"] == run_id), None)
+    if run is None:
         raise RunNotFound(run_id)
+    if checking_deadline and RunState(run["state"]) in _OPEN:
+        below = tree - {run_id}
+        late = [r["id"] for r in every if r["past_deadline"] and r["id"] not in below]
+        if late:
+            raise PassedDeadline(run_id, min(late))  # the topmost: its end ends the others
     return locked
-
-
-def _lock_tree(tx: Tx, run_id: int) -> list[int]:
-    """Lock as :func:`_lock_tree_rows`; return the open runs of the tree below ``run_id``."""
-    return [r["id"] for r in _lock_tree_rows(tx, run_id) if RunState(r["state"]) in _OPEN]
 
 
 _OPEN = (RunState.RUNNING, RunState.PAUSED)
@@ -41,8 +53,13 @@ _FAILED = (StepState.DISCARDED, StepState.CANCELLED)
 
 
 def cancel(tx: Tx, run_id: int, hooks: Hooks) -> None:
-    """Cancel a run and every descendant run; running handlers see their leases end."""
-    open_runs = _lock_tree(tx, run_id)
+    """Cancel a run and every descendant run; running handlers see their leases end.
+    :class:`PassedDeadline` when the run or a run above it is past its deadline."""
+    open_runs = [
+        r["id"]
+        for r in _lock_tree_rows(tx, run_id, checking_deadline=True)
+        if RunState(r["state"]) in _OPEN
+    ]
     if run_id not in open_runs:
         state = tx.one(Q.get_run_state, run_id=run_id)
         raise AlreadyTerminal(run_id, state["state"] if state else "gone")

@@ -43,9 +43,12 @@ def replay(tx: Tx, run_id: int, node: str, hooks: Hooks) -> list[str]:
     if run["past_deadline"]:
         raise InvalidTransition(f"run {run_id} is past its deadline: a replay would fail again")
     if run["parent_run_id"] is not None:
+        # Its parent's node started it, so that node cannot be replayed either.
         raise InvalidTransition(
-            f"run {run_id} is a child run of run {run['parent_run_id']}: replay its parent's "
-            f"node {run['parent_node_id']!r} instead"
+            f"run {run_id} is a child run of run {run['parent_run_id']}, and a replay cannot "
+            f"start a child run again: fork run {run['parent_run_id']} from its node "
+            f"{run['parent_node_id'].split('[', 1)[0]!r} instead (client.fork), which starts "
+            "a new child run"
         )
     if "[" in node:
         raise InvalidTransition(f"{node!r} is an item task: replay its fan-out node instead")

@@ -77,8 +77,10 @@ def pause(tx: Tx, run_id: int) -> None:
 
 def resume(tx: Tx, run_id: int, hooks: Hooks) -> None:
     """Resume a paused run, and the child runs paused with it (the same ``paused_at``; one
-    paused on its own stays paused); deadlines and timed waits move forward by the pause."""
-    run = _locked(tx, run_id)
+    paused on its own stays paused); deadlines and timed waits move forward by the pause.
+    :class:`PassedDeadline` when a run above it is past its deadline (its own deadline
+    stood still while it was paused)."""
+    run = _locked(tx, run_id, lock=lock_run_checking_deadline)
     if RunState(run["state"]) != RunState.PAUSED:
         raise InvalidTransition(f"run {run_id} is not paused (it is {run['state']})")
     below = _descendants(tx, run_id)

@@ -226,6 +226,7 @@ def test_a_late_signal_or_pause_is_refused_and_records_the_deadline_at_once(
     for late_call in (
         lambda run_id: client.signal(run_id, "dla_go", "late"),
         client.pause,
+        client.cancel,
     ):
         handle = client.submit(signal_result, 1, deadline=timedelta(hours=1))
         clock_shift(timedelta(hours=2))
@@ -240,6 +241,45 @@ def test_a_late_signal_or_pause_is_refused_and_records_the_deadline_at_once(
             assert client.signals_of(handle.id) == []
         finally:
             clock_shift(timedelta(0))
+
+
+@pytest.mark.parametrize("late_call", ["cancel", "resume"])
+def test_a_late_cancel_or_resume_of_a_child_records_its_parents_deadline(
+    client: Client, clock_shift: Callable[[timedelta], None], late_call: str
+) -> None:
+    """No scanner runs here. The parent passed its deadline first: a cancel of its child
+    (or a resume of a child paused on its own) is refused, and records the parent's end
+    by its deadline, not a failure by the child."""
+    handle = client.submit(parent, 1, deadline=timedelta(hours=1))
+    (kid,) = [k["id"] for k in client.children_of(handle.id)]
+    if late_call == "resume":
+        client.pause(kid)
+    clock_shift(timedelta(hours=2))
+    with pytest.raises(PassedDeadline, match=f"parent run {handle.id} passed") as refused:
+        getattr(client, late_call)(kid)
+    assert refused.value.deadline_run_id == handle.id
+    run = handle.get()
+    assert run.state is RunState.FAILED
+    assert {s.error_kind for s in run.steps if s.error_kind} == {"deadline"}
+    assert client.get_run(kid).state is RunState.CANCELLED
+
+
+@pytest.mark.parametrize("action", ["cancel_many", "resume_many"])
+def test_a_bulk_cancel_or_resume_past_a_deadline_skips_the_run_and_records_the_deadline(
+    client: Client, clock_shift: Callable[[timedelta], None], action: str
+) -> None:
+    handle = client.submit(parent, 1, deadline=timedelta(hours=1))
+    (kid,) = [k["id"] for k in client.children_of(handle.id)]
+    if action == "resume_many":
+        client.pause(kid)
+    clock_shift(timedelta(hours=2))
+    result = getattr(client, action)(RunFilter(workflows="dla_signal_then_echo"))
+    assert (result.acted, result.skipped) == (0, 1)
+    assert "deadline" in result.skipped_runs[0][1]
+    run = handle.get()
+    assert run.state is RunState.FAILED
+    assert {s.error_kind for s in run.steps if s.error_kind} == {"deadline"}
+    assert client.get_run(kid).state is RunState.CANCELLED
 
 
 def test_work_after_the_deadline_does_not_complete_the_run(
