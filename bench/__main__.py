@@ -30,17 +30,17 @@ from cyclone_dsl.worker.adaptive import WorkerSettings
 SIZES = {
     # The test suite's run: every scenario, sizes too small for its figures to mean much.
     "smoke": {
-        "jobs": 500,
-        "runs": 100,
+        "jobs": 300,
+        "runs": 60,
         "peer_runs": 30,
-        "fan": 300,
+        "fan": 200,
         "samples": 5,
         "poll_samples": 2,
-        "submits": 100,
-        "bulk": 500,
-        "history": 5_000,
-        "expired": 2_000,
-        "slow_jobs": 100,
+        "submits": 60,
+        "bulk": 300,
+        "history": 2_000,
+        "expired": 1_000,
+        "slow_jobs": 40,
         "repeats": 1,
     },
     "quick": {
