@@ -13,7 +13,8 @@ Fixtures:
     a migrated schema ``cyclone_test_<random>`` with empty tables, from the
     pool: migrated once, emptied (``TRUNCATE … RESTART IDENTITY``) for each
     test that reuses it. The schema of a test that did not pass (its setup,
-    call or teardown failed), that changed the schema's structure, or that left
+    call or teardown failed), that changed the schema's structure (beyond tables,
+    views and sequences of its own, which are dropped), or that left
     a worker running, is dropped rather than reused. A test that
     needs a schema of its own (unmigrated, at another version) makes it with
     :func:`~cyclone_dsl.testing.schemas.create_schema`.

@@ -13,7 +13,10 @@ What a reused schema could carry over from the test before, and why it does not:
   value restarted (:func:`reset_schema`);
 * its structure (a test that migrates down, or alters a table): the pool compares
   the catalog's :func:`schema_signature` at checkin with the one taken when the
-  schema was made, and drops a schema that changed instead of reusing it;
+  schema was made, and drops a schema that changed instead of reusing it. Tables,
+  views and sequences a test added (an application's own, as a transactional
+  step's test makes) are dropped first, and the schema reused if nothing else
+  changed;
 * whatever a failed test left behind: the pytest plugin checks in the schema of a
   test that did not pass (its setup, call or teardown failed) as not reusable, so
   the pool drops it;
@@ -342,6 +345,43 @@ def schema_signature(conn: psycopg.Connection[Any], schema: str) -> str:
 class _Pooled:
     signature: str  # the structure it was made with
     tables: list[str]  # the tables a reset may truncate
+    relations: frozenset[str]  # the relations it was made with
+
+
+# The relations of a schema a test may add beside the migrated ones, by kind, and how
+# to drop one: tables, views, materialized views, sequences.
+_RELATIONS: LiteralString = """
+SELECT c.relname, c.relkind FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+"""
+_DROP_KIND: dict[str, LiteralString] = {
+    "r": "TABLE",
+    "p": "TABLE",
+    "v": "VIEW",
+    "m": "MATERIALIZED VIEW",
+    "S": "SEQUENCE",
+    "f": "FOREIGN TABLE",
+}
+
+
+def _relations(conn: psycopg.Connection[Any], schema: str) -> dict[str, str]:
+    """The tables, views and sequences of ``schema``: name to ``relkind``."""
+    rows = conn.execute(_RELATIONS, {"schema": schema}).fetchall()
+    return {str(name): str(kind) for name, kind in rows}
+
+
+def _drop_added(conn: psycopg.Connection[Any], schema: str, kept: frozenset[str]) -> bool:
+    """Drop the relations a test added to ``schema`` (an application's own tables, for a
+    transactional step): those not in ``kept``. False when it added none."""
+    added = {name: kind for name, kind in _relations(conn, schema).items() if name not in kept}
+    for name, kind in added.items():
+        conn.execute(
+            sql.SQL("DROP {} IF EXISTS {} CASCADE").format(
+                sql.SQL(_DROP_KIND[kind]), sql.Identifier(schema, name)
+            )
+        )
+    return bool(added)
 
 
 class SchemaPool:
@@ -407,7 +447,11 @@ class SchemaPool:
         name = create_schema(self.admin_dsn)
         with self._connect() as conn:
             seeded = nonempty_tables(conn, name)
-            pooled = _Pooled(schema_signature(conn, name), truncatable_tables(conn, name))
+            pooled = _Pooled(
+                schema_signature(conn, name),
+                truncatable_tables(conn, name),
+                frozenset(_relations(conn, name)),
+            )
         self._known[name] = pooled
         if seeded:
             self._drop(name)
@@ -433,7 +477,11 @@ class SchemaPool:
                 time.sleep(0.05)
                 holders = lock_holders(conn, name)
             if reusable and not holders:
-                reusable = schema_signature(conn, name) == self._known[name].signature
+                known = self._known[name]
+                reusable = schema_signature(conn, name) == known.signature or (
+                    _drop_added(conn, name, known.relations)
+                    and schema_signature(conn, name) == known.signature
+                )
             if reusable and not holders:
                 reusable = not live_workers(conn, name)
         if reusable and not holders:

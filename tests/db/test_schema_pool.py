@@ -164,7 +164,16 @@ CHANGES: dict[str, Callable[[str], object]] = {
     "migrate down": lambda dsn: migrate(dsn, version=LATEST_SCHEMA_VERSION - 1),
     "add a column": lambda dsn: execute(dsn, "ALTER TABLE cyclone_runs ADD COLUMN extra int"),
     "drop an index": lambda dsn: execute(dsn, "DROP INDEX idx_steps_sequence"),
-    "create a table": lambda dsn: execute(dsn, "CREATE TABLE scratch (x int)"),
+    "a table of its own altering a core one": lambda dsn: execute(
+        dsn,
+        "CREATE TABLE scratch (x int PRIMARY KEY)",
+        "ALTER TABLE cyclone_runs ADD COLUMN extra int REFERENCES scratch (x)",
+    ),
+    "a trigger on a core table": lambda dsn: execute(
+        dsn,
+        "CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END'",
+        "CREATE TRIGGER stamp BEFORE INSERT ON cyclone_runs FOR EACH ROW EXECUTE FUNCTION stamp()",
+    ),
     "grant": lambda dsn: execute(dsn, "GRANT SELECT ON cyclone_runs TO PUBLIC"),
     "replace a view": lambda dsn: execute(
         dsn,
@@ -181,6 +190,23 @@ NO_CHANGES: dict[str, Callable[[str], object]] = {
     ),
     "analyze and vacuum": lambda dsn: execute(dsn, "ANALYZE cyclone_runs", "VACUUM cyclone_steps"),
     "migrate again": lambda dsn: migrate(dsn),  # a no-op
+    # An application's own tables (a transactional step's ledger): dropped at checkin, as
+    # a migrated schema had none, and the schema is reused.
+    "create a table": lambda dsn: execute(
+        dsn,
+        "CREATE TABLE scratch (id bigserial PRIMARY KEY, x int UNIQUE,"
+        " run_id bigint REFERENCES cyclone_runs (id))",
+        "CREATE INDEX ON scratch (run_id)",
+        "INSERT INTO scratch (x) VALUES (1)",
+    ),
+    "create tables, a view and a sequence": lambda dsn: execute(
+        dsn,
+        "CREATE TABLE one (x int PRIMARY KEY)",
+        "CREATE TABLE two (x int REFERENCES one)",
+        "CREATE VIEW both_ AS SELECT one.x FROM one JOIN two USING (x)",
+        "CREATE SEQUENCE numbers",
+        "CREATE UNLOGGED TABLE fast (x int)",
+    ),
 }
 
 

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from cyclone_dsl import LATEST_EXTENSION_VERSION, LATEST_SCHEMA_VERSION
-from cyclone_dsl.migrate import load_extension_migrations, load_migrations
+from cyclone_dsl.migrate import load_extension_migrations, load_migrations, migrate
 from tests.migrations import expected_schema as expected
 from tests.migrations.catalog import catalog_differences, read_catalog, table_differences
 from tests.migrations.scratch import EXT_MIGRATIONS, File, read_files, run_part, scratch_schema
@@ -43,13 +43,14 @@ def admin_dsn(request: pytest.FixtureRequest) -> str:
     pytest.fail("no admin DSN fixture (pg_admin_dsn) is available")
 
 
-@pytest.fixture
-def catalog(cyclone_dsn: str) -> dict[str, Any]:
-    """The catalog of the migrated schema that ``cyclone_dsn`` points at."""
-    with psycopg.connect(cyclone_dsn) as conn:
-        row = conn.execute("SELECT current_schema()").fetchone()
-        assert row is not None and row[0] is not None, "cyclone_dsn sets no usable search_path"
-        return read_catalog(conn, str(row[0]))
+@pytest.fixture(scope="module")
+def catalog(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The catalog of a schema the migrator built (once for the module: the table and view
+    tests, one per object, read the same catalog)."""
+    with scratch_schema(str(request.getfixturevalue("cyclone_admin_dsn"))) as (name, dsn):
+        migrate(dsn)
+        with psycopg.connect(dsn) as conn:
+            return read_catalog(conn, name)
 
 
 @pytest.fixture
