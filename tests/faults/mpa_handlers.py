@@ -22,8 +22,6 @@ if os.environ.get("MPA_IMPORT_LOG"):
 _BREAK = os.environ.get("MPA_BREAK_IMPORT")
 if _BREAK == "missing":
     import mpa_dependency_that_is_not_installed  # type: ignore[import-not-found]  # noqa: F401
-elif _BREAK == "syntax":
-    compile("def broken(:\n", "mpa_handlers_broken.py", "exec")
 elif _BREAK == "raise":
     raise RuntimeError("mpa_handlers: configuration missing in this process")
 

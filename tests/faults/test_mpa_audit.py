@@ -365,26 +365,6 @@ def test_children_that_cannot_import_the_handlers_back_off(
     assert "No module named 'mpa_dependency_that_is_not_installed'" in capfd.readouterr().err
 
 
-def test_children_that_cannot_import_the_handlers_say_why(
-    cyclone_dsn: str,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-    capfd: pytest.CaptureFixture[str],
-) -> None:
-    """The cause of a child's death is visible where the operator looks (a missing module:
-    the back-off test; an exception at import: the log format test)."""
-    broken, shown = "syntax", "SyntaxError"
-    monkeypatch.setenv("MPA_BREAK_IMPORT", broken)
-    caplog.set_level("ERROR", logger="cyclone.worker")
-    worker = Worker(cyclone_dsn, [mpa_handlers], processes=2, grace=1, **FAST).start()
-    try:
-        wait_for(lambda: "exited with code 1" in caplog.text, timeout=60)
-    finally:
-        with contextlib.suppress(WorkerCrashed):  # a child caught mid-import exits 1
-            worker.stop()
-    assert shown in capfd.readouterr().err
-
-
 def test_a_child_that_cannot_import_says_why_in_the_log_format(
     cyclone_dsn: str,
     monkeypatch: pytest.MonkeyPatch,
