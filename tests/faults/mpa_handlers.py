@@ -2,7 +2,7 @@
 
 Worker processes import this module by name. Its import can be made to fail in them
 (not in the test process, which imported it first) through ``$MPA_BREAK_IMPORT``:
-``missing`` (a dependency that is not installed), ``syntax`` (a SyntaxError), ``raise``
+``missing`` (a dependency that is not installed) or ``raise``
 (a RuntimeError at import). Each import is appended to ``$MPA_IMPORT_LOG`` when set.
 """
 
