@@ -17,7 +17,7 @@ from datetime import timedelta
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine import gates
 from cyclone_dsl.engine.submit import Submitted, insert_run, special_roots
-from cyclone_dsl.engine.transitions import Hooks
+from cyclone_dsl.engine.transitions import Hooks, end_past_deadline
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.graph.rows import CompiledRun
 from cyclone_dsl.sql import Q
@@ -58,13 +58,21 @@ def submit(
         key=key,
     )
     window = tx.one(Q.open_debounce, workflow=compiled.workflow, key=key)
-    if window is not None and _moved(
-        tx, compiled, window["run_id"], key=key, delay=delay, deadline=deadline
+    if (
+        window is not None
+        and not _ended_by_its_deadline(tx, window["run_id"], hooks)
+        and _moved(tx, compiled, window["run_id"], key=key, delay=delay, deadline=deadline)
     ):
         return Submitted(window["run_id"], created=False)
     run_id = insert_run(tx, compiled, deadline=deadline, hooks=hooks)
     tx.one(Q.hold_debounced, run_id=run_id, workflow=compiled.workflow, key=key, delay=delay)
     return Submitted(run_id, created=True)
+
+
+def _ended_by_its_deadline(tx: Tx, run_id: int, hooks: Hooks) -> bool:
+    """Whether the window's run passed its deadline, which ends it now if no scanner has
+    yet: a deadline that passed first wins, so the run is not given a new one."""
+    return bool(end_past_deadline(tx, tx.rows(Q.lock_runs, run_ids=[run_id]), hooks))
 
 
 def _moved(

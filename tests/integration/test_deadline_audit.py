@@ -502,6 +502,25 @@ def test_debounce_deadline_shorter_than_the_delay_fails_before_the_start(
     assert again.result(timeout=8) == {"doc": "d1"}
 
 
+def test_a_debounced_submit_after_the_windows_deadline_passed_does_not_revive_its_run(
+    client: Client, clock_shift: Callable[[timedelta], None]
+) -> None:
+    """No scanner runs here. The window's run passed its deadline before the next submit
+    of its key: that run ended at its deadline (first wins); the submit does not give it
+    a new deadline and input, it opens a new window and run."""
+    debounce = Debounce(key="doc", delay=timedelta(hours=2))
+    one, two = {"doc": "late", "v": 1}, {"doc": "late", "v": 2}
+    first = client.submit(echo_wf, one, deadline=timedelta(hours=1), debounce=debounce)
+    clock_shift(timedelta(hours=1, minutes=30))
+    again = client.submit(echo_wf, two, deadline=timedelta(hours=1), debounce=debounce)
+    assert (again.created, again.id != first.id) == (True, True)
+    ended = first.get()
+    assert ended.state is RunState.FAILED and ended.input == one
+    assert {s.error_kind for s in ended.steps if s.error_kind} == {"deadline"}
+    assert again.get().input == two
+    client.cancel(again.id)
+
+
 def test_debounce_takes_the_last_submits_deadline(client: Client) -> None:
     debounce = Debounce(key="doc", delay=timedelta(seconds=30))
     first = client.submit(echo_wf, {"doc": "d2"}, deadline=timedelta(hours=1), debounce=debounce)
