@@ -67,7 +67,9 @@ WHERE s.run_id = run.id AND s.state IN ('available', 'pending')
 RETURNING s.id
 
 -- name: resume_run
--- Resume a paused run: deadline and timed waits move forward by the pause length.
+-- Resume a paused run: deadline and timed waits move forward by the pause length, but for
+-- a wait already due when the run was paused (no scanner got to it): it came due first, and
+-- fires (or times out) now.
 WITH run AS (
     UPDATE cyclone_runs AS r
     SET state = 'running', paused_at = NULL, updated_at = now(),
@@ -79,6 +81,7 @@ WITH run AS (
     FROM run
     WHERE s.run_id = run.id AND s.state IN ('waiting_timer', 'waiting_signal')
       AND (s.state = 'waiting_timer' OR s.wait_for IS NOT NULL)
+      AND s.scheduled_at > %(paused_at)s::timestamptz
     RETURNING s.id
 )
 -- A step of a sequence_key (standalone work: no dependencies) is available again at once,

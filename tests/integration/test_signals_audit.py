@@ -521,19 +521,21 @@ def test_a_signal_racing_its_timeout_has_exactly_one_outcome(
     assert seen == {StepState.COMPLETED, StepState.DISCARDED}
 
 
-def test_a_signal_sent_just_before_the_scanner_beats_the_timeout(
+def test_a_signal_sent_after_the_timeout_but_before_the_scanner_loses_to_the_timeout(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
-    """A wait whose timeout passed but which no scanner has failed yet still takes a
-    signal (the mailbox has no 'too late' outcome): one outcome, the consumed signal."""
+    """A wait whose timeout passed but which no scanner has failed yet does not take a
+    signal: the timeout came first (docs/concepts/waits.md). The signal is not stored, and
+    the call fails the wait there and then: one outcome, the timeout."""
     handle = client.submit(sa_race, 5)
     wait_until(lambda: handle.get().step("sa_race_sig").scheduled_at is not None, what="the wait")
     time.sleep(0.5)
-    assert client.signal(handle.id, "sa_race_sig", "late") is Delivery.CONSUMED
+    assert client.signal(handle.id, "sa_race_sig", "late") is Delivery.NOT_STORED
+    assert handle.get().step("sa_race_sig").error_kind == "signal_timeout"  # no worker yet
     start_worker(sa_echo)
     run = handle.wait(timeout=10)
-    assert run.step("sa_race_sig").state is StepState.COMPLETED
-    assert run.step("sa_echo").output == "late"
+    assert run.step("sa_race_sig").state is StepState.DISCARDED
+    assert client.signals_of(handle.id) == []
 
 
 @workflow(name="sa_n_timeout")

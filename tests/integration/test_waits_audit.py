@@ -710,3 +710,74 @@ def test_a_timed_out_partial_quorum_does_not_claim_that_no_signal_arrived(
         ["one"],
     )
     assert (wait.error or "").startswith("only 1 of 2 signals 'wta_npt_sig' arrived"), wait.error
+
+
+# -- a timeout or a timer that came due while no scanner looked ---------------------------------
+# The same rule as a run's deadline: what came due first wins, however late the scanner is.
+
+
+@workflow(name="wta_any_late")
+def wta_any_late(x):  # type: ignore[no-untyped-def]
+    return wta_echo(wait_any(["wta_yes", "wta_no"], timeout=HOUR))
+
+
+@pytest.mark.parametrize("kind", ["wait_n", "wait_any"])
+def test_a_signal_after_its_waits_timeout_is_not_consumed_though_no_scanner_came(
+    client: Client, clock: Clock, kind: str
+) -> None:
+    """No worker runs here. The wait's timeout passed first: the signal is not stored,
+    and the call records the timeout there and then, as the scanner would have."""
+    workflow_, name = (
+        (wta_n_paused_timeout, "wta_npt_sig") if kind == "wait_n" else (wta_any_late, "wta_yes")
+    )
+    handle = client.submit(workflow_, 0)
+    node = handle.get().steps[0].node
+    if kind == "wait_n":
+        assert client.signal(handle.id, name, "one") is Delivery.CONSUMED
+    _later(clock, 2 * HOUR)
+    assert client.signal(handle.id, name, "late") is Delivery.NOT_STORED
+    run = handle.get()
+    wait = run.step(node)
+    assert (run.state, wait.state, wait.error_kind) == (
+        RunState.FAILED,
+        StepState.DISCARDED,
+        "signal_timeout",
+    )
+    assert wait.output == (["one"] if kind == "wait_n" else None)
+    assert [s["payload"] for s in client.signals_of(handle.id)] == (
+        ["one"] if kind == "wait_n" else []
+    )
+
+
+def test_a_signal_wait_whose_timeout_passed_before_a_pause_times_out_at_the_resume(
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
+) -> None:
+    """The timeout came due while no scanner looked, then the run was paused: the pause does
+    not give the wait the rest of a timeout it no longer had, and a signal sent while
+    paused is not consumed."""
+    handle = client.submit(wta_n_paused_timeout, 0)
+    due = handle.get().step("wta_npt_sig").scheduled_at
+    _later(clock, 2 * HOUR)
+    client.pause(handle.id)
+    _later(clock, HOUR)
+    assert client.signal(handle.id, "wta_npt_sig", "while paused") is Delivery.NOT_STORED
+    client.resume(handle.id)
+    assert handle.get().step("wta_npt_sig").scheduled_at == due  # not moved by the pause
+    start_worker(wta_echo, wta_sentinel, scan_interval=0.05)
+    with pytest.raises(RunFailed):
+        handle.result(timeout=15)
+    assert handle.get().step("wta_npt_sig").error_kind == "signal_timeout"
+
+
+def test_a_timer_due_before_a_pause_fires_at_the_resume_not_a_pause_later(
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
+) -> None:
+    handle = client.submit(wta_hour, 3)
+    due = handle.get().step("wta_hour_timer").scheduled_at
+    _later(clock, 2 * HOUR)  # due; no scanner has fired it
+    client.pause(handle.id)
+    _later(clock, 3 * HOUR)
+    client.resume(handle.id)
+    assert handle.get().step("wta_hour_timer").scheduled_at == due
+    start_worker(wta_echo, wta_after, wta_sentinel, scan_interval=0.05)
+    assert handle.result(timeout=15) == {"after": 3}
