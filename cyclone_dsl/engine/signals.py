@@ -25,7 +25,7 @@ class Delivery(StrEnum):
 
     CONSUMED = "consumed"  # the waiting node took it now
     BUFFERED = "buffered"  # stored until its wait activates
-    NOT_STORED = "not_stored"  # its wait had already completed: dropped, as documented
+    NOT_STORED = "not_stored"  # its wait had ended, or its timeout passed: dropped
 
 
 def _names(wait: Row) -> list[str]:
