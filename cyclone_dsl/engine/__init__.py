@@ -31,6 +31,7 @@ from cyclone_dsl.engine.notify import (
     names_run,
     run_ids_of,
 )
+from cyclone_dsl.engine.scan import TIMEOUT_GRACE
 from cyclone_dsl.engine.schedules import CatchUp
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import Submitted, TemplateRun, template_fits
@@ -48,6 +49,7 @@ __all__ = [
     "LIVE_FOR",
     "MAX_BATCH_SIZE",
     "RUN_DONE_CHANNEL",
+    "TIMEOUT_GRACE",
     "WORK_CHANNEL",
     "AfterCommit",
     "BulkAction",

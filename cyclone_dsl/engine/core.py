@@ -425,8 +425,11 @@ class Engine:
         limit: int,
         max_reclaims: Mapping[str, int],
         default_max_reclaims: int,
+        grace: timedelta = scan.TIMEOUT_GRACE,
     ) -> Page:
-        page = scan.expired_page(tx, after_id=after_id, limit=limit)
+        """Reclaim a page of expired leases (not those of steps whose timeout plus
+        ``grace`` came first: :meth:`fail_timed_out_steps` fails those)."""
+        page = scan.expired_page(tx, after_id=after_id, limit=limit, grace=grace)
         rows = scan.reclaim(
             tx,
             page,

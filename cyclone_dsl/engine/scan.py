@@ -8,7 +8,7 @@ from datetime import timedelta
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import complete, events, notify, tracecontext
 from cyclone_dsl.engine.backoff import backoff_seconds
-from cyclone_dsl.engine.transitions import Hooks, after_discards
+from cyclone_dsl.engine.transitions import Hooks, after_discards, end_past_deadline
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, StepState
@@ -24,8 +24,14 @@ def is_leader(tx: Tx, scanner: str) -> bool:
     return leader
 
 
-def expired_page(tx: Tx, *, after_id: int, limit: int) -> list[Row]:
-    return tx.rows(Q.expired_leases, after_id=after_id, limit=limit)
+#: The scanner's default grace past a step's timeout (its worker fails it first).
+TIMEOUT_GRACE = timedelta(seconds=5)
+
+
+def expired_page(
+    tx: Tx, *, after_id: int, limit: int, grace: timedelta = TIMEOUT_GRACE
+) -> list[Row]:
+    return tx.rows(Q.expired_leases, after_id=after_id, limit=limit, grace=grace)
 
 
 def reclaim(
@@ -36,10 +42,11 @@ def reclaim(
     default_max_reclaims: int,
     hooks: Hooks,
 ) -> list[Row]:
-    """Reclaim one page of expired leases (locks runs first); return the steps changed."""
+    """Reclaim one page of expired leases (locks runs first); return the steps changed. A
+    run past its deadline fails first: its deadline came before this reclaim."""
     if not page:
         return []
-    tx.rows(Q.lock_runs, run_ids=sorted({r["run_id"] for r in page}))
+    end_past_deadline(tx, tx.rows(Q.lock_runs, run_ids=sorted({r["run_id"] for r in page})), hooks)
     kinds = sorted(max_reclaims)
     rows = tx.rows(
         Q.reclaim_steps,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import notify
@@ -31,27 +31,50 @@ def _in_running_runs(tx: Tx, page: list[Row], hooks: Hooks) -> list[int]:
     return [r["id"] for r in page if r["run_id"] in running]
 
 
+#: Rounds of :func:`settle_due_waits` in one call; what is left waits for the next pass.
+MAX_DUE_ROUNDS = 20
+
+
+def settle_due_waits(tx: Tx, run_ids: Sequence[int], hooks: Hooks) -> int:
+    """Fire the due timers and time out the due signal waits of these runs (locked), in
+    the order they came due, however late this is: a timeout that came first fails the
+    run (or cancels a branch) before a timer due after it fires, as a prompt scanner
+    would have had it. Returns how many waits changed."""
+    changed = 0
+    for _ in range(MAX_DUE_ROUNDS):
+        due = tx.rows(Q.due_waits_in_order, run_ids=list(run_ids))
+        if not due:
+            break
+        timers = [r["id"] for r in due if r["state"] == StepState.WAITING_TIMER]
+        timeouts = [r["id"] for r in due if r["state"] == StepState.WAITING_SIGNAL]
+        if timers:
+            done = tx.rows(Q.fire_timers, ids=timers)
+            after_completions(tx, done, hooks)
+            changed += len(done)
+        if timeouts:
+            failed = tx.rows(Q.time_out_signal_waits, ids=timeouts)
+            if failed:
+                after_discards(tx, failed, hooks)
+            changed += len(failed)
+    return changed
+
+
 def fire_timers(tx: Tx, page: list[Row], hooks: Hooks) -> int:
-    if not page:
-        return 0
-    ids = _in_running_runs(tx, page, hooks)
-    if not ids:
-        return 0
-    done = tx.rows(Q.fire_timers, ids=ids)
-    after_completions(tx, done, hooks)
-    return len(done)
+    """The timers pass: the due waits of the page's runs, in the order they came due."""
+    return _settle_runs_of(tx, page, hooks)
 
 
 def time_out_signal_waits(tx: Tx, page: list[Row], hooks: Hooks) -> int:
+    """The signal timeouts pass: the due waits of the page's runs, in due order."""
+    return _settle_runs_of(tx, page, hooks)
+
+
+def _settle_runs_of(tx: Tx, page: list[Row], hooks: Hooks) -> int:
     if not page:
         return 0
-    ids = _in_running_runs(tx, page, hooks)
-    if not ids:
-        return 0
-    failed = tx.rows(Q.time_out_signal_waits, ids=ids)
-    if failed:
-        after_discards(tx, failed, hooks)
-    return len(failed)
+    kept = set(_in_running_runs(tx, page, hooks))
+    running = sorted({r["run_id"] for r in page if r["id"] in kept})
+    return settle_due_waits(tx, running, hooks) if running else 0
 
 
 def fail_past_deadline(tx: Tx, page: list[Row], hooks: Hooks) -> int:

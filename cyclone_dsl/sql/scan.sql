@@ -1,8 +1,11 @@
 -- name: expired_leases
--- Running steps whose lease expired (a page, oldest first, after the cursor id).
+-- Running steps whose lease expired (a page, oldest first, after the cursor id), but for a
+-- step whose timeout (and its grace) passed before its lease expired: that came first, and
+-- the timeouts pass fails it, as a prompt scanner would have.
 SELECT s.id, s.run_id, s.lease_generation, s.kind
 FROM cyclone_steps AS s
 WHERE s.state = 'running' AND s.lease_expiry < now() + %(shift)s::interval
+  AND NOT coalesce(s.lease_expiry - s.started_at > s.timeout + %(grace)s::interval, false)
   AND s.id > %(after_id)s
 ORDER BY s.id
 LIMIT %(limit)s

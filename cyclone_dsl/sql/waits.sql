@@ -19,6 +19,31 @@ WHERE s.state = 'waiting_signal' AND s.wait_for IS NOT NULL
 ORDER BY s.id
 LIMIT %(limit)s
 
+-- name: due_waits_in_order
+-- The due waits of these runs (running) to apply next, in the order they came due: per
+-- run, the timers due before its earliest due signal timeout, and that timeout. A timeout
+-- can fail the run or cancel a branch, so what came due after it waits for the next round;
+-- a timer's firing changes no other wait that is already due.
+WITH due AS (
+    SELECT s.id, s.run_id, s.state, s.scheduled_at
+    FROM cyclone_steps AS s
+    WHERE s.run_id = ANY(%(run_ids)b::bigint[])
+      AND (s.state = 'waiting_timer' OR (s.state = 'waiting_signal' AND s.wait_for IS NOT NULL))
+      AND s.scheduled_at <= now() + %(shift)s::interval
+), first_timeout AS (
+    SELECT DISTINCT ON (d.run_id) d.run_id, d.id, d.scheduled_at
+    FROM due AS d WHERE d.state = 'waiting_signal'
+    ORDER BY d.run_id, d.scheduled_at, d.id
+)
+SELECT d.id, d.state
+FROM due AS d
+JOIN cyclone_runs AS r ON r.id = d.run_id AND r.state = 'running'
+LEFT JOIN first_timeout AS f ON f.run_id = d.run_id
+WHERE d.id = f.id
+   OR (d.state = 'waiting_timer'
+       AND (f.id IS NULL OR (d.scheduled_at, d.id) < (f.scheduled_at, f.id)))
+ORDER BY d.id
+
 -- name: fire_timers
 -- Complete due timers (guarded: still waiting, still due).
 UPDATE cyclone_steps AS s

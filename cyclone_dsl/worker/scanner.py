@@ -14,7 +14,7 @@ from datetime import timedelta
 from cyclone_dsl.db.connect import Pool
 from cyclone_dsl.db.errors import DatabaseError
 from cyclone_dsl.db.tx import Row, Tx, in_transaction
-from cyclone_dsl.engine import CatchUp, Engine, Page
+from cyclone_dsl.engine import TIMEOUT_GRACE, CatchUp, Engine, Page
 
 log = logging.getLogger("cyclone.scanner")
 
@@ -37,7 +37,7 @@ class Scanner:
         max_reclaims: Mapping[str, int],
         default_max_reclaims: int,
         stopping: threading.Event,
-        timeout_grace: timedelta = timedelta(seconds=5),
+        timeout_grace: timedelta = TIMEOUT_GRACE,
         owner: str = "scanner",
         catch_up: CatchUp = "latest",
         retention: timedelta | None = None,
@@ -93,6 +93,7 @@ class Scanner:
                 limit=PAGE,
                 max_reclaims=self.max_reclaims,
                 default_max_reclaims=self.default_max_reclaims,
+                grace=self.timeout_grace,
             ),
         )
         if reclaimed and self.on_reclaimed is not None:

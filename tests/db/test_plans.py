@@ -136,7 +136,11 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
         "claim_gated_steps": (Q.claim_gated_steps, gated_claim("plan_keyed")),
         "claim_gated_steps_rated": (Q.claim_gated_steps, gated_claim("plan_rated")),
         # Scanner passes: each runs every second on the pass's leader.
-        "expired_leases": (Q.expired_leases, {"after_id": 0, "limit": 500}),
+        "expired_leases": (
+            Q.expired_leases,
+            {"after_id": 0, "limit": 500, "grace": timedelta(seconds=5)},
+        ),
+        "due_waits_in_order": (Q.due_waits_in_order, {"run_ids": runs}),
         "timed_out_steps": (
             Q.timed_out_steps,
             {"after_id": 0, "limit": 500, "grace": timedelta(seconds=5)},
@@ -252,6 +256,7 @@ HOT_STATEMENTS = [
     "expired_leases",
     "timed_out_steps",
     "due_timers",
+    "due_waits_in_order",
     "expired_signal_waits",
     "expired_deadlines",
     "ended_children_of_waiting_nodes",

@@ -168,13 +168,7 @@ def lsc_race(x):  # type: ignore[no-untyped-def]
     return lsc_echo(w, after=[t])
 
 
-@pytest.mark.parametrize(
-    "mode",
-    late_bug(
-        "a late scanner fires a 2 h timer before failing the 1 h signal timeout that came "
-        "first: the timer ends completed instead of cancelled, and a retry then skips it"
-    ),
-)
+@pytest.mark.parametrize("mode", MODES)
 def test_a_timer_due_after_a_signal_timeout_that_failed_the_run_is_cancelled(
     mode: str, client: Client, start_worker: Callable[..., Worker], clock: Clock
 ) -> None:
@@ -527,14 +521,7 @@ def lsc_hung(x):  # type: ignore[no-untyped-def]
     return lsc_hang(x)
 
 
-@pytest.mark.parametrize(
-    "mode",
-    late_bug(
-        "a step whose 1 min timeout passed long before its lease expired is reclaimed by a "
-        "late scanner (the lease pass runs first) and runs again to completion; a prompt "
-        "scanner failed it with timeout (max_attempts=1: the run failed)"
-    ),
-)
+@pytest.mark.parametrize("mode", MODES)
 def test_a_step_timeout_that_came_before_the_lease_expiry_fails_the_step(
     mode: str,
     client: Client,
@@ -551,14 +538,7 @@ def test_a_step_timeout_that_came_before_the_lease_expiry_fails_the_step(
     assert outcome(client, handle.id) == (RunState.FAILED, ("lsc_hang", "timeout"))
 
 
-@pytest.mark.parametrize(
-    "mode",
-    late_bug(
-        "a step whose lease expired after its run's deadline is discarded with "
-        "reclaim_limit by a late scanner, failing the run with reclaim_limit; a prompt scanner "
-        "failed the run by its deadline"
-    ),
-)
+@pytest.mark.parametrize("mode", MODES)
 def test_a_deadline_that_came_before_a_reclaim_limit_ends_the_run(
     mode: str,
     client: Client,
