@@ -44,6 +44,7 @@ from cyclone_dsl.engine import (
     BulkAction,
     Delivery,
     Engine,
+    Refused,
     RunFilter,
     Submitted,
     TemplateRun,
@@ -57,6 +58,14 @@ from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
 
 T = TypeVar("T")
+
+
+def raised(result: T | Refused) -> T:
+    """The result of an engine operation, or its refusal raised (after its transaction
+    committed what came due before it: see ``Engine._due_first``)."""
+    if isinstance(result, Refused):
+        result.raise_it()
+    return result
 
 
 class Client:
@@ -685,7 +694,7 @@ class Client:
         deadline first: it ended there, failed by the deadline."""
         run_id = base.checked_run_id(run_id)
         with self._ending_past_deadline():
-            self._db.transaction(lambda tx: self._engine.cancel(tx, run_id))
+            raised(self._db.transaction(lambda tx: self._engine.cancel(tx, run_id)))
 
     def fork(
         self,
@@ -768,7 +777,7 @@ class Client:
         run_id = base.checked_run_id(run_id)
         node = base.checked_text("node", node)
         force = checked_flag("force", force)
-        self._db.transaction(lambda tx: self._engine.retry(tx, run_id, node, force=force))
+        raised(self._db.transaction(lambda tx: self._engine.retry(tx, run_id, node, force=force)))
 
     def signal(self, run_id: int, name: str, payload: JSONValue = None) -> Delivery:
         """Deliver a signal to the run's wait for ``name``.
@@ -787,14 +796,16 @@ class Client:
         base.check_key("signal name", name)
         text = encode(payload, what="the signal payload")
         with self._ending_past_deadline():
-            return self._db.transaction(lambda tx: self._engine.signal(tx, run_id, name, text))
+            return raised(
+                self._db.transaction(lambda tx: self._engine.signal(tx, run_id, name, text))
+            )
 
     def pause(self, run_id: int) -> None:
         """Pause a running run: ready and pending steps wait; running steps finish. A run
         past its deadline (or whose parent is) raises :class:`PassedDeadline`."""
         run_id = base.checked_run_id(run_id)
         with self._ending_past_deadline():
-            self._db.transaction(lambda tx: self._engine.pause(tx, run_id))
+            raised(self._db.transaction(lambda tx: self._engine.pause(tx, run_id)))
 
     @contextlib.contextmanager
     def _ending_past_deadline(self) -> Iterator[None]:
@@ -813,7 +824,7 @@ class Client:
         :class:`PassedDeadline`."""
         run_id = base.checked_run_id(run_id)
         with self._ending_past_deadline():
-            self._db.transaction(lambda tx: self._engine.resume(tx, run_id))
+            raised(self._db.transaction(lambda tx: self._engine.resume(tx, run_id)))
 
     # -- operations in bulk ------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from cyclone_dsl.engine.bulk import (
 from cyclone_dsl.engine.children import CHILD_WAKE
 from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.engine.complete import Failure, Success
-from cyclone_dsl.engine.core import DEFAULT_RETENTION, Engine, Page
+from cyclone_dsl.engine.core import DEFAULT_RETENTION, Engine, Page, Refused
 from cyclone_dsl.engine.events import DEFAULT_MAX_EVENTS_PER_STEP, EVENT_KINDS, Recorded
 from cyclone_dsl.engine.notify import (
     CANCEL_CHANNEL,
@@ -62,6 +62,7 @@ __all__ = [
     "Failure",
     "Page",
     "Recorded",
+    "Refused",
     "RunFilter",
     "Submitted",
     "Success",

@@ -296,6 +296,9 @@ def page(
     for run_id in ids:
         # No savepoint per run: a transition refuses before it writes anything (an engine
         # rule), so a refused run leaves nothing behind and the page goes on.
+        # What came due in the run and no scanner applied yet first (kept, even when the
+        # transition then refuses the run), as the single-run operations do.
+        waits.settle_due_in_tree(held, run_id, hooks)
         try:
             transition(held, run_id, hooks)
         except PassedDeadline as late:  # its end by the deadline came first: record it

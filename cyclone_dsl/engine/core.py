@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import NoReturn, TypeVar
+
+import attrs
 
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import (
@@ -48,7 +51,7 @@ from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import OneRun, Submitted
 from cyclone_dsl.engine.tracecontext import TraceHook
 from cyclone_dsl.engine.transitions import ChildCompiler
-from cyclone_dsl.errors import HandlerConflict, InvalidArgument
+from cyclone_dsl.errors import CycloneError, HandlerConflict, InvalidArgument
 from cyclone_dsl.graph.rows import CompiledRun, RunFlow, RunTemplate, ScheduleCompiler, ScheduleRow
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
@@ -59,6 +62,21 @@ Page = tuple[int, int | None]
 #: How long an ended run is kept when none of its steps sets a retention (the worker's
 #: retention scanner and ``cyclone purge`` use it unless told otherwise).
 DEFAULT_RETENTION = timedelta(days=7)
+
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class Refused:
+    """An operation refused after the writes that came before it, which its transaction
+    keeps (what came due in the run: see ``Engine._due_first``): raise ``error`` once the
+    transaction has committed."""
+
+    error: CycloneError
+
+    def raise_it(self) -> NoReturn:
+        raise self.error
 
 
 class Engine:
@@ -199,8 +217,27 @@ class Engine:
             hooks=self._hooks,
         )
 
-    def cancel(self, tx: Tx, run_id: int) -> None:
-        control.cancel(tx, run_id, self._hooks)
+    def _due_first(self, tx: Tx, run_id: int, operation: Callable[[], T]) -> T | Refused:
+        """Apply what came due in the run's tree and no scanner applied yet (in due
+        order), then ``operation``: it meets the run a prompt scanner would have left.
+        When something came due and the operation then refuses, the refusal is returned,
+        not raised: the caller commits what came due, then raises it."""
+        if not waits.settle_due_in_tree(tx, run_id, self._hooks):
+            return operation()
+        try:
+            with tx.savepoint():
+                return operation()
+        except CycloneError as refusal:
+            return Refused(refusal)
+
+    def settle_due(self, tx: Tx, run_id: int) -> int:
+        """Apply what came due in the run's tree that no scanner applied yet, in due
+        order, as a prompt scanner would have; return how many waits changed. (Every
+        operation on a run does this first.)"""
+        return waits.settle_due_in_tree(tx, run_id, self._hooks)
+
+    def cancel(self, tx: Tx, run_id: int) -> Refused | None:
+        return self._due_first(tx, run_id, lambda: control.cancel(tx, run_id, self._hooks))
 
     def fork(
         self, tx: Tx, source_run_id: int, compiled: CompiledRun, from_node: str
@@ -214,16 +251,19 @@ class Engine:
         """Where a fork came from (source_run_id, from_node, copied), or None."""
         return tx.one(Q.fork_of, run_id=run_id)
 
-    def retry(self, tx: Tx, run_id: int, node: str, *, force: bool = False) -> None:
-        if force:
-            replay.replay(tx, run_id, node, self._hooks)
-        else:
-            control.retry(tx, run_id, node, self._hooks)
+    def retry(self, tx: Tx, run_id: int, node: str, *, force: bool = False) -> Refused | None:
+        def operation() -> None:
+            if force:
+                replay.replay(tx, run_id, node, self._hooks)
+            else:
+                control.retry(tx, run_id, node, self._hooks)
 
-    def retry_run(self, tx: Tx, run_id: int) -> None:
+        return self._due_first(tx, run_id, operation)
+
+    def retry_run(self, tx: Tx, run_id: int) -> Refused | None:
         """Retry a failed or cancelled run as a whole: every node that failed it (a
         cancelled run: its cancelled steps), as :meth:`retry` of those nodes would."""
-        control.retry_run(tx, run_id, self._hooks)
+        return self._due_first(tx, run_id, lambda: control.retry_run(tx, run_id, self._hooks))
 
     # -- operations in bulk (see cyclone_dsl.engine.bulk) -----------------------------
 
@@ -252,14 +292,16 @@ class Engine:
             tx, action, where, after_id=after_id, up_to=up_to, limit=limit, hooks=self._hooks
         )
 
-    def pause(self, tx: Tx, run_id: int) -> None:
-        waits.pause(tx, run_id)
+    def pause(self, tx: Tx, run_id: int) -> Refused | None:
+        return self._due_first(tx, run_id, lambda: waits.pause(tx, run_id))
 
-    def resume(self, tx: Tx, run_id: int) -> None:
-        waits.resume(tx, run_id, self._hooks)
+    def resume(self, tx: Tx, run_id: int) -> Refused | None:
+        return self._due_first(tx, run_id, lambda: waits.resume(tx, run_id, self._hooks))
 
-    def signal(self, tx: Tx, run_id: int, name: str, payload_text: str) -> Delivery:
-        return signals.deliver(tx, run_id, name, payload_text, self._hooks)
+    def signal(self, tx: Tx, run_id: int, name: str, payload_text: str) -> Delivery | Refused:
+        return self._due_first(
+            tx, run_id, lambda: signals.deliver(tx, run_id, name, payload_text, self._hooks)
+        )
 
     def end_past_deadline(self, tx: Tx, run_id: int) -> int:
         """Fail ``run_id`` if it (or a run above it) is past its deadline, as the scanner

@@ -59,6 +59,23 @@ def settle_due_waits(tx: Tx, run_ids: Sequence[int], hooks: Hooks) -> int:
     return changed
 
 
+def settle_due_in_tree(tx: Tx, run_id: int, hooks: Hooks) -> int:
+    """Before an operation on run ``run_id`` (a signal, pause, resume, cancel or retry):
+    lock it, the runs below and above it, and apply what came due in the running ones
+    that no scanner has applied yet, in due order (:func:`settle_due_waits`), so that the
+    operation meets the run a prompt scanner would have left. A run past its deadline is
+    left as it is (its deadline came first: the operation refuses it). Returns how many
+    waits changed."""
+    tree = [r["id"] for r in tx.rows(Q.run_tree, run_id=run_id)]
+    if not tree:
+        return 0
+    locked = tx.rows(Q.lock_runs, run_ids=sorted(tree))
+    if any(r["past_deadline"] for r in locked):
+        return 0
+    running = [r["id"] for r in locked if r["state"] == RunState.RUNNING]
+    return settle_due_waits(tx, running, hooks) if running else 0
+
+
 def fire_timers(tx: Tx, page: list[Row], hooks: Hooks) -> int:
     """The timers pass: the due waits of the page's runs, in the order they came due."""
     return _settle_runs_of(tx, page, hooks)

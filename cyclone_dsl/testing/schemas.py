@@ -365,6 +365,9 @@ _DROP_KIND: dict[str, LiteralString] = {
 }
 
 
+_DROP_ORDER = ["r", "p", "f", "m", "v", "S"]
+
+
 def _relations(conn: psycopg.Connection[Any], schema: str) -> dict[str, str]:
     """The tables, views and sequences of ``schema``: name to ``relkind``."""
     rows = conn.execute(_RELATIONS, {"schema": schema}).fetchall()
@@ -375,7 +378,9 @@ def _drop_added(conn: psycopg.Connection[Any], schema: str, kept: frozenset[str]
     """Drop the relations a test added to ``schema`` (an application's own tables, for a
     transactional step): those not in ``kept``. False when it added none."""
     added = {name: kind for name, kind in _relations(conn, schema).items() if name not in kept}
-    for name, kind in added.items():
+    # Tables first: their CASCADE takes the sequences they own (which refuse to go alone)
+    # and the views on them.
+    for name, kind in sorted(added.items(), key=lambda item: _DROP_ORDER.index(item[1])):
         conn.execute(
             sql.SQL("DROP {} IF EXISTS {} CASCADE").format(
                 sql.SQL(_DROP_KIND[kind]), sql.Identifier(schema, name)

@@ -508,10 +508,15 @@ class GsmMachine(RuleBasedStateMachine):
     # -- rules: operating on runs (top-level or child) ---------------------------------------
 
     def pick(self, which: int) -> Run | None:
+        """A run to operate on, as a prompt scanner would have left it: every operation
+        applies what came due in the run first (waits.md, Scanners), so the model does
+        too, through the client's engine, before it predicts the outcome."""
         runs = sorted(self.all_runs(), key=lambda r: r.id)
         if not runs:
             return None
         chosen = runs[which % len(runs)].id
+        client: Any = self.client  # its engine and database: test-only access
+        client._db.transaction(lambda tx: client._engine.settle_due(tx, chosen))
         return self.run(chosen)
 
     @rule(which=INDEX, name_ix=INDEX, wrong=st.integers(0, 5))

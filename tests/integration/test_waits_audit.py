@@ -32,6 +32,7 @@ from cyclone_dsl import (
     step,
     wait_any,
     wait_n,
+    wait_signal,
     wait_timer,
     workflow,
 )
@@ -725,8 +726,9 @@ def wta_any_late(x):  # type: ignore[no-untyped-def]
 def test_a_signal_after_its_waits_timeout_is_not_consumed_though_no_scanner_came(
     client: Client, clock: Clock, kind: str
 ) -> None:
-    """No worker runs here. The wait's timeout passed first: the signal is not stored,
-    and the call records the timeout there and then, as the scanner would have."""
+    """No worker runs here. The wait's timeout passed first: the call records it there and
+    then, as the scanner would have, and meets the run that leaves: failed (the timeout is
+    not contained), so the signal is refused as to any ended run, and not stored."""
     workflow_, name = (
         (wta_n_paused_timeout, "wta_npt_sig") if kind == "wait_n" else (wta_any_late, "wta_yes")
     )
@@ -735,7 +737,8 @@ def test_a_signal_after_its_waits_timeout_is_not_consumed_though_no_scanner_came
     if kind == "wait_n":
         assert client.signal(handle.id, name, "one") is Delivery.CONSUMED
     _later(clock, 2 * HOUR)
-    assert client.signal(handle.id, name, "late") is Delivery.NOT_STORED
+    with pytest.raises(AlreadyTerminal):
+        client.signal(handle.id, name, "late")
     run = handle.get()
     wait = run.step(node)
     assert (run.state, wait.state, wait.error_kind) == (
@@ -749,24 +752,31 @@ def test_a_signal_after_its_waits_timeout_is_not_consumed_though_no_scanner_came
     )
 
 
-def test_a_signal_wait_whose_timeout_passed_before_a_pause_times_out_at_the_resume(
-    client: Client, start_worker: Callable[..., Worker], clock: Clock
+@workflow(name="wta_contained_late")
+def wta_contained_late(x):  # type: ignore[no-untyped-def]
+    got = wait_n("wta_cl_sig", 2, timeout=HOUR)
+    wta_echo(got, on_dep_failure="cancel_branch")
+    return wta_after(wait_signal("wta_cl_end"))
+
+
+def test_a_pause_after_a_signal_timeout_passed_meets_the_run_a_prompt_scanner_left(
+    client: Client, clock: Clock
 ) -> None:
-    """The timeout came due while no scanner looked, then the run was paused: the pause does
-    not give the wait the rest of a timeout it no longer had, and a signal sent while
-    paused is not consumed."""
-    handle = client.submit(wta_n_paused_timeout, 0)
-    due = handle.get().step("wta_npt_sig").scheduled_at
+    """No worker runs here. The timeout came due while no scanner looked: the pause applies
+    it first. Not contained, it failed the run, which the pause then refuses; contained,
+    the branch is cancelled, the run is paused, and a signal for the timed-out wait is not
+    stored."""
+    failing = client.submit(wta_n_paused_timeout, 0)
+    contained = client.submit(wta_contained_late, 0)
     _later(clock, 2 * HOUR)
-    client.pause(handle.id)
-    _later(clock, HOUR)
-    assert client.signal(handle.id, "wta_npt_sig", "while paused") is Delivery.NOT_STORED
-    client.resume(handle.id)
-    assert handle.get().step("wta_npt_sig").scheduled_at == due  # not moved by the pause
-    start_worker(wta_echo, wta_sentinel, scan_interval=0.05)
-    with pytest.raises(RunFailed):
-        handle.result(timeout=15)
-    assert handle.get().step("wta_npt_sig").error_kind == "signal_timeout"
+    with pytest.raises(AlreadyTerminal):
+        client.pause(failing.id)
+    assert failing.get().step("wta_npt_sig").error_kind == "signal_timeout"
+    client.pause(contained.id)
+    run = contained.get()
+    assert (run.state, run.step("wta_cl_sig").error_kind) == (RunState.PAUSED, "signal_timeout")
+    assert run.step("wta_echo").state is StepState.CANCELLED
+    assert client.signal(contained.id, "wta_cl_sig", "while paused") is Delivery.NOT_STORED
 
 
 def test_a_timer_due_before_a_pause_fires_at_the_resume_not_a_pause_later(
