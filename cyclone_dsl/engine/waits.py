@@ -66,6 +66,9 @@ def settle_due_in_tree(tx: Tx, run_id: int, hooks: Hooks) -> int:
     operation meets the run a prompt scanner would have left. A run past its deadline is
     left as it is (its deadline came first: the operation refuses it). Returns how many
     waits changed."""
+    look = tx.one(Q.due_in_tree, run_id=run_id)
+    if look is None or not look["due"]:  # the usual case: one statement, no lock
+        return 0
     tree = [r["id"] for r in tx.rows(Q.run_tree, run_id=run_id)]
     if not tree:
         return 0

@@ -201,6 +201,7 @@ class _Queries:
     # waits.sql
     due_timers: LiteralString
     expired_signal_waits: LiteralString
+    due_in_tree: LiteralString
     due_waits_in_order: LiteralString
     fire_timers: LiteralString
     time_out_signal_waits: LiteralString

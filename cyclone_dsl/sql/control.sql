@@ -1,9 +1,15 @@
 -- name: run_tree
--- A run and all its descendant runs (child runs, grandchildren, ...).
+-- A run and all its descendant runs (child runs, grandchildren, ...). A probe of the
+-- parent index per run of the tree (LATERAL, OFFSET 0): as a join, the planner hashed
+-- every run of a table without statistics, on each signal and operation.
 WITH RECURSIVE tree(id) AS (
     SELECT %(run_id)s::bigint
     UNION
-    SELECT c.id FROM cyclone_runs AS c JOIN tree ON c.parent_run_id = tree.id
+    SELECT c.id
+    FROM tree
+    CROSS JOIN LATERAL (
+        SELECT k.id FROM cyclone_runs AS k WHERE k.parent_run_id = tree.id OFFSET 0
+    ) AS c
 )
 SELECT id FROM tree
 

@@ -19,6 +19,31 @@ WHERE s.state = 'waiting_signal' AND s.wait_for IS NOT NULL
 ORDER BY s.id
 LIMIT %(limit)s
 
+-- name: due_in_tree
+-- Whether a wait came due (and no scanner has applied it) in a run, the runs below it or
+-- the runs above it: a look without locks before an operation on the run, which applies
+-- what it finds under their locks. Each run of the tree is probed by the parent index.
+WITH RECURSIVE down(id) AS (
+    SELECT %(run_id)s::bigint
+    UNION
+    SELECT c.id
+    FROM down
+    CROSS JOIN LATERAL (
+        SELECT k.id FROM cyclone_runs AS k WHERE k.parent_run_id = down.id OFFSET 0
+    ) AS c
+), up(id) AS (
+    SELECT (SELECT r.parent_run_id FROM cyclone_runs AS r WHERE r.id = %(run_id)s)
+    UNION
+    SELECT (SELECT r.parent_run_id FROM cyclone_runs AS r WHERE r.id = up.id)
+    FROM up WHERE up.id IS NOT NULL
+)
+SELECT EXISTS (
+    SELECT 1 FROM cyclone_steps AS s
+    WHERE s.run_id = ANY(ARRAY(SELECT id FROM down UNION SELECT id FROM up WHERE id IS NOT NULL))
+      AND (s.state = 'waiting_timer' OR (s.state = 'waiting_signal' AND s.wait_for IS NOT NULL))
+      AND s.scheduled_at <= now() + %(shift)s::interval
+) AS due
+
 -- name: due_waits_in_order
 -- The due waits of these runs (running) to apply next, in the order they came due: per
 -- run, the timers due before its earliest due signal timeout, and that timeout. A timeout

@@ -141,6 +141,9 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
             {"after_id": 0, "limit": 500, "grace": timedelta(seconds=5)},
         ),
         "due_waits_in_order": (Q.due_waits_in_order, {"run_ids": runs}),
+        # Every operation on a run (a signal, a pause, a cancel...) walks its tree first.
+        "run_tree": (Q.run_tree, {"run_id": runs[0]}),
+        "due_in_tree": (Q.due_in_tree, {"run_id": runs[0]}),
         "timed_out_steps": (
             Q.timed_out_steps,
             {"after_id": 0, "limit": 500, "grace": timedelta(seconds=5)},
@@ -257,6 +260,8 @@ HOT_STATEMENTS = [
     "timed_out_steps",
     "due_timers",
     "due_waits_in_order",
+    "run_tree",
+    "due_in_tree",
     "expired_signal_waits",
     "expired_deadlines",
     "ended_children_of_waiting_nodes",
