@@ -1,17 +1,21 @@
 -- name: run_tree
--- A run and all its descendant runs (child runs, grandchildren, ...). A probe of the
--- parent index per run of the tree (LATERAL, OFFSET 0): as a join, the planner hashed
--- every run of a table without statistics, on each signal and operation.
-WITH RECURSIVE tree(id) AS (
+-- A run and all its descendant runs (child runs, grandchildren, ...).
+WITH RECURSIVE {{runs_below}}
+SELECT id FROM down
+
+-- fragment: runs_below
+-- CTE down(id): run %(run_id)s and every run below it, by a probe of the parent index per
+-- run (LATERAL, OFFSET 0): as a join, the planner hashed every run of a table without
+-- statistics, on each operation on a run.
+down(id) AS (
     SELECT %(run_id)s::bigint
     UNION
     SELECT c.id
-    FROM tree
+    FROM down
     CROSS JOIN LATERAL (
-        SELECT k.id FROM cyclone_runs AS k WHERE k.parent_run_id = tree.id OFFSET 0
+        SELECT k.id FROM cyclone_runs AS k WHERE k.parent_run_id = down.id OFFSET 0
     ) AS c
 )
-SELECT id FROM tree
 
 -- name: get_run_state
 -- A run's state (no lock).

@@ -22,16 +22,8 @@ LIMIT %(limit)s
 -- name: due_in_tree
 -- Whether a wait came due (and no scanner has applied it) in a run, the runs below it or
 -- the runs above it: a look without locks before an operation on the run, which applies
--- what it finds under their locks. Each run of the tree is probed by the parent index.
-WITH RECURSIVE down(id) AS (
-    SELECT %(run_id)s::bigint
-    UNION
-    SELECT c.id
-    FROM down
-    CROSS JOIN LATERAL (
-        SELECT k.id FROM cyclone_runs AS k WHERE k.parent_run_id = down.id OFFSET 0
-    ) AS c
-), up(id) AS (
+-- what it finds under their locks.
+WITH RECURSIVE {{runs_below}}, up(id) AS (
     SELECT (SELECT r.parent_run_id FROM cyclone_runs AS r WHERE r.id = %(run_id)s)
     UNION
     SELECT (SELECT r.parent_run_id FROM cyclone_runs AS r WHERE r.id = up.id)
