@@ -1315,16 +1315,19 @@ class Worker:
 
     def _may_start(self, entry: _Inflight) -> bool:
         """Whether to start the step's handler now: not once the step was decided (timed
-        out, cancelled, its lease lost), nor once its lease may have passed by this
-        process's clock (the process was stopped, or its heartbeats failed, since the
-        claim): another worker may have taken the step over, and would see its side
-        effects twice. The step is then left to the lease scanner."""
+        out, cancelled, its lease lost). When its lease may have passed by this process's
+        clock (the process was stopped, or its heartbeats failed, since the claim), the
+        lease is renewed first: another worker may have taken the step over, and would
+        see its side effects twice. A lease that is not ours any more (or that cannot be
+        renewed) leaves the step to the lease scanner."""
         failpoint("worker.before_start")
-        if time.monotonic() >= entry.lease_until and self._settle(entry, None):
+        if entry.settled or time.monotonic() < entry.lease_until or self._still_held(entry):
+            return not entry.settled
+        if self._settle(entry, None):
             log.warning(
-                "step %s (run %s, node %r): not started, its lease may have passed since "
-                "the claim (%.1fs ago; the process was stopped or its heartbeats failed); "
-                "it will run again once the lease expires",
+                "step %s (run %s, node %r): not started, its lease passed before the "
+                "handler could start (claimed %.1fs ago: the process was stopped or its "
+                "heartbeats failed); it runs again once the lease expires",
                 entry.step.id,
                 entry.step.run_id,
                 entry.step.node,
@@ -1334,6 +1337,17 @@ class Worker:
             if self._observer is not None:
                 self._observer.on_fenced([entry.step.id])
         return not entry.settled
+
+    def _still_held(self, entry: _Inflight) -> bool:
+        """Renew the lease of a step not started yet; whether it is still this worker's."""
+        try:
+            held = self._tx(lambda tx: self._renew(tx, [entry], [entry.step]))
+        except DatabaseError as exc:
+            log.warning(
+                "step %s: could not renew its lease before its start: %s", entry.step.id, exc
+            )
+            return False
+        return entry.step.id in held
 
     def _call(
         self, entry: _Inflight, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]

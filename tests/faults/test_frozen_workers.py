@@ -149,3 +149,24 @@ def test_a_worker_frozen_before_a_handler_starts_does_not_start_it_once_its_leas
     assert starts == [survivor.pid]
     step = client.get_run(handle.id).steps[0]
     assert (step.attempt, step.reclaims) == (0, 1)
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_frozen_past_its_lease_that_nobody_replaced_runs_the_step_once(
+    client: Client, spawn_worker: Spawn, fault_log: Path
+) -> None:
+    """Frozen between the claim and the handler's start for longer than the lease, with no
+    other worker: the lease is still the worker's (or its own scanner takes it back) when
+    it wakes, so the step runs, once."""
+    handle = client.enqueue(handlers.work, 3)
+    frozen = freeze_at(spawn_worker, "worker.before_start")
+    time.sleep(2.5)  # past the 1 s lease
+
+    def resumed_and_ended() -> bool:
+        if is_stopped(frozen):  # the failpoint stops it again at a start after a reclaim
+            frozen.send_signal(signal.SIGCONT)
+        return client.get_run(handle.id).state.is_terminal
+
+    wait_for(resumed_and_ended, timeout=SLACK_S)
+    assert handle.result(timeout=1) == {"x": 3, "by": frozen.pid}
+    assert [row[3] for row in read_log(fault_log)] == ["start", "end"]
