@@ -1,9 +1,12 @@
 -- name: find_signal_wait
 -- The wait node of a run that declares the signal name (single-name or wait_any), and
--- whether it waits past its timeout (no scanner has failed it yet).
+-- whether it waits past its timeout (no scanner has failed it yet). In a paused run the
+-- timeout's clock stands still: past it only if it passed before the pause.
 SELECT s.id, s.node, s.state, s.signal_name, s.signal_names, s.wait_count, s.output,
        (s.state = 'waiting_signal' AND s.wait_for IS NOT NULL
-        AND s.scheduled_at <= now() + %(shift)s::interval) AS timed_out
+        AND s.scheduled_at <= coalesce((SELECT r.paused_at FROM cyclone_runs AS r
+                                        WHERE r.id = s.run_id),
+                                       now() + %(shift)s::interval)) AS timed_out
 FROM cyclone_steps AS s
 WHERE s.run_id = %(run_id)s
   AND (s.signal_name = %(name)s OR %(name)s = ANY(s.signal_names))

@@ -102,7 +102,7 @@ def test_sla_for_each_of_5000_collects_every_item_in_order_and_feeds_it_downstre
 ) -> None:
     start_worker(sla_range, sla_double, sla_total, concurrency=16, batch_size=200)
     handle = client.submit(sla_fan_unbounded, BIG)
-    assert handle.result(timeout=60) == [2 * i for i in range(BIG)]
+    assert handle.result(timeout=150) == [2 * i for i in range(BIG)]
     run = client.get_run(handle.id)
     items = [s for s in run.steps if s.item_of == "sla_double"]
     assert sorted(s.item_index or 0 for s in items) == list(range(BIG))
@@ -116,7 +116,7 @@ def test_sla_for_each_over_a_5000_item_run_input_with_max_parallel_1000(
     items: list[Any] = list(range(BIG, 0, -1))
     handle = client.submit(sla_fan_root_wide, items)
     start_worker(sla_double, concurrency=16, batch_size=200)
-    assert handle.result(timeout=60) == [2 * i for i in items]
+    assert handle.result(timeout=150) == [2 * i for i in items]
 
 
 def test_sla_for_each_with_max_parallel_3_over_600_items(
@@ -243,7 +243,7 @@ def test_sla_a_chain_of_300_nodes_built_by_a_loop_runs_in_order(
     assert len(sla_chain_300.graph.nodes) == 300
     start_worker(sla_inc, concurrency=4)
     handle = client.submit(sla_chain_300, 7)
-    assert handle.result(timeout=60) == 307
+    assert handle.result(timeout=150) == 307
     run = client.get_run(handle.id)
     assert [s.output for s in sorted(run.steps, key=lambda s: s.id)] == list(range(8, 308))
 
@@ -253,7 +253,7 @@ def test_sla_a_join_of_300_inputs_gets_them_all_in_order(
 ) -> None:
     start_worker(sla_const, sla_echo, concurrency=8, batch_size=100)
     handle = client.submit(sla_join_300)
-    assert handle.result(timeout=60) == list(range(300))
+    assert handle.result(timeout=150) == list(range(300))
     assert sorted(client.dependencies(handle.id)["sla_echo"]) == sorted(
         f"sla_c{i}" for i in range(300)
     )
@@ -350,7 +350,7 @@ def test_sla_a_run_input_exactly_at_the_payload_limit_is_stored_whole(
     handle = client.submit(sla_measure, text)
     assert client.get_run(handle.id).input == text
     start_worker(sla_len)
-    assert handle.result(timeout=60) == LIMIT - 2
+    assert handle.result(timeout=150) == LIMIT - 2
 
 
 @pytest.mark.parametrize("char", ["x", "\u00e9", "\U0001f600"], ids=["ascii", "2-byte", "4-byte"])
@@ -743,7 +743,7 @@ def test_sla_for_each_over_300_child_runs_collects_their_results_in_item_order(
 ) -> None:
     start_worker(sla_range, sla_double, sla_kid, sla_kids, concurrency=8)
     handle = client.submit(sla_kids, 300)
-    assert handle.result(timeout=60) == [2 * i for i in range(300)]
+    assert handle.result(timeout=150) == [2 * i for i in range(300)]
     kids = client.list_runs(parent_run_id=handle.id, limit=1_000)
     assert len(kids) == 300
     assert {kid.state for kid in kids} == {RunState.COMPLETED}

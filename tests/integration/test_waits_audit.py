@@ -791,3 +791,16 @@ def test_a_timer_due_before_a_pause_fires_at_the_resume_not_a_pause_later(
     assert handle.get().step("wta_hour_timer").scheduled_at == due
     start_worker(wta_echo, wta_after, wta_sentinel, scan_interval=0.05)
     assert handle.result(timeout=15) == {"after": 3}
+
+
+def test_a_signal_while_paused_past_the_waits_timeout_is_taken_the_clock_stood_still(
+    client: Client, clock: Clock
+) -> None:
+    """The run was paused before its wait's timeout: the timeout's clock stands still while
+    paused, so a signal sent when the timeout would have passed is still in time."""
+    handle = client.submit(wta_n_paused_timeout, 0)
+    client.pause(handle.id)
+    _later(clock, 2 * HOUR)
+    assert client.signal(handle.id, "wta_npt_sig", "while paused") is Delivery.CONSUMED
+    wait = handle.get().step("wta_npt_sig")
+    assert (wait.state, wait.output) == (StepState.WAITING_SIGNAL, ["while paused"])
