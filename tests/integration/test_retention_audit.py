@@ -370,7 +370,8 @@ def test_no_run_that_has_not_ended_is_deleted_however_old(
     assert client.purge() == 0
     gate.set()
     assert parent.result(timeout=10) == 3
-    assert client.purge() == 2
+    # The worker's retention pass may take the parent and its child before this purge does.
+    assert client.purge() in (0, 1, 2)
     assert ids(client) == {waiting.id, paused.id}
 
 
