@@ -540,7 +540,9 @@ class GsmMachine(RuleBasedStateMachine):
         elif wait.state is StepState.WAITING_SIGNAL and wait.node in TIMED_WAITS:
             # waits.md: a wait whose timeout passed (no scanner failed it yet) does not
             # store it, and fails there and then; a second either way of the clock is both
-            due = wait.scheduled_at - self.db_now()
+            # In a paused run the timeout's clock stands still: it counts from the pause.
+            now = run.paused_at if run.paused_at is not None else self.db_now()
+            due = wait.scheduled_at - now
             allowed = set()
             if due < timedelta(seconds=1):
                 allowed.add(Delivery.NOT_STORED)
