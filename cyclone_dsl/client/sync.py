@@ -785,7 +785,8 @@ class Client:
         Returns :attr:`Delivery.CONSUMED` when the waiting node took it,
         :attr:`Delivery.BUFFERED` when its wait is not active yet, and
         :attr:`Delivery.NOT_STORED` when the wait already ended, or its timeout has
-        passed (the wait then fails with ``signal_timeout`` at once). Raises
+        passed (the wait then fails with ``signal_timeout`` at once, as the scanner
+        would have failed it: when that ends the run, :class:`AlreadyTerminal`). Raises
         :class:`MailboxFull` past the wait's capacity (1, or N for ``wait_n``),
         :class:`SignalNotDeliverable` for a name no wait declares and
         :class:`AlreadyTerminal` for a run that has ended, and its subclass
