@@ -222,7 +222,7 @@ class Engine:
         order), then ``operation``: it meets the run a prompt scanner would have left.
         When something came due and the operation then refuses, the refusal is returned,
         not raised: the caller commits what came due, then raises it."""
-        if not waits.settle_due_in_tree(tx, run_id, self._hooks):
+        if not self.settle_due(tx, run_id):
             return operation()
         try:
             with tx.savepoint():
@@ -487,11 +487,11 @@ class Engine:
 
     def fire_timers(self, tx: Tx, *, after_id: int, limit: int) -> Page:
         page = tx.rows(Q.due_timers, after_id=after_id, limit=limit)
-        return waits.fire_timers(tx, page, self._hooks), _next_cursor(page, limit)
+        return waits.settle_runs_of(tx, page, self._hooks), _next_cursor(page, limit)
 
     def time_out_signal_waits(self, tx: Tx, *, after_id: int, limit: int) -> Page:
         page = tx.rows(Q.expired_signal_waits, after_id=after_id, limit=limit)
-        return waits.time_out_signal_waits(tx, page, self._hooks), _next_cursor(page, limit)
+        return waits.settle_runs_of(tx, page, self._hooks), _next_cursor(page, limit)
 
     def fail_past_deadlines(self, tx: Tx, *, after_id: int, limit: int) -> Page:
         page = tx.rows(Q.expired_deadlines, after_id=after_id, limit=limit)

@@ -15,9 +15,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from cyclone_dsl.db.tx import Tx
-from cyclone_dsl.engine import gates
+from cyclone_dsl.engine import gates, waits
 from cyclone_dsl.engine.submit import Submitted, insert_run, special_roots
-from cyclone_dsl.engine.transitions import Hooks, end_past_deadline
+from cyclone_dsl.engine.transitions import Hooks
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.graph.rows import CompiledRun
 from cyclone_dsl.sql import Q
@@ -72,7 +72,7 @@ def submit(
 def _ended_by_its_deadline(tx: Tx, run_id: int, hooks: Hooks) -> bool:
     """Whether the window's run passed its deadline, which ends it now if no scanner has
     yet: a deadline that passed first wins, so the run is not given a new one."""
-    return bool(end_past_deadline(tx, tx.rows(Q.lock_runs, run_ids=[run_id]), hooks))
+    return bool(waits.fail_past_deadline(tx, [{"id": run_id}], hooks))
 
 
 def _moved(

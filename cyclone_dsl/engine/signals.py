@@ -6,7 +6,6 @@ import json
 from enum import StrEnum
 
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import waits
 from cyclone_dsl.engine.transitions import Hooks, after_completions, lock_run_checking_deadline
 from cyclone_dsl.errors import (
     AlreadyTerminal,
@@ -54,10 +53,9 @@ def deliver(tx: Tx, run_id: int, name: str, payload_text: str, hooks: Hooks) -> 
     if step_state.is_terminal:
         return Delivery.NOT_STORED
     if step_state == StepState.WAITING_SIGNAL and wait["timed_out"]:
-        # Its timeout came first, however late the scanner is: the wait fails now, as the
-        # scanner would have failed it (a paused run's fails at the resume).
-        if state == RunState.RUNNING:
-            waits.time_out_signal_waits(tx, [{"id": wait["id"], "run_id": run_id}], hooks)
+        # Its timeout came first, however late the scanner is. In a running run the
+        # operation failed the wait before this (Engine._due_first); a paused run's fails
+        # at the resume.
         return Delivery.NOT_STORED
     if step_state == StepState.WAITING_SIGNAL:
         tx.one(

@@ -79,17 +79,9 @@ def settle_due_in_tree(tx: Tx, run_id: int, hooks: Hooks) -> int:
     return settle_due_waits(tx, running, hooks) if running else 0
 
 
-def fire_timers(tx: Tx, page: list[Row], hooks: Hooks) -> int:
-    """The timers pass: the due waits of the page's runs, in the order they came due."""
-    return _settle_runs_of(tx, page, hooks)
-
-
-def time_out_signal_waits(tx: Tx, page: list[Row], hooks: Hooks) -> int:
-    """The signal timeouts pass: the due waits of the page's runs, in due order."""
-    return _settle_runs_of(tx, page, hooks)
-
-
-def _settle_runs_of(tx: Tx, page: list[Row], hooks: Hooks) -> int:
+def settle_runs_of(tx: Tx, page: list[Row], hooks: Hooks) -> int:
+    """The timers and signal-timeouts passes: the due waits of the runs of the page's
+    steps (those runs still running), in the order they came due."""
     if not page:
         return 0
     kept = set(_in_running_runs(tx, page, hooks))

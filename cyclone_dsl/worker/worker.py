@@ -1341,13 +1341,12 @@ class Worker:
     def _still_held(self, entry: _Inflight) -> bool:
         """Renew the lease of a step not started yet; whether it is still this worker's."""
         try:
-            held = self._tx(lambda tx: self._renew(tx, [entry], [entry.step]))
+            return self._renew_one(entry)
         except DatabaseError as exc:
             log.warning(
                 "step %s: could not renew its lease before its start: %s", entry.step.id, exc
             )
             return False
-        return entry.step.id in held
 
     def _call(
         self, entry: _Inflight, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
@@ -1846,8 +1845,12 @@ class Worker:
         entry = self._inflight.get(_claim_key(step))
         if entry is None or entry.settled or self._pool is None or self._pool.closed:
             return False
-        held = self._tx(lambda tx: self._renew(tx, [entry], [step]))
-        return step.id in held
+        return self._renew_one(entry)
+
+    def _renew_one(self, entry: _Inflight) -> bool:
+        """Renew one step's lease now; whether it is still this worker's."""
+        held = self._tx(lambda tx: self._renew(tx, [entry], [entry.step]))
+        return entry.step.id in held
 
     def _renew(self, tx: Tx, entries: list[_Inflight], steps: list[Claimed]) -> set[int]:
         """Renew the leases of these steps (``entries`` are their in-flight entries, where
