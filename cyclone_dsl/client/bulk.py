@@ -93,10 +93,33 @@ def check(
     return where
 
 
+#: Rows per transaction when a bulk operation applies what came due first.
+SETTLE_PAGE = 500
+
+
+def settle_due(transaction: Transaction, engine: Engine) -> None:
+    """Apply what came due in any run and no scanner applied yet (timers, signal timeouts,
+    deadlines), page after page as the scanner's passes do, so that a bulk operation
+    selects from the runs a prompt scanner would have left (a run whose signal timeout
+    passed is failed, and ``retry_many`` of failed runs takes it)."""
+    for settle in (engine.fire_timers, engine.time_out_signal_waits, engine.fail_past_deadlines):
+        after: int | None = 0
+        while after is not None:
+            _, after = transaction(functools.partial(_settle_page, settle, after))
+
+
+def _settle_page(
+    settle: Callable[..., tuple[int, int | None]], after: int, tx: Tx
+) -> tuple[int, int | None]:
+    return settle(tx, after_id=after, limit=SETTLE_PAGE)
+
+
 def dry_run(
     transaction: Transaction, engine: Engine, action: BulkAction, where: RunFilter
 ) -> BulkResult:
-    """Count what ``action`` would select now; act on nothing."""
+    """Count what ``action`` would select now (after applying what came due, as the
+    operation would); act on nothing."""
+    settle_due(transaction, engine)
 
     def counted(tx: Tx) -> int:
         return engine.count_bulk(tx, action, where, up_to=engine.bulk_bound(tx))
@@ -113,6 +136,7 @@ def run_pages(
     batch_size: int,
 ) -> Iterator[BulkResult]:
     """Act batch after batch; yield the counts so far after each committed batch."""
+    settle_due(transaction, engine)
     up_to = transaction(engine.bulk_bound)
     result = BulkResult(action=action.value, dry_run=False, matched=0, acted=0, skipped=0)
     after_id = 0

@@ -840,7 +840,9 @@ class Client:
         """Cancel every running or paused run ``where`` selects, as :meth:`cancel` would
         (child runs included), ``batch_size`` runs per transaction.
 
-        With ``dry_run=True``, only count them (``BulkResult.matched``). ``progress``
+        What came due in any run and no scanner applied yet (timers, signal timeouts,
+        deadlines) is applied first, as the scanner would, a dry run included. With
+        ``dry_run=True``, only count them (``BulkResult.matched``). ``progress``
         is called with the counts so far after each committed batch. Only runs that
         existed when the call started are considered; a run that ended meanwhile is
         skipped. Running it again acts on nothing (unless new runs match). See

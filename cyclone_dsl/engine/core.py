@@ -244,7 +244,9 @@ class Engine:
     ) -> tuple[int, list[str]]:
         """A new run of ``compiled`` started from ``from_node``, copying the nodes of run
         ``source_run_id`` outside its downstream part that completed; its id and the
-        copied nodes."""
+        copied nodes. What came due in the source run is applied first, as for any
+        operation on it: a timer due there is copied, not run again."""
+        self.settle_due(tx, source_run_id)
         return fork.fork(tx, source_run_id, compiled, from_node, self._hooks)
 
     def fork_of(self, tx: Tx, run_id: int) -> Row | None:

@@ -530,3 +530,43 @@ def test_a_refused_retry_changes_nothing(client: Client) -> None:
     with pytest.raises(InvalidTransition):
         client.retry(handle.id, "lsc_sig_w")
     assert handle.get().step("lsc_sig_w").state is StepState.WAITING_SIGNAL
+
+
+# -- operations on many runs, and forks --------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_retry_many_of_failed_runs_takes_a_run_whose_signal_timeout_passed(
+    mode: str, client: Client, start_worker: Callable[..., Worker], clock: Clock
+) -> None:
+    tl = Timeline(mode, client, start_worker, clock)
+    handle = client.submit(lsc_sig, 0)
+    tl.later(2 * HOUR)
+    where = RunFilter(workflows="lsc_sig", states="failed")
+    assert client.retry_many(where, dry_run=True).matched == 1
+    assert client.retry_many(where).acted == 1
+    assert client.signal(handle.id, "lsc_sig_s", "again") is Delivery.CONSUMED
+    tl.settle()
+    assert outcome(client, handle.id) == (RunState.COMPLETED, "again")
+
+
+@workflow(name="lsc_fork")
+def lsc_fork(x):  # type: ignore[no-untyped-def]
+    t = wait_timer(HOUR).named("lsc_fork_t")
+    w = wait_signal("lsc_fork_s").named("lsc_fork_w")
+    return lsc_pair(w, x, after=[t])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_fork_copies_a_timer_that_came_due_in_its_source(
+    mode: str, client: Client, start_worker: Callable[..., Worker], clock: Clock
+) -> None:
+    tl = Timeline(mode, client, start_worker, clock)
+    source = client.submit(lsc_fork, 1)
+    tl.later(2 * HOUR)  # the timer came due at 1 h
+    forked = client.fork(source.id, "lsc_fork_w")
+    timer = forked.get().step("lsc_fork_t")
+    assert (timer.state, timer.copied) == (StepState.COMPLETED, True)
+    assert client.signal(forked.id, "lsc_fork_s", "go") is Delivery.CONSUMED
+    tl.settle()
+    assert outcome(client, forked.id) == (RunState.COMPLETED, ["go", 1])
