@@ -308,6 +308,27 @@ def test_a_child_resumed_alone_that_fails_in_a_paused_parent_is_retried_through_
     assert kids(client, run.id) == {"cda_flaky_leaf": kid}
 
 
+def test_a_child_resumed_alone_that_completes_in_a_paused_parent_waits_for_its_resume(
+    client: Client, start_worker: StartWorker
+) -> None:
+    """Documented (fan-out-and-children.md, Pause): the parent node settles with the
+    child's result, and nothing downstream of it starts until the parent is resumed."""
+    workers(start_worker)
+    run = client.submit(parent, 1)
+    kid = the_kid(client, run.id)
+    waiting(client, kid)
+    client.pause(run.id)
+    client.signal(kid, "cda_go", 5)
+    client.resume(kid)
+    assert client.wait(kid, timeout=10).state is RunState.COMPLETED
+    wait_node(client, run.id, "cda_leaf", StepState.COMPLETED)
+    assert state_of(client, run.id) is RunState.PAUSED
+    assert node_state(client, run.id, "cda_tag") is StepState.PAUSED
+    assert ran(run.id, "cda_tag") == 0
+    client.resume(run.id)
+    assert run.result(timeout=10) == "tag:7"
+
+
 def test_a_child_cancelled_in_a_paused_parent_that_contains_it(
     client: Client, start_worker: StartWorker
 ) -> None:
