@@ -62,12 +62,19 @@ class EmbeddedServer:
     """A private PostgreSQL server in ``data_dir``.
 
     ``port=None`` listens on a Unix socket only; a port number also listens on
-    127.0.0.1 (the fault tests put a proxy in front of it).
+    127.0.0.1 (the fault tests put a proxy in front of it). ``durable=False`` starts it
+    with PostgreSQL's non-durable settings (no fsync, commits not waiting for their WAL
+    flush, no full-page writes): fast, and safe against a crash of PostgreSQL, not of
+    the machine; for test data. It applies when this object starts the server (a server
+    already running keeps its settings), and is not written to its configuration.
     """
 
-    def __init__(self, data_dir: Path | None = None, *, port: int | None = None) -> None:
+    def __init__(
+        self, data_dir: Path | None = None, *, port: int | None = None, durable: bool = True
+    ) -> None:
         self.data_dir = (data_dir or default_data_dir()).resolve()
         self.port = port
+        self.durable = durable
         self.started_here = False
         self._bin = _bin_dir()
         self._user = SERVICE_USER if os.geteuid() == 0 else None
@@ -236,6 +243,8 @@ class EmbeddedServer:
             f"-c listen_addresses={listen} -c unix_socket_directories='{sock}' "
             f"-c port={self.port or 5432} -c max_connections=300 -c shared_buffers=128MB"
         )
+        if not self.durable:
+            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         self._run(
             self._bin / "pg_ctl",
             "-D",
@@ -317,17 +326,18 @@ class EmbeddedServer:
 
 
 @contextlib.contextmanager
-def embedded_database(data_dir: Path | None = None) -> Iterator[str]:
+def embedded_database(data_dir: Path | None = None, *, durable: bool = True) -> Iterator[str]:
     """Yield a database URL: ``$CYCLONE_DATABASE_URL``, or the embedded server's.
 
     The embedded server is shared by every process that uses the same data
-    folder at once; the last of them to leave stops it.
+    folder at once; the last of them to leave stops it. ``durable=False``: see
+    :class:`EmbeddedServer` (the pytest plugin's test server).
     """
     configured = os.environ.get(ENV_URL)
     if configured:
         yield configured
         return
-    server = EmbeddedServer(data_dir)
+    server = EmbeddedServer(data_dir, durable=durable)
     url = server.acquire()
     try:
         yield url

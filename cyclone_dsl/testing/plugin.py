@@ -59,7 +59,9 @@ def cyclone_admin_dsn(pytestconfig: pytest.Config) -> str:
     # waits for its shutdown checkpoint, which took minutes on a busy disk after a suite,
     # and the last test's timeout would count that wait.
     stack = contextlib.ExitStack()
-    url = stack.enter_context(embedded_database())
+    # Test data need not survive a crash of the machine: no commit waits for a WAL flush,
+    # and the stop after the suite syncs nothing.
+    url = stack.enter_context(embedded_database(durable=False))
     pytestconfig.add_cleanup(stack.close)
     return url
 

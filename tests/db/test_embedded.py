@@ -28,6 +28,31 @@ def test_start_reuse_and_stop(tmp_path: Path) -> None:
     assert (tmp_path / "pg" / "PG_VERSION").exists()  # the folder is kept for the next run
 
 
+DURABILITY = (
+    "SELECT current_setting('fsync'), current_setting('synchronous_commit'), "
+    "current_setting('full_page_writes')"
+)
+
+
+def test_a_server_for_test_data_is_started_without_durability_and_does_not_keep_it(
+    tmp_path: Path,
+) -> None:
+    fast = EmbeddedServer(tmp_path / "pg", durable=False)
+    url = fast.start()
+    try:
+        with psycopg.connect(url) as conn:
+            assert conn.execute(DURABILITY).fetchone() == ("off", "off", "off")
+    finally:
+        fast.stop()
+    durable = EmbeddedServer(tmp_path / "pg")  # the next start: nothing was written down
+    url = durable.start()
+    try:
+        with psycopg.connect(url) as conn:
+            assert conn.execute(DURABILITY).fetchone() == ("on", "on", "on")
+    finally:
+        durable.stop()
+
+
 def test_the_last_user_stops_the_shared_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
