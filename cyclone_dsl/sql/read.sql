@@ -49,10 +49,11 @@ LIMIT %(limit)s
 
 -- name: run_outcome
 -- A run's state, its result node's output, and the failure that ended it: a step that
--- ended with the run (in its transaction), a failed one first, then one the run's end
--- cancelled (a failure contained earlier did not end it); with whether the run ended
--- past its deadline (a step waiting to retry keeps its last attempt's error when the
--- deadline cancels it).
+-- ended with the run (in its transaction), a failed one first (one whose failure the run
+-- did not contain: a failure contained in the same batch, whose dependents all cancel
+-- their branch, did not end it), then one the run's end cancelled (a failure contained
+-- earlier did not end it); with whether the run ended past its deadline (a step waiting
+-- to retry keeps its last attempt's error when the deadline cancels it).
 SELECT r.id, r.state, r.result_node, res.output AS result, res.state AS result_state,
        f.node AS failed_node, f.error AS failed_error, f.error_kind AS failed_error_kind,
        f.state = 'discarded' AND f.completed_at = r.finished_at AS failed_at_end,
@@ -62,6 +63,14 @@ LEFT JOIN LATERAL (
     SELECT s.node, s.error, s.error_kind, s.state, s.completed_at FROM cyclone_steps AS s
     WHERE s.run_id = r.id AND s.state IN ('discarded', 'cancelled') AND s.error IS NOT NULL
     ORDER BY s.completed_at = r.finished_at DESC, (s.state = 'discarded') DESC,
+             s.state = 'discarded'
+             AND EXISTS (SELECT 1 FROM cyclone_deps AS d
+                         WHERE d.run_id = s.run_id AND d.dep_node = s.node)
+             AND NOT EXISTS (
+                 SELECT 1 FROM cyclone_deps AS d
+                 JOIN cyclone_steps AS below ON below.run_id = d.run_id AND below.node = d.node
+                 WHERE d.run_id = s.run_id AND d.dep_node = s.node
+                   AND below.on_dep_failure IS DISTINCT FROM 'cancel_branch'),
              s.error_kind IN ('deadline', 'cancelled', 'dep_failed') DESC,
              s.completed_at NULLS LAST, s.id
     LIMIT 1
