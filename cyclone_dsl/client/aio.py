@@ -411,7 +411,13 @@ class AsyncClient:
         route = self._client.wait_route
         return stream_async(
             route.dsn,
-            events_plan(run_id, after, timeout, recheck=route.recheck),
+            events_plan(
+                run_id,
+                after,
+                timeout,
+                recheck=route.recheck,
+                closed=self._client._db.is_closed,
+            ),
             name="cyclone-follow",
             listen=route.listen,
             pooled=route.pooled,

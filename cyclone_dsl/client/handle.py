@@ -150,16 +150,19 @@ def run_end_plan(
             yield Listen((RUN_DONE_CHANNEL,))
             while True:
                 row = yield Read(Q.get_run_state, {"run_id": run_id})
-                if closed():
-                    raise ClientClosed(
-                        f"the client was closed while waiting for run {run_id} to end"
-                    )
+                _check_open(closed, f"waiting for run {run_id} to end")
                 state = check_state(row, run_id, deadline, timeout)
                 if state is not None:
                     return state
                 yield from _until_woken(run_id, deadline, recheck)
         except ConnectionLost:
+            _check_open(closed, f"waiting for run {run_id} to end")
             yield from _reconnect(run_id, deadline, timeout)
+
+
+def _check_open(closed: Callable[[], bool], doing: str) -> None:
+    if closed():
+        raise ClientClosed(f"the client was closed while {doing}")
 
 
 def checked_after(after: object) -> int:
@@ -170,7 +173,12 @@ def checked_after(after: object) -> int:
 
 
 def events_plan(
-    run_id: int, after: int, timeout: float | None, *, recheck: float = RECHECK_SECONDS
+    run_id: int,
+    after: int,
+    timeout: float | None,
+    *,
+    recheck: float = RECHECK_SECONDS,
+    closed: Callable[[], bool] = lambda: False,
 ) -> Plan[None]:
     """Output the run's events after seq ``after`` in order, live, and end once the run is
     terminal and every event it recorded was output.
@@ -179,10 +187,12 @@ def events_plan(
     every ``recheck`` seconds without a notification), so a lost notification or a
     connection cut delays events, never skips one. Each read returns the run's state and
     the next events in one snapshot: a terminal state there means no event is left.
-    Raises :class:`RunNotFound`, or ``TimeoutError`` after ``timeout`` seconds.
+    Raises :class:`RunNotFound`, ``TimeoutError`` after ``timeout`` seconds, or
+    :class:`ClientClosed` at the first look after ``closed()`` became true.
     """
     deadline = deadline_of(timeout)
     cursor = after
+    doing = f"following the events of run {run_id}"
     while True:
         try:
             yield Listen((EVENTS_CHANNEL, RUN_DONE_CHANNEL))
@@ -193,6 +203,7 @@ def events_plan(
                     "limit": EVENTS_PAGE,
                 }
                 rows: list[dict[str, Any]] = yield ReadAll(Q.run_events_after, params)
+                _check_open(closed, doing)
                 if not rows:
                     raise RunNotFound(run_id)
                 found = tuple(StepEvent.from_row(run_id, r) for r in rows if r["seq"] is not None)
@@ -208,6 +219,7 @@ def events_plan(
                     raise TimeoutError(f"run {run_id} is still {state} after {timeout}s")
                 yield from _until_woken(run_id, deadline, recheck)
         except ConnectionLost:
+            _check_open(closed, doing)
             yield from _reconnect(run_id, deadline, timeout)
 
 

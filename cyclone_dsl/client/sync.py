@@ -133,7 +133,9 @@ class Client:
         return result
 
     def close(self) -> None:
-        """Close the connection pool; later calls raise :class:`ClientClosed`."""
+        """Close the connection pool; later calls raise :class:`ClientClosed`, and so do
+        the waits (``wait``, ``result``) and event followers (``events``) in flight, at
+        their next look (within a second)."""
         self._db.close()
 
     def __enter__(self) -> Client:
@@ -663,7 +665,7 @@ class Client:
         route = self.wait_route
         return stream(
             route.dsn,
-            events_plan(run_id, after, timeout, recheck=route.recheck),
+            events_plan(run_id, after, timeout, recheck=route.recheck, closed=self._db.is_closed),
             name="cyclone-follow",
             listen=route.listen,
             pooled=route.pooled,

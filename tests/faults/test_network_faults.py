@@ -22,7 +22,7 @@ import attrs
 import psycopg
 import pytest
 
-from cyclone_dsl import AsyncClient, Client, Worker, migrate, step
+from cyclone_dsl import AsyncClient, Client, ClientClosed, Worker, migrate, step
 from cyclone_dsl.client.handle import RunHandle
 from cyclone_dsl.db.connect import KEEPALIVE
 from cyclone_dsl.db.embedded import EmbeddedServer
@@ -307,3 +307,39 @@ def test_waiting_for_a_run_survives_a_half_open_connection(network: Network) -> 
         assert results == {"sync": RunState.COMPLETED, "async": RunState.COMPLETED}
         assert elapsed < 6 + PING_TIMEOUT_S + 5, elapsed
         assert net.proxy.seen(b"cyclone-wait") >= 4  # both waits reconnected
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("follow", ["wait", "events"])
+def test_closing_a_client_ends_its_waits_while_the_server_is_unreachable(
+    network: Network, follow: str
+) -> None:
+    """A wait (or an events follower) with no timeout whose server became unreachable
+    retries its connection for as long as the outage lasts; closing its client ends it
+    with ClientClosed, not at the end of the outage."""
+    net = network
+    with Client(net.direct) as direct:
+        run_id = direct.enqueue(slow, 1).id  # no worker: it never ends
+    waiter = Client(net.through_proxy)
+    ended: list[object] = []
+
+    def wait() -> None:
+        try:
+            if follow == "wait":
+                waiter.handle(run_id).wait(timeout=None)
+            else:
+                for _ in waiter.events(run_id):
+                    pass
+            ended.append("the run ended")
+        except Exception as exc:  # the test reads what ended it
+            ended.append(type(exc))
+
+    name = b"cyclone-wait" if follow == "wait" else b"cyclone-follow"
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    wait_for(lambda: net.proxy.open_connections(name) == 1)
+    net.proxy.stop()  # the outage: the connection is cut, and new ones are refused
+    time.sleep(1.5)  # a few reconnects refused (not a synchronisation: the outage lasts)
+    waiter.close()
+    thread.join(10)
+    assert ended == [ClientClosed]
