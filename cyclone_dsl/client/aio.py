@@ -74,6 +74,11 @@ class AsyncClient:
     A call whose task is cancelled (a request's timeout) may still have happened: the
     write is whole or absent, but a cancel can land after it committed. A caller that
     retries a cancelled submit should use :meth:`submit_once` with a key.
+
+    The constructor checks the database and opens the pool as :class:`Client` does,
+    blocking: on a running event loop, build it with
+    ``await asyncio.to_thread(AsyncClient, dsn)`` (as ``cyclone_lifespan`` does) so an
+    unreachable server does not stall the loop for the connect timeout.
     """
 
     def __init__(
