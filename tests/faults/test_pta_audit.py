@@ -98,13 +98,34 @@ def kill(pid: int) -> None:
     wait_until(lambda: not alive(pid), what=f"process {pid} gone", timeout=10)
 
 
+#: Executions the frozen process may start when it wakes, after the kept one: a handler
+#: whose lease check passed in the instant before the SIGSTOP starts once the process
+#: runs again, as if it had been frozen in its first line (at least once; its completion
+#: is fenced). Any step the process had claimed and not yet checked is not started
+#: (tests/faults/test_frozen_workers.py): a regression of that shows as many more.
+FROZEN_LATE_STARTS = 2
+
+
 def check_outputs_are_from_the_last_execution(
-    client: Client, run_ids: list[int], directory: Path
+    client: Client,
+    run_ids: list[int],
+    directory: Path,
+    *,
+    frozen: tuple[int, float] | None = None,
 ) -> int:
     """Every completed step whose output carries a token kept the output of the step's
-    last execution, and that execution ran to its end. Returns how many were checked."""
+    last execution, and that execution ran to its end. Returns how many were checked.
+    ``frozen``: (pid, time) of a worker process stopped at that time: at most
+    :data:`FROZEN_LATE_STARTS` of its executions that started after it may have started
+    after the kept one."""
     seen = records(directory)
     checked = 0
+    late_starts: list[tuple[int, str]] = []
+
+    def woke_late(execution: dict[str, Record]) -> bool:
+        start = execution["start"]
+        return frozen is not None and start["pid"] == frozen[0] and start["t"] > frozen[1]
+
     for run_id in run_ids:
         run = client.get_run(run_id)
         for st in run.steps:
@@ -118,12 +139,16 @@ def check_outputs_are_from_the_last_execution(
             executions = seen[(run_id, st.node)]
             assert token in executions, (run_id, st.node, token)
             assert "end" in executions[token], (run_id, st.node, "kept a failed execution")
-            last = max(executions, key=lambda t: float(executions[t]["start"]["t"]))
-            assert token == last, (
+            kept_at = float(executions[token]["start"]["t"])
+            later = [t for t, e in executions.items() if float(e["start"]["t"]) > kept_at]
+            stale = [t for t in later if not woke_late(executions[t])]
+            assert not stale, (
                 f"run {run_id} node {st.node} kept the output of execution {token}, "
-                f"but execution {last} started after it"
+                f"but execution {stale[0]} started after it"
             )
+            late_starts += [(run_id, st.node)] * len(later)
             checked += 1
+    assert len(late_starts) <= FROZEN_LATE_STARTS, late_starts
     return checked
 
 
@@ -378,6 +403,7 @@ def test_pta_reviews_survive_kills_and_a_frozen_worker_process(
     # completions must be fenced.
     frozen = busiest_worker(directory)
     held = running_in(directory, frozen)
+    frozen_at = time.time()
     os.kill(frozen, signal.SIGSTOP)
     try:
         wait_until(
@@ -432,7 +458,10 @@ def test_pta_reviews_survive_kills_and_a_frozen_worker_process(
         for k in range(3):
             assert ended_once(seen, (kids[0], f"pta_tax[{k}]")), (i, k)
     # Tokens: 3 tax items per completed claim.
-    assert check_outputs_are_from_the_last_execution(client, all_runs, directory) == 24
+    checked = check_outputs_are_from_the_last_execution(
+        client, all_runs, directory, frozen=(frozen, frozen_at)
+    )
+    assert checked == 24
     # The frozen process's late executions ran to their end; none of them was kept.
     kept = {
         st.output["token"]

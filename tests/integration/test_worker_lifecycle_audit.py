@@ -115,9 +115,10 @@ def wla_gated(tag: str) -> str:
 
 @step(name="wla_long", max_attempts=1)
 def wla_long(tag: str) -> str:
-    """Works for 0.9 s: three times the 0.3 s lease of the workers that run it."""
+    """Works for 2 s: two and a half times the 0.8 s lease of the workers that run it (a
+    heartbeat every 0.27 s; a shorter lease missed one on two saturated cores)."""
     _count(tag)
-    time.sleep(0.9)
+    time.sleep(2.0)
     return f"{tag} done"
 
 
@@ -674,12 +675,12 @@ def test_run_on_the_main_thread_stops_gracefully_on_sigterm(
 def test_a_handler_longer_than_its_lease_is_kept_by_heartbeats(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
-    """Lease 0.3 s, work 0.9 s, a second worker scanning every 0.1 s: no reclaim, one
+    """Lease 0.8 s, work 2 s, a second worker scanning every 0.1 s: no reclaim, one
     execution, completed by the first worker."""
-    first = start_worker(wla_long, lease=0.3, poll_interval=0.1, scan_interval=0.1)
+    first = start_worker(wla_long, lease=0.8, poll_interval=0.1, scan_interval=0.1)
     handle = client.enqueue(wla_long, "long")
     wait_until(lambda: CALLS["long"], what="the handler to start")
-    start_worker(wla_long, lease=0.3, poll_interval=0.1, scan_interval=0.1)
+    start_worker(wla_long, lease=0.8, poll_interval=0.1, scan_interval=0.1)
     assert handle.result(timeout=5) == "long done"
     row = handle.get().step("wla_long")
     assert row.reclaims == 0
