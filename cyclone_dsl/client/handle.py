@@ -145,19 +145,19 @@ def run_end_plan(
     read is bounded, so ``timeout`` holds whatever the network does.
     """
     deadline = deadline_of(timeout)
+    doing = f"waiting for run {run_id} to end"
     while True:
         try:
             yield Listen((RUN_DONE_CHANNEL,))
             while True:
                 row = yield Read(Q.get_run_state, {"run_id": run_id})
-                _check_open(closed, f"waiting for run {run_id} to end")
+                _check_open(closed, doing)
                 state = check_state(row, run_id, deadline, timeout)
                 if state is not None:
                     return state
                 yield from _until_woken(run_id, deadline, recheck)
         except ConnectionLost:
-            _check_open(closed, f"waiting for run {run_id} to end")
-            yield from _reconnect(run_id, deadline, timeout)
+            yield from _reconnect(run_id, deadline, timeout, closed, doing)
 
 
 def _check_open(closed: Callable[[], bool], doing: str) -> None:
@@ -219,8 +219,7 @@ def events_plan(
                     raise TimeoutError(f"run {run_id} is still {state} after {timeout}s")
                 yield from _until_woken(run_id, deadline, recheck)
         except ConnectionLost:
-            _check_open(closed, doing)
-            yield from _reconnect(run_id, deadline, timeout)
+            yield from _reconnect(run_id, deadline, timeout, closed, doing)
 
 
 def _until_woken(run_id: int, deadline: float | None, recheck: float) -> Plan[None]:
@@ -234,8 +233,17 @@ def _until_woken(run_id: int, deadline: float | None, recheck: float) -> Plan[No
             return
 
 
-def _reconnect(run_id: int, deadline: float | None, timeout: float | None) -> Plan[None]:
-    """After a lost connection: give up past the deadline, else pause, then reconnect."""
+def _reconnect(
+    run_id: int,
+    deadline: float | None,
+    timeout: float | None,
+    closed: Callable[[], bool],
+    doing: str,
+) -> Plan[None]:
+    """After a lost connection: give up once the client is closed (:class:`ClientClosed`:
+    an outage would otherwise keep the plan reconnecting) or past the deadline, else
+    pause, then reconnect."""
+    _check_open(closed, doing)
     if deadline is not None and time.monotonic() >= deadline:
         # Raised while the plan handles ConnectionLost: that cause is said in the message.
         raise TimeoutError(f"run {run_id}: no answer from PostgreSQL in {timeout}s") from None
