@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 POINTS = frozenset(
     {
+        "claim.after_gate_look",
         "claim.between_queues",
         "complete.before_commit",
         "child.after_insert",

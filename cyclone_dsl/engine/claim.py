@@ -10,7 +10,7 @@ import attrs
 
 from cyclone_dsl.db.errors import ConnectionFailure
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import events, notify
+from cyclone_dsl.engine import events, gates, notify
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
@@ -66,7 +66,11 @@ def claim(
     workers, and each of its steps takes one of its slots.
 
     Each queue's claim is one statement, complete on its own: ``tx`` may be an
-    autocommit connection (the worker's), so a claim costs one round trip.
+    autocommit connection (the worker's), so a claim costs one round trip. With ``gated``,
+    one more statement first finds which queues hold limited work at all: the gated claim
+    runs only on those (planning it costs milliseconds of server time, and most polls find
+    no limited work). A step gated after that look is left alone by the plain claim
+    (``ungated``) and taken by the next one: its commit wakes the claimer again.
     """
     if limit <= 0 or not kinds or not queues or not versions:
         return []
@@ -82,6 +86,9 @@ def claim(
         "versions": [v for _, v in versions],
         "lease": lease,
     }
+    holding_gates = gates.queues_with_gates(tx, queues) if gated else set()
+    if gated:
+        failpoint("claim.after_gate_look")
     for queue in queues:
         room = limit - len(rows)
         if per_queue is not None and queue in per_queue:
@@ -91,7 +98,7 @@ def claim(
         try:
             if rows:
                 failpoint("claim.between_queues")
-            if gated:
+            if queue in holding_gates:
                 after = cursors.get(queue, "") if cursors is not None else ""
                 got = tx.rows(
                     Q.claim_gated_steps,

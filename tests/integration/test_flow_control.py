@@ -30,6 +30,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.dsl.workflow import WorkflowDef
+from cyclone_dsl.testing.failpoints import arm, disarm
 
 
 class Tracker:
@@ -90,6 +91,34 @@ def test_a_step_concurrency_key_caps_each_key(
     start_worker(keyed, concurrency=20)
     assert [h.result(timeout=30) for h in handles] == list(range(30))
     assert {key: tracker.peak[key] for key in ("t0", "t1", "t2")} == {"t0": 2, "t1": 2, "t2": 2}
+
+
+def test_limited_work_queued_between_the_gate_look_and_the_claim_waits_for_the_next_claim(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """A claim looks for limited work first and runs the gated claim only on queues holding
+    some. Steps gated just after that look are not taken by the same round's plain claim
+    (past their limit), and their commit wakes the claimer: no wait for the next poll."""
+    submitting, submitted = threading.Event(), threading.Event()
+    handles = []
+
+    def submit_once() -> None:
+        if not submitting.is_set():
+            submitting.set()
+            handles.extend(
+                client.enqueue(keyed, {"tenant": "t", "n": i}, concurrency_key="k")
+                for i in range(6)
+            )
+            submitted.set()
+
+    arm("claim.after_gate_look", submit_once)
+    try:
+        start_worker(keyed, concurrency=20, poll_interval=60)
+        wait_until(submitted.is_set, what="a claim")
+        assert [h.result(timeout=20) for h in handles] == list(range(6))
+    finally:
+        disarm("claim.after_gate_look")
+    assert tracker.peak["all"] == 2
 
 
 def test_enqueue_can_give_the_key(client: Client, start_worker: Callable[..., Worker]) -> None:

@@ -385,6 +385,7 @@ DOCUMENTED_POINTS = {
     "schedule.after_fire_record",
     "scan.leader",
     "claim.between_queues",
+    "claim.after_gate_look",
     "worker.before_start",
 }
 
