@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import attrs
@@ -24,7 +24,7 @@ import attrs
 from cyclone_dsl.dsl.registry import Registry
 from cyclone_dsl.dsl.step import handler_signature, takes_positional
 from cyclone_dsl.graph.model import Binding, Graph
-from cyclone_dsl.graph.rows import TUPLE_KEYS
+from cyclone_dsl.graph.rows import KIND_CHILD, TUPLE_KEYS
 
 log = logging.getLogger("cyclone.worker")
 
@@ -68,8 +68,9 @@ def serving_of(registry: Registry, also: Registry | None = None) -> Serving:
     """Every version the registry's workflows and kinds make this worker able to run.
 
     ``also`` adds the workflows of another registry (the process-wide one, for a
-    worker given step objects: it has those definitions in memory too). One of
-    those whose definition fails to build is skipped, with a warning.
+    worker given step objects: it has those definitions in memory too) that this
+    worker has work in (:func:`has_work_in`). One of those whose definition fails to
+    build is skipped, with a warning.
     """
     versions: dict[tuple[str, str], None] = {}
     calls: dict[tuple[str, str], Mapping[str, Call]] = {}
@@ -87,12 +88,30 @@ def serving_of(registry: Registry, also: Registry | None = None) -> Serving:
         except Exception as exc:  # noqa: BLE001 - another module's broken workflow is not ours
             log.warning("not serving workflow %r, whose definition fails: %s", name, exc)
             continue
+        if not has_work_in(graph, registry.kinds.keys()):
+            continue
         versions[key] = None
         calls[key] = _calls_of(graph)
     for kind in sorted(registry.kinds):
         versions[(kind, STANDALONE)] = None
     identities = {kind: identity_of(d.fn) for kind, d in registry.kinds.items()}
     return Serving(tuple(versions), identities, calls)
+
+
+def has_work_in(graph: Graph, kinds: Collection[str]) -> bool:
+    """Whether a worker with handlers of ``kinds`` has work in runs of ``graph``: a node it
+    runs, a child run to start (a ``child`` node: started by a worker serving the parent's
+    version when the process that reached it lacked the child's definition), or no
+    handler node at all (nothing to claim, so nothing to tell apart). A workflow that calls
+    only other workers' handlers would add nothing but its version to every claim and to
+    the worker's registration: a process that defines hundreds of workflows (a test suite)
+    made every claim carry them all."""
+    handler_kinds = {n.kind for n in graph.nodes if not n.kind.startswith("@")}
+    return (
+        not handler_kinds
+        or not handler_kinds.isdisjoint(kinds)
+        or any(n.kind == KIND_CHILD for n in graph.nodes)
+    )
 
 
 def _calls_of(graph: Graph) -> dict[str, Call]:

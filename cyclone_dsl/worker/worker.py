@@ -1223,7 +1223,8 @@ class Worker:
         its claims take the gated path too."""
         workflows = [*self.registry.workflows.values()]
         if self._also is not None:
-            workflows += self._also.workflows.values()
+            served = {name for name, _ in self.serving.versions}
+            workflows += [w for name, w in self._also.workflows.items() if name in served]
         return any(h.concurrency or h.rate_limit for h in self.handlers.values()) or any(
             w.concurrency for w in workflows
         )
