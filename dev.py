@@ -57,15 +57,21 @@ def regenerate_query_names() -> None:
 
 
 def parallel(args: list[str]) -> list[str]:
-    """pytest-xdist options for the whole suite: two processes per core, up to 4 (most tests
-    wait on the database, timers and subprocesses: on two cores the suite used a third of
-    the CPU with two processes, and ran in 458 s with three against 625 s; with the audits
-    of 2026-12-06, 655 s with three and 564 s with four; 460 s with four once the schema
-    pool deleted rather than truncated); none when the caller chose
-    (-n, -p no:xdist)."""
+    """pytest-xdist options for the whole suite: three processes per core, up to 6, with
+    work stealing (most tests wait on the database, timers and subprocesses); none when
+    the caller chose (-n, -p no:xdist).
+
+    Measured on two cores: two processes used a third of the CPU and ran in 625 s, three
+    in 458 s; with the audits of 2026-12-06, 655 s with three and 564 s with four. Later
+    that day (bytecode cached, fewer gated claims): 604 s with four, 567 s with six (the
+    CPU busy until a tail of 75 s where a few long tests ran alone), 490 s with six and
+    ``--dist worksteal`` (no tail: an idle process takes pending tests from a busy one).
+    """
     cores = os.cpu_count() or 1
     chose = any(a == "-n" or a.startswith("-n") or "xdist" in a for a in args)
-    return [] if chose or cores < 2 else ["-n", str(min(cores * 2, 4))]
+    if chose or cores < 2:
+        return []
+    return ["-n", str(min(cores * 3, 6)), "--dist", "worksteal"]
 
 
 def run(argv: list[str]) -> int:
