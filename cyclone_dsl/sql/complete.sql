@@ -254,9 +254,13 @@ WHERE r.id = ANY(%(run_ids)b::bigint[])
 RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.finished_at
 
 -- name: end_runs
--- Fail or cancel runs that are not terminal yet.
+-- Fail or cancel runs that are not terminal yet. A cancel or failure ends descendants in
+-- later statements, which see child runs created since its transaction began: they never
+-- end, or are updated, before they were created.
 UPDATE cyclone_runs AS r
-SET state = %(state)s, finished_at = now() + %(shift)s::interval, updated_at = now()
+SET state = %(state)s,
+    finished_at = greatest(now() + %(shift)s::interval, r.created_at),
+    updated_at = greatest(now(), r.created_at)
 WHERE r.id = ANY(%(run_ids)b::bigint[])
   AND CASE WHEN r.state IN ('running', 'paused') THEN true ELSE false END
 RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.finished_at

@@ -96,10 +96,12 @@ ORDER BY r.id
 LIMIT %(limit)s
 
 -- name: pause_run
--- Pause a running run and its ready or pending work.
+-- Pause a running run and its ready or pending work. A descendant is paused in a later
+-- statement of its ancestor's pause, which sees child runs created since that transaction
+-- began: never stamped as updated before they were created.
 WITH run AS (
     UPDATE cyclone_runs SET state = 'paused', paused_at = now() + %(shift)s::interval,
-                            updated_at = now()
+                            updated_at = greatest(now(), created_at)
     WHERE id = %(run_id)s AND state = 'running'
     RETURNING id
 )

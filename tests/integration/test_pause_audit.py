@@ -926,3 +926,50 @@ def test_async_resume_many_resumes_a_paused_tree(
 
     assert asyncio.run(scenario()) == (2, 2, 0)
     assert [h.result(timeout=10) for h in handles] == [100, 101]
+
+
+# -- a child run created while its parent's pause is under way ----------------------------
+
+
+@step(name="pa_leaf_step")
+def pa_leaf_step(x: int) -> int:
+    return x
+
+
+@workflow(name="pa_leaf")
+def pa_leaf(x):  # type: ignore[no-untyped-def]
+    return pa_leaf_step(x)
+
+
+@workflow(name="pa_parent_of_leaf")
+def pa_parent_of_leaf(x):  # type: ignore[no-untyped-def]
+    return child(pa_leaf, x)
+
+
+@pytest.mark.parametrize("call", ["pause", "cancel"])
+def test_a_child_run_created_during_its_parents_pause_is_not_updated_before_it_was_created(
+    client: Client, cyclone_dsn: str, call: str
+) -> None:
+    """A pause (or cancel) locks the run, then its running descendants in later statements,
+    which see child runs committed since its transaction began (a worker starting a child
+    node meanwhile). Those were stamped with the transaction's start, before they existed
+    (a cancelled child ended before it began)."""
+    from cyclone_dsl.db.connect import connect
+    from cyclone_dsl.db.tx import ConnectionTx
+
+    conn = connect(cyclone_dsn, name="pa-pause", autocommit=False)
+    try:
+        conn.execute("SELECT 1")  # the pausing transaction begins: its now() is fixed
+        time.sleep(0.05)
+        handle = client.submit(pa_parent_of_leaf, 1)  # the child run is made at submit
+        assert getattr(client._engine, call)(ConnectionTx(conn), handle.id) is None
+        conn.commit()
+    finally:
+        conn.close()
+    below = client.list_runs(parent_run_id=handle.id)
+    runs = [client.get_run(r.id) for r in [handle, *below]]
+    want = RunState.PAUSED if call == "pause" else RunState.CANCELLED
+    assert [r.state for r in runs] == [want, want]
+    for run in runs:
+        assert run.updated_at >= run.created_at, run
+        assert run.finished_at is None or run.finished_at >= run.created_at, run
