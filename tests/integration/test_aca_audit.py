@@ -98,15 +98,29 @@ async def awaited(call: Awaitable[object]) -> object:
     return await call
 
 
-def listen_connections(dsn: str) -> int:
-    """This process's wait connections (``cyclone-wait-<pid>``) open on the server."""
+def wait_connections(dsn: str) -> dict[int, str]:
+    """This process's wait connections (``cyclone-wait-<pid>``) open on the server: backend
+    pid to what it is doing (shown when a check fails)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+        rows = conn.execute(
+            "SELECT pid, format('%%s since %%s: %%s', state, backend_start, query)"
+            " FROM pg_stat_activity WHERE application_name = %s",
             (f"cyclone-wait-{os.getpid()}",),
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
+        ).fetchall()
+    return dict(rows)
+
+
+@pytest.fixture
+def listen_connections(cyclone_dsn: str) -> Callable[[str], int]:
+    """``listen_connections(dsn)``: how many wait connections this test opened are still
+    open. One an earlier test of this process left open (a wait still running in a thread
+    of its own) is not this test's, and is not counted."""
+    before = set(wait_connections(cyclone_dsn))
+
+    def count(dsn: str) -> int:
+        return len(set(wait_connections(dsn)) - before)
+
+    return count
 
 
 def open_sockets() -> int:
@@ -562,7 +576,10 @@ def test_aca_200_cancelled_calls_leave_a_small_pool_usable(
 
 
 def test_aca_waits_cancelled_500_times_leak_no_connection_nor_thread(
-    cyclone_dsn: str, client: Client, start_worker: Callable[..., Worker]
+    cyclone_dsn: str,
+    client: Client,
+    start_worker: Callable[..., Worker],
+    listen_connections: Callable[[str], int],
 ) -> None:
     """result() / wait() cancelled (wait_for, task.cancel()) or timed out (their own
     timeout) 500 times: every wait connection is closed (none left open, none left to the
@@ -649,7 +666,7 @@ def test_aca_close_while_calls_are_in_flight(cyclone_dsn: str, client: Client) -
 
 
 def test_aca_closing_the_client_ends_the_result_waits_in_flight(
-    cyclone_dsn: str, client: Client
+    cyclone_dsn: str, client: Client, listen_connections: Callable[[str], int]
 ) -> None:
     """close(), or leaving ``async with AsyncClient(...)``, while other tasks wait in
     result() (no timeout) for runs that do not end: the close does not hang, and each wait
