@@ -39,7 +39,9 @@ class Claimed:
     workflow: str
     def_version: str
     deadline_at: datetime | None
-    gated: bool = False  # claimed through the gated path: a limit applies to it
+    #: A limit applies to it (claimed through the gated path, or from a capped queue): its
+    #: end frees a slot, and wakes the claimers of its queue.
+    gated: bool = False
 
 
 def claim(
@@ -144,7 +146,7 @@ def claim(
             workflow=r["workflow"],
             def_version=r["def_version"],
             deadline_at=r["deadline_at"],
-            gated="fair_key" in r,
+            gated="fair_key" in r or r["queue"] in capped,
         )
         for r in rows
     ]

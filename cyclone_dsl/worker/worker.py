@@ -1705,6 +1705,10 @@ class Worker:
                 extra=logs.step_fields(entry.step),
             )
         entry.lane.slots.release()
+        if entry.step.queue in self.queue_limits:
+            # This worker's room in that queue is back: a claim that stopped at the limit
+            # must not wait for the next poll.
+            entry.lane.wake.set()
 
     def _stop_handler(self, entry: _Inflight) -> None:
         """Ask a handler to stop: set ``ctx.cancelled``; cancel an async handler's task;
