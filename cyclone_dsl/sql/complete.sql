@@ -266,7 +266,9 @@ WHERE r.id = ANY(%(run_ids)b::bigint[])
 RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.finished_at
 
 -- name: cancel_open_steps
--- Cancel every non-terminal step of these runs (a late completion is then fenced).
+-- Cancel every non-terminal step of these runs (a late completion is then fenced). As in
+-- end_runs, a step made since the transaction began (a child run's) is not stamped as
+-- completed before it was created.
 WITH listed AS (
     SELECT s.id, s.state FROM cyclone_steps AS s
     WHERE s.run_id = ANY(%(run_ids)b::bigint[])
@@ -275,7 +277,7 @@ WITH listed AS (
     FOR NO KEY UPDATE
 )
 UPDATE cyclone_steps AS s
-SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
+SET state = 'cancelled', completed_at = greatest(now() + %(shift)s::interval, s.created_at),
     error = coalesce(s.error, %(error)s), error_kind = coalesce(s.error_kind, %(error_kind)s),
     lease_owner = NULL, lease_expiry = NULL
 FROM unnest(%(run_ids)b::bigint[]) AS t(run_id)

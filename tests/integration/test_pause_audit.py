@@ -973,3 +973,5 @@ def test_a_child_run_created_during_its_parents_pause_is_not_updated_before_it_w
     for run in runs:
         assert run.updated_at >= run.created_at, run
         assert run.finished_at is None or run.finished_at >= run.created_at, run
+        for node in run.steps:
+            assert node.completed_at is None or node.completed_at >= node.created_at, node
