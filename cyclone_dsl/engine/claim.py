@@ -88,8 +88,9 @@ def claim(
         "versions": [v for _, v in versions],
         "lease": lease,
     }
-    holding_gates = gates.queues_with_gates(tx, queues) if gated else set()
+    holding_gates: set[str] = set()
     if gated:
+        holding_gates = gates.queues_with_gates(tx, queues)
         failpoint("claim.after_gate_look")
     for queue in queues:
         room = limit - len(rows)
