@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cyclone_dsl.db.tx import Row, Tx
+from cyclone_dsl.engine import notify
 from cyclone_dsl.errors import RunNotFound
 from cyclone_dsl.graph.rows import LimitRow, RunFlow
 from cyclone_dsl.sql import Q
@@ -131,6 +132,16 @@ def queue_caps(tx: Tx) -> dict[str, int]:
 def queues_with_gates(tx: Tx, queues: Sequence[str]) -> set[str]:
     """The queues among these that hold limited work (its gates not parked)."""
     return {r["queue"] for r in tx.rows(Q.queues_with_gates, queues=list(queues))}
+
+
+def wake_run_slot_waiters(tx: Tx, ended: Sequence[Row]) -> None:
+    """These runs ended: wake the claimers of the steps waiting for a run slot one of the
+    limited ones held (a run slot frees with no write of its own, so no claim's commit
+    would)."""
+    limited = sorted(r["id"] for r in ended if r["run_limited"])
+    if limited:
+        rows = tx.rows(Q.queues_waiting_for_run_slots, run_ids=limited)
+        notify.wake_queues(tx, (r["queue"] for r in rows))
 
 
 def charge_units(tx: Tx, extra: Sequence[tuple[int, int]]) -> None:

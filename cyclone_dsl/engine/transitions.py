@@ -14,7 +14,7 @@ from typing import LiteralString
 import attrs
 
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import notify
+from cyclone_dsl.engine import gates, notify
 from cyclone_dsl.engine.tracecontext import TraceHook
 from cyclone_dsl.errors import PassedDeadline
 from cyclone_dsl.graph.rows import CompiledRun
@@ -243,5 +243,6 @@ def _runs_ended(tx: Tx, ended: list[Row], state: RunState, hooks: Hooks) -> None
     if not ended:
         return
     notify.runs_finished(tx, (r["id"] for r in ended))
+    gates.wake_run_slot_waiters(tx, ended)
     for hook in hooks.on_runs_ended:
         hook(tx, ended, state, hooks)

@@ -90,6 +90,7 @@ class _Queries:
     claim_capped_steps: LiteralString
     queue_caps: LiteralString
     queues_with_gates: LiteralString
+    queues_waiting_for_run_slots: LiteralString
     delete_limit: LiteralString
     park_ended_gates: LiteralString
     park_gates_of_steps: LiteralString

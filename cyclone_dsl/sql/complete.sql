@@ -251,7 +251,11 @@ WHERE r.id = ANY(%(run_ids)b::bigint[])
   AND (SELECT 1 FROM cyclone_steps AS s
        WHERE s.run_id = r.id AND s.state NOT IN ('completed', 'discarded', 'cancelled')
        LIMIT 1) IS NULL
-RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.finished_at
+RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.finished_at,
+          -- under a workflow limit: its end frees a run slot. A scalar subquery, probed per
+          -- run: written as EXISTS it was hashed from a scan of every gate.
+          (SELECT true FROM cyclone_ext_gates AS g
+           WHERE g.run_id = r.id AND g.run_scope IS NOT NULL LIMIT 1) IS NOT NULL AS run_limited
 
 -- name: end_runs
 -- Fail or cancel runs that are not terminal yet. A cancel or failure ends descendants in
@@ -263,7 +267,11 @@ SET state = %(state)s,
     updated_at = greatest(now(), r.created_at)
 WHERE r.id = ANY(%(run_ids)b::bigint[])
   AND CASE WHEN r.state IN ('running', 'paused') THEN true ELSE false END
-RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.finished_at
+RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.finished_at,
+          -- under a workflow limit: its end frees a run slot. A scalar subquery, probed per
+          -- run: written as EXISTS it was hashed from a scan of every gate.
+          (SELECT true FROM cyclone_ext_gates AS g
+           WHERE g.run_id = r.id AND g.run_scope IS NOT NULL LIMIT 1) IS NOT NULL AS run_limited
 
 -- name: cancel_open_steps
 -- Cancel every non-terminal step of these runs (a late completion is then fenced). As in

@@ -412,6 +412,37 @@ WHERE scope LIKE 'queue:%%' ORDER BY scope
 SELECT q AS queue FROM unnest(%(queues)b::text[]) AS q
 WHERE EXISTS (SELECT 1 FROM cyclone_ext_gates AS g WHERE g.queue = q)
 
+-- name: queues_waiting_for_run_slots
+-- The queues of live steps gated on a run slot that one of these ended runs held (same run
+-- scope and key): a run slot frees with no write, so the run's end wakes their claimers.
+-- Each key's queues are read one by one through idx_ext_gates_run_slot (a loose index
+-- scan), however many steps wait on it.
+WITH RECURSIVE freed AS (
+    SELECT DISTINCT k.run_scope, k.run_key
+    FROM unnest(%(run_ids)b::bigint[]) AS e(run_id)
+    CROSS JOIN LATERAL (
+        SELECT g.run_scope, g.run_key FROM cyclone_ext_gates AS g
+        WHERE g.run_id = e.run_id AND g.run_scope IS NOT NULL
+        LIMIT 1
+    ) AS k
+), waiting (run_scope, run_key, queue) AS (
+    SELECT f.run_scope, f.run_key,
+           (SELECT w.queue FROM cyclone_ext_gates AS w
+            WHERE w.run_scope = f.run_scope AND w.run_key = f.run_key
+              AND w.run_scope IS NOT NULL AND w.queue <> ''
+            ORDER BY w.queue LIMIT 1)
+    FROM freed AS f
+    UNION ALL
+    SELECT q.run_scope, q.run_key,
+           (SELECT w.queue FROM cyclone_ext_gates AS w
+            WHERE w.run_scope = q.run_scope AND w.run_key = q.run_key
+              AND w.run_scope IS NOT NULL AND w.queue <> '' AND w.queue > q.queue
+            ORDER BY w.queue LIMIT 1)
+    FROM waiting AS q
+    WHERE q.queue IS NOT NULL
+)
+SELECT DISTINCT queue FROM waiting WHERE queue IS NOT NULL
+
 -- name: delete_limit
 -- Remove a limit (a queue's cap); its slots go with it.
 DELETE FROM cyclone_ext_limits WHERE scope = %(scope)s RETURNING scope

@@ -32,6 +32,10 @@ ALSO = {
     # A rate limit has a slot per unit of its window (20,000 here): the claim reads the
     # shares it needs through their key, never every slot of every limit.
     "claim_gated_steps_rated": ("cyclone_ext_slots",),
+    # Runs under a workflow limit wake the steps queued on their slots as they end.
+    "finish_runs": ("cyclone_ext_gates",),
+    "end_runs": ("cyclone_ext_gates",),
+    "queues_waiting_for_run_slots": ("cyclone_ext_gates",),
 }
 #: Plan nodes a statement must not use: the gated claim looks steps up by primary key, never
 #: by walking every available step of the queue for each gated one; the main claim probes
@@ -55,6 +59,11 @@ def rated(x: object) -> object:
     return x
 
 
+@workflow(name="plan_run_limited", concurrency=Concurrency(key="k", limit=2))
+def run_limited(x):  # type: ignore[no-untyped-def]
+    return noop.named("only")(x)
+
+
 @workflow(name="plan_chain")
 def chain(x):  # type: ignore[no-untyped-def]
     return noop.named("c")(noop.named("b")(noop.named("a")(x)))
@@ -74,6 +83,14 @@ def gated_claim(kind: str) -> dict[str, object]:
         "max_keys": 100,
         "capped": False,
     }
+
+
+def limited_runs(conn: psycopg.Connection[Any]) -> list[int]:
+    """100 runs under the workflow limit (as a completion batch of them would end)."""
+    rows = conn.execute(
+        "SELECT id FROM cyclone_runs WHERE workflow = 'plan_run_limited' ORDER BY id LIMIT 100"
+    ).fetchall()
+    return [r["id"] for r in rows]
 
 
 def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str, object]]]:
@@ -134,6 +151,10 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
             },
         ),
         "claim_gated_steps": (Q.claim_gated_steps, gated_claim("plan_keyed")),
+        "queues_waiting_for_run_slots": (
+            Q.queues_waiting_for_run_slots,
+            {"run_ids": limited_runs(conn)},
+        ),
         "claim_gated_steps_rated": (Q.claim_gated_steps, gated_claim("plan_rated")),
         # Scanner passes: each runs every second on the pass's leader.
         "expired_leases": (
@@ -184,6 +205,7 @@ def fill_large(client: Client) -> None:
         client.submit_many(chain, list(range(start, start + 2_000)))
     client.enqueue_many(keyed, [{"k": f"k{i % 20}"} for i in range(5_000)])
     client.enqueue_many(rated, list(range(1_000)))
+    client.submit_many(run_limited, [{"k": f"k{i % 20}"} for i in range(2_000)])
 
 
 def fill_small(client: Client) -> None:
@@ -191,6 +213,7 @@ def fill_small(client: Client) -> None:
     client.submit_many(chain, list(range(300)))
     client.enqueue_many(keyed, [{"k": f"k{i % 10}"} for i in range(2_000)])
     client.enqueue_many(rated, list(range(1_000)))
+    client.submit_many(run_limited, [{"k": f"k{i % 10}"} for i in range(500)])
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +279,7 @@ HOT_STATEMENTS = [
     "claim_capped_steps",
     "claim_gated_steps",
     "claim_gated_steps_rated",
+    "queues_waiting_for_run_slots",
     "expired_leases",
     "timed_out_steps",
     "due_timers",

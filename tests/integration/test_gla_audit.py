@@ -193,11 +193,6 @@ def test_limited_work_gated_after_the_look_in_another_queue_is_claimed_next(
     assert tracker.peak["keyed:x"] == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a run slot freed by a step of queue gla_qb wakes only gla_qb; the next run's "
-    "step waits in gla_qa for its worker's next poll",
-)
 def test_a_workflow_slot_freed_in_another_queue_wakes_the_next_runs_worker(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
@@ -216,29 +211,34 @@ def test_a_workflow_slot_freed_in_another_queue_wakes_the_next_runs_worker(
     assert tracker.peak["run:t"] == 1
 
 
-def test_a_run_slot_freed_by_a_signal_starts_the_next_run(
-    client: Client, start_worker: Callable[..., Worker]
+@workflow(name="gla_ends_off_worker", concurrency=Concurrency(key="tenant", limit=1))
+def ends_off_worker(job):  # type: ignore[no-untyped-def]
+    return wait_signal("gla_go", after=[gla_plain(job)])
+
+
+@pytest.mark.parametrize("end", ["signal", "cancel", "deadline"])
+def test_a_run_slot_freed_by_a_run_ended_off_the_worker_starts_the_next_run(
+    client: Client, start_worker: Callable[..., Worker], end: str
 ) -> None:
-    """A limited workflow whose run ends at a signal wait: the signal ends the run and
-    frees its slot; the next run of the key is queued on it, and starts. (At the next poll:
-    a run slot freed by a run's end wakes no claimer yet, as in the xfail above; with a
-    60 s poll this test passed only when something else woke the worker.)"""
+    """A limited workflow whose run waits for a signal holds its slot; the run ends by the
+    signal, a cancel or its deadline (none of them a step of the worker's), and the next
+    run of the key, queued on the slot, starts without waiting for the worker's poll."""
 
-    @workflow(name="gla_ends_on_signal", concurrency=Concurrency(key="tenant", limit=1))
-    def ends_on_signal(job):  # type: ignore[no-untyped-def]
-        return wait_signal("gla_go", after=[gla_plain(job)])
-
-    start_worker(gla_plain, poll_interval=1.0)
-    first = client.submit(ends_on_signal, {"tenant": "t", "n": 1})
-    second = client.submit(ends_on_signal, {"tenant": "t", "n": 2})
+    start_worker(gla_plain, poll_interval=LONG_POLL)
+    deadline = timedelta(seconds=3) if end == "deadline" else None
+    first = client.submit(ends_off_worker, {"tenant": "t", "n": 1}, deadline=deadline)
+    second = client.submit(ends_off_worker, {"tenant": "t", "n": 2})
     wait_until(lambda: tracker.ran["plain"] == 1, what="the first run's step")
     wait_until(
         lambda: "1/1 runs under way" in client.why_waiting(second.id).get("gla_plain", ""),
         what="the second run to wait for the slot",
     )
-    client.signal(first.id, "gla_go", "a")
-    assert first.result(timeout=PROMPT) == "a"
-    wait_until(lambda: tracker.ran["plain"] == 2, timeout=PROMPT, what="the second run's step")
+    if end == "signal":
+        client.signal(first.id, "gla_go", "a")
+    elif end == "cancel":
+        client.cancel(first.id)
+    wait_until(lambda: first.get().state.is_terminal, timeout=PROMPT, what="the first run's end")
+    wait_until(lambda: tracker.ran["plain"] == 2, timeout=STALL, what="the second run's step")
     client.signal(second.id, "gla_go", "b")
     assert second.result(timeout=PROMPT) == "b"
 

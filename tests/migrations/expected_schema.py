@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATEST = 19
-EXT_LATEST = 8
+EXT_LATEST = 9
 TS = "timestamp with time zone"
 
 
@@ -607,6 +607,12 @@ EXT_TABLES: dict[str, Table] = {
         indexes=[
             Index("idx_ext_gates_claim", "queue, fair_key, priority DESC, step_id"),
             Index("idx_ext_gates_run", "run_id"),
+            Index(
+                "idx_ext_gates_run_slot",
+                "run_scope, run_key, queue",
+                where="run_scope IS NOT NULL AND queue <> ''",
+                since=9,
+            ),
         ],
         since=4,
     ),
