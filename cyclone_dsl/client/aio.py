@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -23,13 +22,13 @@ import attrs
 from cyclone_dsl.arguments import checked_flag
 from cyclone_dsl.client import base, bulk
 from cyclone_dsl.client.bulk import BulkResult, Progress
-from cyclone_dsl.client.handle import EVENTS_PAGE, checked_after, events_plan, run_end_plan
+from cyclone_dsl.client.handle import EVENTS_PAGE, checked_after, events_plan
 from cyclone_dsl.client.model import Run, StepEvent
 from cyclone_dsl.client.schedules import Schedule
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.db.callers import AsyncConnection, in_callers_async_transaction
 from cyclone_dsl.db.clock import current_shift
-from cyclone_dsl.db.follow import follow_async, stream_async
+from cyclone_dsl.db.follow import stream_async
 from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.flow import Debounce
 from cyclone_dsl.dsl.registry import Registry
@@ -396,14 +395,7 @@ class AsyncClient:
         return await self.outcome(run_id)
 
     async def _wait_for_end(self, run_id: int, timeout: float | None) -> None:
-        route = self._client.wait_route
-        await follow_async(
-            route.dsn,
-            run_end_plan(run_id, timeout, recheck=route.recheck, closed=self._client._db.is_closed),
-            name=f"cyclone-wait-{os.getpid()}",
-            listen=route.listen,
-            pooled=route.pooled,
-        )
+        await self._client._watcher.wait_async(run_id, timeout)
 
     def events(
         self, run_id: int, after: int = 0, *, timeout: float | None = None

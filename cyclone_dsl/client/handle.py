@@ -4,7 +4,6 @@ or async driver)."""
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -20,9 +19,7 @@ from cyclone_dsl.db.follow import (
     Output,
     Pause,
     Plan,
-    Read,
     ReadAll,
-    follow,
 )
 from cyclone_dsl.engine import EVENTS_CHANNEL, RUN_DONE_CHANNEL, names_run
 from cyclone_dsl.errors import ClientClosed, InvalidArgument, NoOutput, RunFailed, RunNotFound
@@ -98,19 +95,6 @@ class RunHandle:
         return self.client.events(self.id, after=after, timeout=timeout)
 
 
-def wait_for_end(
-    route: WaitRoute, run_id: int, timeout: float | None, *, closed: Callable[[], bool]
-) -> str:
-    """Block until the run is terminal; return its state (see :func:`run_end_plan`)."""
-    return follow(
-        route.dsn,
-        run_end_plan(run_id, timeout, recheck=route.recheck, closed=closed),
-        name=f"cyclone-wait-{os.getpid()}",
-        listen=route.listen,
-        pooled=route.pooled,
-    )
-
-
 def deadline_of(timeout: object) -> float | None:
     """The monotonic time a wait of ``timeout`` seconds ends (None, or infinity: never);
     :class:`InvalidArgument` for a negative, NaN or non-numeric one."""
@@ -126,38 +110,6 @@ def deadline_of(timeout: object) -> float | None:
     if math.isnan(seconds) or seconds < 0:
         raise InvalidArgument(f"timeout must be a number of seconds >= 0 or None, not {timeout!r}")
     return None if math.isinf(seconds) else time.monotonic() + seconds
-
-
-def run_end_plan(
-    run_id: int,
-    timeout: float | None,
-    *,
-    recheck: float = RECHECK_SECONDS,
-    closed: Callable[[], bool] = lambda: False,
-) -> Plan[str]:
-    """Wait for a run to be terminal using LISTEN, re-reading its state every ``recheck``
-    seconds as a fallback.
-
-    Raises :class:`RunNotFound`, ``TimeoutError`` after ``timeout`` seconds, or
-    :class:`ClientClosed` at the first look after ``closed()`` became true (the client
-    that waits was closed meanwhile).
-    A connection lost or left half-open while waiting is replaced, and every
-    read is bounded, so ``timeout`` holds whatever the network does.
-    """
-    deadline = deadline_of(timeout)
-    doing = f"waiting for run {run_id} to end"
-    while True:
-        try:
-            yield Listen((RUN_DONE_CHANNEL,))
-            while True:
-                row = yield Read(Q.get_run_state, {"run_id": run_id})
-                _check_open(closed, doing)
-                state = check_state(row, run_id, deadline, timeout)
-                if state is not None:
-                    return state
-                yield from _until_woken(run_id, deadline, recheck)
-        except ConnectionLost:
-            yield from _reconnect(run_id, deadline, timeout, closed, doing)
 
 
 def _check_open(closed: Callable[[], bool], doing: str) -> None:
@@ -248,19 +200,6 @@ def _reconnect(
         # Raised while the plan handles ConnectionLost: that cause is said in the message.
         raise TimeoutError(f"run {run_id}: no answer from PostgreSQL in {timeout}s") from None
     yield Pause(RECONNECT_SECONDS)
-
-
-def check_state(
-    row: dict[str, Any] | None, run_id: int, deadline: float | None, timeout: float | None
-) -> str | None:
-    """The run's state if terminal; None to keep waiting; TimeoutError past ``deadline``."""
-    if row is None:
-        raise RunNotFound(run_id)
-    if RunState(row["state"]).is_terminal:
-        return str(row["state"])
-    if deadline is not None and deadline - time.monotonic() <= 0:
-        raise TimeoutError(f"run {run_id} is still {row['state']} after {timeout}s")
-    return None
 
 
 def recheck_in(deadline: float | None, recheck: float = RECHECK_SECONDS) -> float:

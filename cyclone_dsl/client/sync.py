@@ -25,10 +25,10 @@ from cyclone_dsl.client.handle import (
     checked_after,
     events_plan,
     outcome_from_row,
-    wait_for_end,
 )
 from cyclone_dsl.client.model import Attempt, Run, Step, StepEvent
 from cyclone_dsl.client.schedules import Schedule, schedule_from_row, spec_for
+from cyclone_dsl.client.watch import RunWatcher
 from cyclone_dsl.db.callers import Connection, in_callers_transaction
 from cyclone_dsl.db.clock import current_shift
 from cyclone_dsl.db.connect import resolve_listen_dsn, resolve_pooled
@@ -124,6 +124,7 @@ class Client:
         self._db = PooledDatabase(
             resolved, name="cyclone-client", max_size=pool_size, pooled=self.pooled
         )
+        self._watcher = RunWatcher(self.wait_route, closed=self._db.is_closed)
 
     def _traced(self, operation: str, workflow: str, write: Callable[[], T]) -> T:
         """Run a submit's write, in a span when this client traces."""
@@ -133,10 +134,12 @@ class Client:
         return result
 
     def close(self) -> None:
-        """Close the connection pool; later calls raise :class:`ClientClosed`, and so do
-        the waits (``wait``, ``result``) and event followers (``events``) in flight, at
-        their next look (within a second)."""
+        """Close the connection pool and the waits' connection; later calls raise
+        :class:`ClientClosed`, and so do the waits (``wait``, ``result``) in flight, at
+        once, and the event followers (``events``), at their next look (within a
+        second)."""
         self._db.close()
+        self._watcher.close()
 
     def __enter__(self) -> Client:
         return self
@@ -627,11 +630,12 @@ class Client:
 
         Waits on LISTEN (no busy polling), re-reading the state every second as a
         fallback, and survives a lost or half-open connection. On a pooled DSN without
-        ``listen_dsn``, reads the state every 0.25 s instead.
+        ``listen_dsn``, reads the state every 0.25 s instead. Every wait of a client
+        shares one connection and one thread (see docs/howto/scale.md).
         """
         run_id = base.checked_run_id(run_id)
         self._db.check_open()
-        wait_for_end(self.wait_route, run_id, timeout, closed=self._db.is_closed)
+        self._watcher.wait(run_id, timeout)
         return self.get_run(run_id)
 
     def result(self, run_id: int, timeout: float | None = None) -> JSONValue:
@@ -642,7 +646,7 @@ class Client:
         """
         run_id = base.checked_run_id(run_id)
         self._db.check_open()
-        wait_for_end(self.wait_route, run_id, timeout, closed=self._db.is_closed)
+        self._watcher.wait(run_id, timeout)
         return self.outcome(run_id)
 
     def events(

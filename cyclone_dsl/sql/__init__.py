@@ -51,6 +51,7 @@ class _Queries:
     # control.sql
     run_tree: LiteralString
     get_run_state: LiteralString
+    get_run_states: LiteralString
     node_state: LiteralString
     retry_run: LiteralString
     retry_child_runs: LiteralString

@@ -21,6 +21,10 @@ down(id) AS (
 -- A run's state (no lock).
 SELECT id, state FROM cyclone_runs WHERE id = %(run_id)s
 
+-- name: get_run_states
+-- The states of these runs (no lock): what a client's waits are waiting for.
+SELECT id, state FROM cyclone_runs WHERE id = ANY(%(run_ids)b::bigint[])
+
 -- name: node_state
 -- One node of a run, and the fan-out node of an item task.
 SELECT id, state, error_kind, item_of FROM cyclone_steps

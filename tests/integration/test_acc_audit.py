@@ -95,6 +95,14 @@ def listening() -> int:
     return sum(1 for o in gc.get_objects() if issubclass(type(o), kind) and not o.closed)
 
 
+def waiting(aclient: AsyncClient) -> int:
+    """The waits (``wait()``, ``result()``) in flight on ``aclient``: they share its one
+    wait connection, a sync one run by the client's watcher thread."""
+    watcher = aclient._client._watcher
+    with watcher._lock:
+        return sum(len(w) for w in watcher._waits.values())
+
+
 async def until(predicate: Callable[[], object], *, what: str, timeout: float = 20.0) -> None:
     """``wait_until`` for a coroutine: polls without blocking the event loop (the loop
     must run for asyncgen finalizers and closing tasks)."""
@@ -231,8 +239,9 @@ def test_acc_followers_cancelled_together_by_a_shutdown_close_every_connection(
     cyclone_dsn: str, client: Client, start_worker: Callable[..., Worker]
 ) -> None:
     """A server shutting down cancels every streaming request at once: 10 followers (and
-    10 result() waits) of live runs cancelled together give back every connection, and
-    each saw the events recorded before, in order."""
+    10 result() waits) of live runs cancelled together give back every connection (the
+    followers hold one each; the waits share the client's wait connection, and leave it),
+    and each follower saw the events recorded before, in order."""
     run_id = live_run_with_events(client, start_worker(acc_emit, acc_tail), 2)
     other = client.submit(acc_live, 0).id  # no worker: stays at its first step
 
@@ -247,19 +256,21 @@ def test_acc_followers_cancelled_together_by_a_shutdown_close_every_connection(
             tasks = [asyncio.ensure_future(follow(into)) for into in got]
             tasks += [asyncio.ensure_future(aclient.result(other)) for _ in range(10)]
             await until(lambda: all(len(g) == 2 for g in got), what="every follower's events")
-            await until(lambda: listening() == 20, what="all 20 LISTEN connections open")
+            await until(lambda: listening() == 10, what="the 10 followers' connections open")
+            await until(lambda: waiting(aclient) == 10, what="the 10 waits to begin")
             peak = listening()
             for task in tasks:
                 task.cancel()
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
             assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
             await until(lambda: listening() == 0, what="every connection closed")
+            assert waiting(aclient) == 0
             during = listening()
         return got, peak, during
 
     got, peak, during = asyncio.run(shutdown())
     assert got == [[1, 2]] * 10
-    assert (peak, during) == (20, 0)
+    assert (peak, during) == (10, 0)
 
 
 def test_acc_a_follower_left_suspended_is_closed_when_its_event_loop_ends(
@@ -338,7 +349,10 @@ def test_acc_closing_the_client_ends_its_event_followers_in_flight(
         aclient = AsyncClient(cyclone_dsn)
         follower = asyncio.ensure_future(collect(aclient.events(run_id)))
         waiter = asyncio.ensure_future(aclient.result(run_id))
-        await until(lambda: listening() == 2, what="both LISTEN connections")
+        await until(
+            lambda: listening() == 1 and waiting(aclient) == 1,
+            what="the follower's LISTEN connection and the wait",
+        )
         await asyncio.wait_for(aclient.close(), 10)
         done, pending = await asyncio.wait({follower, waiter}, timeout=4)
         for task in pending:
@@ -401,7 +415,7 @@ def test_acc_fastapi_helpers_on_a_disconnect_and_on_a_shutdown(
                 request.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await request
-            await until(lambda: listening() == 0, what="the waits' connections closed")
+            await until(lambda: waiting(aclient) == 0, what="the cancelled waits to leave")
             answered = await result_response(aclient, run_id, timeout=0.05)
 
             streamed: list[dict[str, Any]] = []
@@ -413,7 +427,7 @@ def test_acc_fastapi_helpers_on_a_disconnect_and_on_a_shutdown(
             held = asyncio.ensure_future(result_response(aclient, run_id, timeout=None))
             streaming = asyncio.ensure_future(stream())
             await until(lambda: streamed, what="the first status event")
-            await until(lambda: listening() == 1, what="the held request's wait")
+            await until(lambda: waiting(aclient) == 1, what="the held request's wait")
         # The lifespan has exited: the client is closed.
         done, pending = await asyncio.wait({held, streaming}, timeout=10)
         for task in pending:
@@ -522,7 +536,7 @@ def test_acc_a_handle_made_in_one_loop_waits_and_follows_in_another(
 
     async def cancelled_wait() -> str:
         task = asyncio.ensure_future(handle.wait(timeout=60))
-        await until(lambda: listening() == 1, what="the wait's LISTEN connection")
+        await until(lambda: waiting(aclient) == 1, what="the wait to begin")
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

@@ -1,0 +1,340 @@
+"""Waiting for runs to end: one watcher per client, for every ``wait()`` and ``result()``
+in flight.
+
+A watcher holds one connection and one thread, however many waits there are: the
+thread LISTENs on ``cyclone_run_done`` and reads, in one statement each time, the
+state of a new wait's run at once, of the runs a notification names, and of every run
+waited for each :data:`~cyclone_dsl.client.handle.RECHECK_SECONDS` as a fallback
+(without LISTEN, a pooled DSN and no ``listen_dsn``: every
+:data:`~cyclone_dsl.client.handle.POLL_SECONDS`). Each wait blocks on an event of its
+own (sync) or awaits one on its loop (async), and keeps its own deadline.
+
+Every read is bounded (:func:`~cyclone_dsl.db.listen.answer_within`), so a lost or
+half-open connection is replaced within the ping timeout, and a wait past its deadline
+ends with ``TimeoutError`` once the watcher has answered for its run at least once, or
+failed since it began. The connection closes when the client closes, or after
+:data:`IDLE_SECONDS` without a wait. A watcher survives ``os.fork()``: the child never
+uses nor closes the parent's connection, and starts its own on its first wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+import attrs
+
+from cyclone_dsl.client.handle import RECONNECT_SECONDS, WaitRoute, deadline_of
+from cyclone_dsl.db.follow import ConnectionLost
+from cyclone_dsl.db.listen import PING_TIMEOUT_S
+from cyclone_dsl.db.listener import Listener
+from cyclone_dsl.engine import RUN_DONE_CHANNEL, run_ids_of
+from cyclone_dsl.errors import ClientClosed, RunNotFound
+from cyclone_dsl.sql import Q
+from cyclone_dsl.states import RunState
+
+#: A watcher with no wait closes its connection (and its thread ends) after this long.
+IDLE_SECONDS = 10.0
+#: Past its deadline, a wait whose run the watcher has not read yet looks again this often
+#: (the watcher's first read is under way; it is bounded by the ping timeout).
+FIRST_ANSWER_POLL = 0.1
+
+#: Every watcher of this process, for the after-fork hook.
+_LIVE: weakref.WeakSet[RunWatcher] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for watcher in list(_LIVE):
+        watcher._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@attrs.define(eq=False)
+class _Wait:
+    """One wait in flight. The watcher's thread writes its fields, then calls ``wake``."""
+
+    run_id: int
+    wake: Callable[[], None]
+    #: The watcher's failure count when the wait began.
+    failures_before: int
+    ended: str | None = None
+    error: BaseException | None = None
+    last_state: str | None = None
+    answered: bool = False
+
+
+class RunWatcher:
+    """Waits for runs to end on ``route`` for one client (see the module's docstring)."""
+
+    def __init__(self, route: WaitRoute, *, closed: Callable[[], bool]) -> None:
+        self.route = route
+        self._client_closed = closed
+        self._lock = threading.Lock()
+        self._waits: dict[int, list[_Wait]] = {}
+        self._fresh: set[int] = set()  # runs whose waits began since the last read
+        self._closed = False
+        self._failures = 0
+        self._thread: threading.Thread | None = None
+        self._listener = self._new_listener()
+        # The thread's wake-up: a socket pair it selects on with its connection (made
+        # with the thread, closed when it ends).
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        self._pid = os.getpid()
+        _LIVE.add(self)
+
+    # -- the waits ---------------------------------------------------------------------------
+
+    def wait(self, run_id: int, timeout: float | None) -> str:
+        """Block until run ``run_id`` is terminal; return its state. Raises
+        :class:`RunNotFound`, ``TimeoutError`` after ``timeout`` seconds, or
+        :class:`ClientClosed` when the client closes meanwhile."""
+        deadline = deadline_of(timeout)
+        woken = threading.Event()
+        wait = self._begin(run_id, woken.set)
+        try:
+            while True:
+                ended = self._outcome(wait, deadline, timeout)
+                if ended is not None:
+                    return ended
+                woken.wait(self._pause(deadline))
+                woken.clear()
+        finally:
+            self._end(wait)
+
+    async def wait_async(self, run_id: int, timeout: float | None) -> str:
+        """:meth:`wait` for a coroutine: never blocks its event loop."""
+        deadline = deadline_of(timeout)
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(woken.set)
+
+        wait = self._begin(run_id, wake)
+        try:
+            while True:
+                ended = self._outcome(wait, deadline, timeout)
+                if ended is not None:
+                    return ended
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._pause(deadline)):
+                        await woken.wait()
+                woken.clear()
+        finally:
+            self._end(wait)
+
+    def close(self) -> None:
+        """End every wait in flight with :class:`ClientClosed`, and the thread."""
+        with self._lock:
+            self._closed = True
+            waits = [w for ws in self._waits.values() for w in ws]
+            thread = self._thread
+        for wait in waits:
+            wait.wake()
+        self._poke()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(PING_TIMEOUT_S + 1)
+
+    def _begin(self, run_id: int, wake: Callable[[], None]) -> _Wait:
+        self._forked()  # a no-op but in a child that forked without the at-fork hook
+        with self._lock:
+            if self._closed or self._client_closed():
+                raise ClientClosed("the client was closed: open a new one")
+            wait = _Wait(run_id, wake, self._failures)
+            self._waits.setdefault(run_id, []).append(wait)
+            self._fresh.add(run_id)
+            if self._thread is None:
+                self._wake = self._socketpair()
+                self._thread = threading.Thread(
+                    target=self._watch, args=(self._wake[0],), name="cyclone-wait", daemon=True
+                )
+                self._thread.start()
+        self._poke()
+        return wait
+
+    def _end(self, wait: _Wait) -> None:
+        with self._lock:
+            waits = self._waits.get(wait.run_id, [])
+            if wait in waits:
+                waits.remove(wait)
+            if not waits:
+                self._waits.pop(wait.run_id, None)
+
+    def _outcome(self, wait: _Wait, deadline: float | None, timeout: float | None) -> str | None:
+        """The run's terminal state; None to keep waiting; or raise what ended the wait."""
+        if wait.error is not None:
+            raise wait.error
+        if wait.ended is not None:
+            return wait.ended
+        if self._closed or self._client_closed():
+            raise ClientClosed(f"the client was closed while waiting for run {wait.run_id}")
+        if deadline is not None and time.monotonic() >= deadline:
+            if wait.answered:
+                raise TimeoutError(f"run {wait.run_id} is still {wait.last_state} after {timeout}s")
+            if self._failures > wait.failures_before:
+                raise TimeoutError(f"run {wait.run_id}: no answer from PostgreSQL in {timeout}s")
+        return None
+
+    @staticmethod
+    def _pause(deadline: float | None) -> float | None:
+        if deadline is None:
+            return None
+        return max(deadline - time.monotonic(), FIRST_ANSWER_POLL)
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _watch(self, wake: socket.socket) -> None:
+        try:
+            self._watch_until_idle(wake)
+        finally:
+            self._retire()
+
+    def _watch_until_idle(self, wake: socket.socket) -> None:
+        idle_since: float | None = None
+        next_full_read = 0.0  # every run waited for is read again at this time
+        heard: set[int] = set()  # runs named by the last notifications
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                if self._waits:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= IDLE_SECONDS:
+                    # In the same locked section as the check: a wait that begins from now
+                    # on starts a new thread, with a listener of its own.
+                    self._thread = None
+                    retired, self._listener = self._listener, self._new_listener()
+                    pair, self._wake = self._wake, None
+                    retired.close()
+                    _close_pair(pair)
+                    return
+                ids = set(self._waits)
+                due = (self._fresh | heard) & ids
+                self._fresh = set()
+            heard = set()
+            try:
+                if ids and time.monotonic() >= next_full_read:
+                    self._read(sorted(ids))
+                    next_full_read = time.monotonic() + self.route.recheck
+                elif due:
+                    self._read(sorted(due))
+                wait_for = IDLE_SECONDS if not ids else next_full_read - time.monotonic()
+                payloads, _ = self._listener.wait(max(0.0, wait_for), wake)
+                heard = {run_id for p in payloads for run_id in run_ids_of(p)}
+            except ConnectionLost:
+                next_full_read = 0.0  # once reconnected
+                self._lost(wake)
+            except Exception as exc:  # noqa: BLE001 - handed to the waits, which raise it
+                self._fail_waits(exc)
+
+    def _retire(self) -> None:
+        """The thread ends (closed, or on an error of its own): the next wait starts one."""
+        with self._lock:
+            if self._thread is not threading.current_thread():
+                return
+            self._thread = None
+            listener, self._listener = self._listener, self._new_listener()
+            pair, self._wake = self._wake, None
+        listener.close()
+        _close_pair(pair)
+
+    def _read(self, ids: list[int]) -> None:
+        """Read the runs' states (connecting first if need be) and answer their waits."""
+        rows = self._listener.rows(Q.get_run_states, {"run_ids": ids})
+        states = {int(r["id"]): str(r["state"]) for r in rows}
+        woken: list[_Wait] = []
+        with self._lock:
+            for run_id in ids:
+                state = states.get(run_id)
+                for wait in self._waits.get(run_id, []):
+                    if state is None:
+                        wait.error = RunNotFound(run_id)
+                    elif RunState(state).is_terminal:
+                        wait.ended = state
+                    wait.last_state = state
+                    wait.answered = True
+                    woken.append(wait)
+        for wait in woken:
+            wait.wake()
+
+    def _new_listener(self) -> Listener:
+        route = self.route
+        return Listener(
+            route.dsn,
+            name=f"cyclone-wait-{os.getpid()}",
+            channels=(RUN_DONE_CHANNEL,),
+            listen=route.listen,
+            pooled=route.pooled,
+        )
+
+    def _lost(self, wake: socket.socket) -> None:
+        """The connection failed (or could not be made): count it, let the waits past their
+        deadline end, and pause before the next try (a new wait or a close cuts it short)."""
+        with self._lock:
+            self._failures += 1
+            waits = [w for ws in self._waits.values() for w in ws]
+        for wait in waits:
+            wait.wake()
+        select.select([wake], [], [], RECONNECT_SECONDS)
+
+    def _fail_waits(self, exc: Exception) -> None:
+        """An error that is not a lost connection (the schema is missing, a permission):
+        every wait in flight raises it, as its own read would have."""
+        self._listener.close()
+        with self._lock:
+            waits = [w for ws in self._waits.values() for w in ws]
+            for wait in waits:
+                wait.error = exc
+        for wait in waits:
+            wait.wake()
+
+    def _poke(self) -> None:
+        """Wake the thread (a new wait, or the close)."""
+        pair = self._wake
+        if pair is not None:
+            with contextlib.suppress(OSError):  # full (a poke is pending), or just closed
+                pair[1].send(b"\0")
+
+    @staticmethod
+    def _socketpair() -> tuple[socket.socket, socket.socket]:
+        r, w = socket.socketpair()
+        r.setblocking(False)
+        w.setblocking(False)
+        return r, w
+
+    def _forked(self) -> None:
+        """In a child just forked: the parent's thread is not here, and its connection is
+        left alone (see :meth:`Listener.abandon`); the child's first wait starts anew."""
+        if self._pid == os.getpid():
+            return
+        self._listener.abandon()
+        self._listener = self._new_listener()
+        self._lock = threading.Lock()  # the parent's thread may have held it
+        self._waits = {}
+        self._fresh = set()
+        self._thread = None
+        pair, self._wake = self._wake, None
+        _close_pair(pair)  # the child's copies: the parent's stay open
+        self._pid = os.getpid()
+
+
+def _close_pair(pair: tuple[socket.socket, socket.socket] | None) -> None:
+    if pair is not None:
+        for sock in pair:
+            sock.close()
+
+
+__all__ = ["IDLE_SECONDS", "RunWatcher"]

@@ -1,0 +1,126 @@
+"""A dedicated connection that LISTENs, for one thread that waits on its notifications and on
+a wake-up socket at once (a client's run watcher).
+
+It connects on first use and again after a failure; every read is bounded
+(:func:`~cyclone_dsl.db.listen.answer_within`), and a connection that fails, or does not
+answer in time, raises :class:`~cyclone_dsl.db.follow.ConnectionLost` after being closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+from collections.abc import Iterator, Sequence
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg.rows import dict_row
+
+from cyclone_dsl.db.connect import connect
+from cyclone_dsl.db.errors import first_line
+from cyclone_dsl.db.follow import ConnectionLost
+from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen
+
+#: Connections inherited through a fork: kept, never used nor closed (a close would end
+#: the parent's session).
+_INHERITED: list[psycopg.Connection[Any]] = []
+
+
+class Listener:
+    """Reads and notifications on one connection to ``dsn`` named ``name``; LISTENs on
+    ``channels`` unless ``listen`` is false (a transaction-mode pooler: reads only)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        name: str,
+        channels: Sequence[str],
+        listen: bool = True,
+        pooled: bool = False,
+    ) -> None:
+        self.dsn = dsn
+        self.name = name
+        self.channels = tuple(channels)
+        self.listens = listen
+        self.pooled = pooled
+        self._conn: psycopg.Connection[Any] | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
+
+    def rows(self, query: LiteralString, params: dict[str, object]) -> list[dict[str, Any]]:
+        """Run one query (connecting first if need be); its rows."""
+        conn = self._connection()
+        with (
+            self._lost_on_failure(),
+            answer_within(conn, PING_TIMEOUT_S),
+            conn.cursor(row_factory=dict_row) as cur,
+        ):
+            cur.execute(query, params)
+            return cur.fetchall()
+
+    def wait(self, seconds: float, wake: socket.socket) -> tuple[list[str], bool]:
+        """Wait up to ``seconds`` for notifications or a byte on ``wake`` (drained); the
+        payloads heard, and whether ``wake`` was. Without a connection (or LISTEN), only
+        ``wake`` is watched."""
+        conn = self._conn if self.listens else None
+        with self._lost_on_failure():
+            if conn is not None:
+                # Notifications that came in during the last read are kept by psycopg.
+                kept = [n.payload for n in conn.notifies(timeout=0)]
+                if kept:
+                    return kept, False
+            sources: list[Any] = [wake] if conn is None else [wake, conn.pgconn.socket]
+            ready, _, _ = select.select(sources, [], [], seconds)
+            woken = wake in ready
+            if woken:
+                with contextlib.suppress(BlockingIOError):
+                    wake.recv(4096)
+            heard: list[str] = []
+            if conn is not None and conn.pgconn.socket in ready:
+                heard = [n.payload for n in conn.notifies(timeout=0)]
+            return heard, woken
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def abandon(self) -> None:
+        """In a child just forked: never use nor close the parent's connection; its socket
+        is pointed at /dev/null and the connection kept for ever."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            with contextlib.suppress(OSError, psycopg.Error):
+                os.dup2(devnull, conn.pgconn.socket)
+        finally:
+            os.close(devnull)
+        _INHERITED.append(conn)
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            with self._lost_on_failure():
+                conn = connect(self.dsn, name=self.name, pooled=self.pooled)
+                try:
+                    for channel in self.channels if self.listens else ():
+                        listen(conn, channel)
+                except BaseException:
+                    conn.close()
+                    raise
+                self._conn = conn
+        return self._conn
+
+    @contextlib.contextmanager
+    def _lost_on_failure(self) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.OperationalError as exc:
+            self.close()
+            raise ConnectionLost(first_line(exc)) from exc

@@ -1,0 +1,196 @@
+"""Every wait of one client (``wait()``, ``result()``, sync and async) shares one connection
+and one thread, and each keeps its own answer, deadline and error.
+
+Runs here end by a signal the test sends, so no worker is needed and the test decides
+when each run ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from cyclone_dsl import AsyncClient, Client, RunNotFound, RunState, wait_signal, workflow
+from cyclone_dsl.client import watch
+from tests.integration.test_fka_audit import fork_children
+from tests.waiting import wait_until
+
+
+@workflow(name="rw_wait_go")
+def wait_go(x):  # type: ignore[no-untyped-def]
+    return wait_signal("rw_go")
+
+
+def wait_backends(dsn: str) -> set[int]:
+    """The backends of this process's wait connections (``cyclone-wait-<pid>``)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+            (f"cyclone-wait-{os.getpid()}",),
+        ).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+@pytest.fixture
+def waiter(cyclone_dsn: str) -> Iterator[Client]:
+    with Client(cyclone_dsn) as client:
+        yield client
+
+
+def in_flight(client: Client) -> int:
+    """Waits the client's watcher holds (to know they all began)."""
+    with client._watcher._lock:
+        return sum(len(w) for w in client._watcher._waits.values())
+
+
+def test_a_hundred_waits_of_one_client_share_one_connection(
+    cyclone_dsn: str, client: Client, waiter: Client
+) -> None:
+    """60 threads in result() and 40 tasks of an AsyncClient: two wait connections (one
+    per client), and each wait returns its own run's result once a signal ends it."""
+    runs = [client.submit(wait_go, i).id for i in range(100)]
+    others = wait_backends(cyclone_dsn)
+    results: dict[int, Any] = {}
+
+    def sync_wait(run_id: int) -> None:
+        results[run_id] = waiter.result(run_id, timeout=60)
+
+    threads = [threading.Thread(target=sync_wait, args=(r,)) for r in runs[:60]]
+    for thread in threads:
+        thread.start()
+
+    async def async_waits(aclient: AsyncClient) -> list[Any]:
+        return list(await asyncio.gather(*(aclient.result(r, timeout=60) for r in runs[60:])))
+
+    async def main() -> list[Any]:
+        async with AsyncClient(cyclone_dsn) as aclient:
+            task = asyncio.ensure_future(async_waits(aclient))
+            await asyncio.to_thread(
+                wait_until,
+                lambda: in_flight(waiter) == 60 and in_flight(aclient._client) == 40,
+                what="every wait to begin",
+            )
+            opened = wait_backends(cyclone_dsn) - others
+            for run_id in runs:
+                client.signal(run_id, "rw_go", f"go {run_id}")
+            return [opened, await task]
+
+    opened, async_results = asyncio.run(main())
+    for thread in threads:
+        thread.join(60)
+    assert len(opened) == 2, opened
+    assert results == {r: f"go {r}" for r in runs[:60]}
+    assert async_results == [f"go {r}" for r in runs[60:]]
+
+
+def test_each_wait_keeps_its_own_deadline_and_error(client: Client, waiter: Client) -> None:
+    """On one client at once: a wait that times out, one for a run that does not exist,
+    and one that goes on until its run ends; none answers for another."""
+    slow, quick = client.submit(wait_go, 1).id, client.submit(wait_go, 2).id
+    outcomes: dict[str, object] = {}
+
+    def record(name: str, call: Any) -> None:
+        try:
+            outcomes[name] = call()
+        except Exception as exc:  # the test reads what ended each wait
+            outcomes[name] = exc
+
+    threads = [
+        threading.Thread(target=record, args=("slow", lambda: waiter.wait(slow, 60).state)),
+        threading.Thread(target=record, args=("timeout", lambda: waiter.wait(quick, 0.3))),
+        threading.Thread(target=record, args=("missing", lambda: waiter.wait(10**12, 30))),
+    ]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: "timeout" in outcomes and "missing" in outcomes, what="two waits to end")
+    assert "slow" not in outcomes
+    client.signal(slow, "rw_go", "now")
+    for thread in threads:
+        thread.join(30)
+    assert outcomes["slow"] is RunState.COMPLETED
+    timed_out = outcomes["timeout"]
+    assert isinstance(timed_out, TimeoutError), timed_out
+    assert f"run {quick} is still running" in str(timed_out)
+    assert isinstance(outcomes["missing"], RunNotFound)
+
+
+def test_a_wait_with_no_time_left_reads_the_run_once(client: Client, waiter: Client) -> None:
+    ended = client.submit(wait_go, 1).id
+    client.signal(ended, "rw_go", "done")
+    assert waiter.result(ended, timeout=0) == "done"
+    going = client.submit(wait_go, 2).id
+    with pytest.raises(TimeoutError, match="still running"):
+        waiter.wait(going, timeout=0)
+
+
+def test_an_idle_watcher_gives_its_connection_back_and_starts_again(
+    cyclone_dsn: str, client: Client, waiter: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watch, "IDLE_SECONDS", 0.3)
+    others = wait_backends(cyclone_dsn)
+    run_id = client.submit(wait_go, 1).id
+    client.signal(run_id, "rw_go", "first")
+    assert waiter.result(run_id, timeout=10) == "first"
+    wait_until(lambda: not wait_backends(cyclone_dsn) - others, what="the connection to close")
+    again = client.submit(wait_go, 2).id
+    client.signal(again, "rw_go", "second")
+    assert waiter.result(again, timeout=10) == "second"
+
+
+def test_waits_through_a_pooled_dsn_poll_on_one_connection(
+    cyclone_dsn: str, client: Client
+) -> None:
+    """``pooled=True`` and no ``listen_dsn``: no LISTEN; the waits read every 0.25 s, all
+    on one connection."""
+    runs = [client.submit(wait_go, i).id for i in range(20)]
+    others = wait_backends(cyclone_dsn)
+    with Client(cyclone_dsn, pooled=True) as pooled:
+        assert not pooled.wait_route.listen
+        results: dict[int, Any] = {}
+        threads = [
+            threading.Thread(target=lambda r=r: results.update({r: pooled.result(r, timeout=30)}))
+            for r in runs
+        ]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: in_flight(pooled) == 20, what="every wait to begin")
+        opened = wait_backends(cyclone_dsn) - others
+        for run_id in runs:
+            client.signal(run_id, "rw_go", run_id)
+        for thread in threads:
+            thread.join(30)
+    assert len(opened) == 1, opened
+    assert results == {r: r for r in runs}
+
+
+def test_a_forked_child_waits_on_its_own_connection_and_leaves_the_parents(
+    cyclone_dsn: str, client: Client, waiter: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent's watcher is connected when the child forks: the child's waits open a
+    connection of their own, and the parent's goes on (a child that used or closed the
+    inherited one would end the parent's session)."""
+    monkeypatch.setattr(watch, "IDLE_SECONDS", 60.0)
+    first = client.submit(wait_go, 1).id
+    client.signal(first, "rw_go", "parent")
+    assert waiter.result(first, timeout=10) == "parent"
+    parents = wait_backends(cyclone_dsn)
+    ended = client.submit(wait_go, 2).id
+    client.signal(ended, "rw_go", "child")
+
+    def in_child(_: int) -> object:
+        value = waiter.result(ended, timeout=10)
+        waiter.close()
+        return value
+
+    [report] = fork_children(1, in_child, bound=20)
+    assert report == {"ok": True, "value": "child"}
+    assert parents <= wait_backends(cyclone_dsn)  # the parent's session is still there
+    later = client.submit(wait_go, 3).id
+    client.signal(later, "rw_go", "after")
+    assert waiter.result(later, timeout=10) == "after"
