@@ -503,13 +503,15 @@ def test_a_debounced_run_takes_the_deadline_of_its_last_submit(
     assert len({h.id for h in handles}) == 1
     start_worker(refresh_wf)
     assert handles[-1].result(timeout=20) == 7
-    # The last submit without a deadline leaves the run without one.
+    # The last submit without a deadline leaves the run without one. (A window of 3 s: the
+    # second submit joins it however loaded the machine is; the first's 0.2 s deadline
+    # passes long before the run starts.)
+    wide = Debounce(key="doc", delay=timedelta(seconds=3))
     first = client.submit(
-        refresh_wf, {"doc": "d5", "n": 1}, debounce=debounce, deadline=timedelta(seconds=0.2)
+        refresh_wf, {"doc": "d5", "n": 1}, debounce=wide, deadline=timedelta(seconds=0.2)
     )
-    last = client.submit(refresh_wf, {"doc": "d5", "n": 2}, debounce=debounce)
+    last = client.submit(refresh_wf, {"doc": "d5", "n": 2}, debounce=wide)
     assert last.id == first.id
-    time.sleep(0.5)
     assert last.result(timeout=20) == 2
 
 

@@ -330,10 +330,10 @@ def test_async_client_pause_and_resume(
             paused = (await aclient.get_run(handle.id)).state
             await asyncio.sleep(0.5)  # a worker is up: nothing of a paused run is claimed
             still = (await aclient.get_run(handle.id)).state
-            gate("hold").set()
             await aclient.resume(handle.id)
-            with pytest.raises(InvalidTransition):
+            with pytest.raises(InvalidTransition):  # before the run can end: pa_hold holds
                 await aclient.resume(handle.id)
+            gate("hold").set()
             result = await handle.result(timeout=10)
             with pytest.raises(AlreadyTerminal):
                 await aclient.pause(handle.id)
