@@ -240,6 +240,13 @@ def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[st
         add(f"{name} wake-up, median", theirs, "ms")
         add(f"wake-up median vs {name}", median, "ms", name, theirs, "faster", True)
 
+    waited = cy.median(cy.result_latency(admin, size["samples"])) * 1000
+    add("result() latency, median", waited, "ms", "wake-up (handler start)", median, "", True)
+    at_once = size["samples"] * 4
+    drained, connections = cy.waits_at_once(admin, at_once)
+    add(f"{at_once} result() at once: wait connections", connections, "", target="1")
+    add(f"{at_once} result() at once: all returned", drained * 1000, "ms")
+
     submits(admin, size, add, raw)
     grown, empty = bracketed(
         lambda: cy.noop_throughput_with_history(admin, size["jobs"], size["history"]),

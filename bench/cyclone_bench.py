@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import threading
 import time
@@ -244,6 +245,52 @@ def wakeup_latency(admin: str, samples: int) -> list[float]:
         finally:
             worker.stop()
     return latencies
+
+
+def result_latency(admin: str, samples: int) -> list[float]:
+    """Seconds from enqueue to ``result()`` returning, with an idle worker: the wake-up,
+    the handler, the completion's commit and notification, and the client's read."""
+    latencies = []
+    with fresh(admin) as dsn, Client(dsn) as client:
+        worker = _worker(dsn, poll_interval=5.0, concurrency=4)
+        worker.start()
+        try:
+            time.sleep(0.5)
+            for _ in range(samples):
+                before = time.perf_counter()
+                client.enqueue(flows.noop, None).result(timeout=30)
+                latencies.append(time.perf_counter() - before)
+                time.sleep(0.02)
+        finally:
+            worker.stop()
+    return latencies
+
+
+def waits_at_once(admin: str, waits: int) -> tuple[float, int]:
+    """``waits`` threads in ``result()`` of one client while a worker drains their steps:
+    seconds from the worker's start to the last return, and the client's wait
+    connections seen while they all waited."""
+    with fresh(admin) as dsn, Client(dsn) as client:
+        handles = client.enqueue_many(flows.noop, [None] * waits)
+        threads = [threading.Thread(target=h.result, kwargs={"timeout": 60}) for h in handles]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                (f"cyclone-wait-{os.getpid()}",),
+            ).fetchone()
+        connections = int(row[0]) if row else 0
+        worker = _worker(dsn)
+        started = time.perf_counter()
+        worker.start()
+        try:
+            for thread in threads:
+                thread.join(60)
+            return time.perf_counter() - started, connections
+        finally:
+            worker.stop()
 
 
 def submit_rate(admin: str, runs: int) -> float:

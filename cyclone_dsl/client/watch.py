@@ -67,6 +67,9 @@ class _Wait:
     wake: Callable[[], None]
     #: The watcher's failure count when the wait began.
     failures_before: int
+    #: Waits are numbered as they begin: a read answers only those that began before it
+    #: was sent (a later one could be told a state its run had already left).
+    number: int
     ended: str | None = None
     error: BaseException | None = None
     last_state: str | None = None
@@ -84,6 +87,7 @@ class RunWatcher:
         self._fresh: set[int] = set()  # runs whose waits began since the last read
         self._closed = False
         self._failures = 0
+        self._begun = 0  # the number of the last wait that began
         self._thread: threading.Thread | None = None
         self._listener = self._new_listener()
         # The thread's wake-up: a socket pair it selects on with its connection (made
@@ -151,7 +155,8 @@ class RunWatcher:
         with self._lock:
             if self._closed or self._client_closed():
                 raise ClientClosed("the client was closed: open a new one")
-            wait = _Wait(run_id, wake, self._failures)
+            self._begun += 1
+            wait = _Wait(run_id, wake, self._failures, self._begun)
             self._waits.setdefault(run_id, []).append(wait)
             self._fresh.add(run_id)
             if self._thread is None:
@@ -197,6 +202,9 @@ class RunWatcher:
     def _watch(self, wake: socket.socket) -> None:
         try:
             self._watch_until_idle(wake)
+        except Exception as exc:  # a bug of the watcher's own: no wait is left hanging on it
+            self._fail_waits(exc)
+            raise
         finally:
             self._retire()
 
@@ -252,7 +260,10 @@ class RunWatcher:
         _close_pair(pair)
 
     def _read(self, ids: list[int]) -> None:
-        """Read the runs' states (connecting first if need be) and answer their waits."""
+        """Read the runs' states (connecting first if need be) and answer the waits that
+        began before the read."""
+        with self._lock:
+            before = self._begun
         rows = self._listener.rows(Q.get_run_states, {"run_ids": ids})
         states = {int(r["id"]): str(r["state"]) for r in rows}
         woken: list[_Wait] = []
@@ -260,6 +271,8 @@ class RunWatcher:
             for run_id in ids:
                 state = states.get(run_id)
                 for wait in self._waits.get(run_id, []):
+                    if wait.number > before:
+                        continue  # its own read comes next (it is fresh)
                     if state is None:
                         wait.error = RunNotFound(run_id)
                     elif RunState(state).is_terminal:
