@@ -226,24 +226,31 @@ def fan_out_throughput(admin: str, items: int) -> float:
         return items / _drain(_worker(dsn), items + 1)
 
 
-def wakeup_latency(admin: str, samples: int) -> list[float]:
-    """Seconds from enqueue to handler start, with an idle worker (LISTEN, not polling)."""
-    latencies = []
+@contextmanager
+def _idle_worker(admin: str) -> Iterator[Client]:
+    """A client of a fresh schema whose worker is started and idle (LISTEN, not polling)."""
     with fresh(admin) as dsn, Client(dsn) as client:
         worker = _worker(dsn, poll_interval=5.0, concurrency=4)
         worker.start()
         try:
             time.sleep(0.5)
-            for _ in range(samples):
-                flows.started.clear()
-                before = time.perf_counter()
-                client.enqueue(flows.mark, None)
-                while not flows.started:
-                    time.sleep(0.0002)
-                latencies.append(flows.started[0] - before)
-                time.sleep(0.02)
+            yield client
         finally:
             worker.stop()
+
+
+def wakeup_latency(admin: str, samples: int) -> list[float]:
+    """Seconds from enqueue to handler start, with an idle worker (LISTEN, not polling)."""
+    latencies = []
+    with _idle_worker(admin) as client:
+        for _ in range(samples):
+            flows.started.clear()
+            before = time.perf_counter()
+            client.enqueue(flows.mark, None)
+            while not flows.started:
+                time.sleep(0.0002)
+            latencies.append(flows.started[0] - before)
+            time.sleep(0.02)
     return latencies
 
 
@@ -251,18 +258,12 @@ def result_latency(admin: str, samples: int) -> list[float]:
     """Seconds from enqueue to ``result()`` returning, with an idle worker: the wake-up,
     the handler, the completion's commit and notification, and the client's read."""
     latencies = []
-    with fresh(admin) as dsn, Client(dsn) as client:
-        worker = _worker(dsn, poll_interval=5.0, concurrency=4)
-        worker.start()
-        try:
-            time.sleep(0.5)
-            for _ in range(samples):
-                before = time.perf_counter()
-                client.enqueue(flows.noop, None).result(timeout=30)
-                latencies.append(time.perf_counter() - before)
-                time.sleep(0.02)
-        finally:
-            worker.stop()
+    with _idle_worker(admin) as client:
+        for _ in range(samples):
+            before = time.perf_counter()
+            client.enqueue(flows.noop, None).result(timeout=30)
+            latencies.append(time.perf_counter() - before)
+            time.sleep(0.02)
     return latencies
 
 

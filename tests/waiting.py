@@ -8,9 +8,12 @@ with what it waited for once the deadline passes.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
+
+import psycopg
 
 T = TypeVar("T")
 
@@ -32,3 +35,14 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"waited {timeout:g}s for {what}; last seen: {value!r}")
         time.sleep(interval)
+
+
+def wait_backends(dsn: str) -> set[int]:
+    """The server backends of this process's wait connections (``cyclone-wait-<pid>``:
+    one per client while any of its ``wait()`` / ``result()`` calls wait)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+            (f"cyclone-wait-{os.getpid()}",),
+        ).fetchall()
+    return {int(r[0]) for r in rows}

@@ -8,33 +8,21 @@ when each run ends.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 
 from cyclone_dsl import AsyncClient, Client, RunNotFound, RunState, wait_signal, workflow
 from cyclone_dsl.client import watch
 from tests.integration.test_fka_audit import fork_children
-from tests.waiting import wait_until
+from tests.waiting import wait_backends, wait_until
 
 
 @workflow(name="rw_wait_go")
 def wait_go(x):  # type: ignore[no-untyped-def]
     return wait_signal("rw_go")
-
-
-def wait_backends(dsn: str) -> set[int]:
-    """The backends of this process's wait connections (``cyclone-wait-<pid>``)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
-            (f"cyclone-wait-{os.getpid()}",),
-        ).fetchall()
-    return {int(r[0]) for r in rows}
 
 
 @pytest.fixture

@@ -13,13 +13,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -36,7 +34,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.client import handle, watch
-from tests.waiting import wait_until
+from tests.waiting import wait_backends, wait_until
 
 
 @workflow(name="rwa_gate")
@@ -45,16 +43,6 @@ def rwa_gate(x):  # type: ignore[no-untyped-def]
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-def wait_backends(dsn: str) -> set[int]:
-    """The backends of this process's wait connections (``cyclone-wait-<pid>``)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
-            (f"cyclone-wait-{os.getpid()}",),
-        ).fetchall()
-    return {int(r[0]) for r in rows}
 
 
 def watcher_threads() -> set[threading.Thread]:
