@@ -44,6 +44,49 @@ class Claimed:
     gated: bool = False
 
 
+#: A gated claim looks at this many keys at least (then as many from the first), however
+#: little room the claimer has: a few keys whose slots are all taken must not hide the
+#: others from a claimer with one free handler.
+MIN_GATE_KEYS = 16
+#: Windows of keys one claim looks at, at most, when they yield nothing (the cursor moves
+#: on from each: the next claim goes on from there).
+MAX_GATE_WINDOWS = 4
+
+
+def _claim_gated(
+    tx: Tx,
+    params: dict[str, object],
+    *,
+    queue: str,
+    room: int,
+    capped: bool,
+    cursors: dict[str, str] | None,
+) -> list[Row]:
+    """The gated claim of one queue, fair across its keys from ``cursors[queue]`` on. A
+    window of keys that yields nothing (every slot they need is taken) moves the cursor
+    past it, and the next window is tried at once, until one yields, the windows have
+    looked at every key, or :data:`MAX_GATE_WINDOWS` were tried."""
+    origin = after = cursors.get(queue, "") if cursors is not None else ""
+    window = {"queue": queue, "max_keys": max(room, MIN_GATE_KEYS)}
+    for _ in range(MAX_GATE_WINDOWS):
+        got = tx.rows(
+            Q.claim_gated_steps, **params, **window, limit=room, after_key=after, capped=capped
+        )
+        if got:
+            if cursors is not None:
+                cursors[queue] = max(got, key=lambda r: (r["turn"], r["key_ord"]))["fair_key"]
+            return got
+        end = tx.one(Q.gate_window_end, **window, after_key=after, origin=origin)
+        if end is None:
+            return []
+        after = end["fair_key"]
+        if cursors is not None:
+            cursors[queue] = after
+        if end["went_round"]:
+            return []
+    return []
+
+
 def claim(
     tx: Tx,
     *,
@@ -102,18 +145,9 @@ def claim(
             if rows:
                 failpoint("claim.between_queues")
             if queue in holding_gates:
-                after = cursors.get(queue, "") if cursors is not None else ""
-                got = tx.rows(
-                    Q.claim_gated_steps,
-                    **params,
-                    queue=queue,
-                    limit=room,
-                    after_key=after,
-                    max_keys=room,
-                    capped=queue in capped,
+                got = _claim_gated(
+                    tx, params, queue=queue, room=room, capped=queue in capped, cursors=cursors
                 )
-                if got and cursors is not None:
-                    cursors[queue] = max(got, key=lambda r: (r["turn"], r["key_ord"]))["fair_key"]
                 rows += got
                 room -= len(got)
             if room > 0:

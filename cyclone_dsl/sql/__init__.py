@@ -87,6 +87,7 @@ class _Queries:
     ensure_slots: LiteralString
     insert_gates: LiteralString
     gate_fan_out_items: LiteralString
+    gate_window_end: LiteralString
     claim_gated_steps: LiteralString
     claim_capped_steps: LiteralString
     queue_caps: LiteralString

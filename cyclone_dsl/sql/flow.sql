@@ -64,18 +64,10 @@ JOIN cyclone_steps AS i ON i.run_id = f.run_id AND i.item_of = f.node
 WHERE g.step_id = ANY(%(ids)b::bigint[])
 ON CONFLICT (step_id) DO NOTHING
 
--- name: claim_gated_steps
--- Claim up to %(limit)s steps of one queue that limits apply to. Fair: the queue's keys are
--- taken in turn, starting after %(after_key)s (at most %(max_keys)s keys per claim), one
--- step of each key per turn, each key's due steps in priority order. A step is taken only
--- when every slot it needs is free (its kind's key, its run's key unless the run holds a
--- slot already, its rate budget, the queue's cap when %(capped)s); the slots go to the
--- claimed steps in the same statement, and concurrent claimers never share one (SKIP
--- LOCKED). Counts are conservative: a step can be left for the next claim, never let past
--- a limit. Autocommit, like claim_steps.
-WITH RECURSIVE relaxed AS (
-    SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
-),
+-- fragment: gate_key_window
+-- The keys a gated claim of %(queue)s looks at, in turn: at most %(max_keys)s keys after
+-- %(after_key)s, then as many from the first (part 1: the window went round), each read
+-- with one index probe (a loose scan of idx_ext_gates_claim).
 later_keys(fair_key) AS (
     (SELECT g.fair_key FROM cyclone_ext_gates AS g
      WHERE g.queue = %(queue)s AND g.fair_key > %(after_key)s
@@ -107,7 +99,43 @@ some_keys AS (
 keys AS (
     SELECT fair_key, row_number() OVER (ORDER BY part, fair_key) AS key_ord
     FROM some_keys
+)
+
+-- name: gate_window_end
+-- Where a gated claim that took nothing moves its cursor, so that the next one looks at the
+-- next keys (a window of keys whose slots are all taken would otherwise be looked at by
+-- every claim, and a key with a free slot beyond it never): the last key after the cursor
+-- when the window held %(max_keys)s of them (more may follow), else the last of the first
+-- keys it went round to. went_round: the windows since %(origin)s, the cursor the claim
+-- began with, have looked at every key.
+WITH RECURSIVE {{gate_key_window}},
+later AS (SELECT max(fair_key) AS last, count(*) AS n FROM some_keys WHERE part = 0),
+earlier AS (SELECT max(fair_key) AS last FROM some_keys WHERE part = 1),
+chosen AS (
+    SELECT CASE WHEN l.n = %(max_keys)s OR e.last IS NULL THEN l.last ELSE e.last END
+               AS fair_key,
+           NOT (l.n = %(max_keys)s OR e.last IS NULL) AS wrapped
+    FROM later AS l CROSS JOIN earlier AS e
+)
+SELECT c.fair_key,
+       CASE WHEN c.wrapped THEN %(origin)s > %(after_key)s OR %(origin)s <= c.fair_key
+            ELSE %(after_key)s < %(origin)s AND %(origin)s <= c.fair_key END AS went_round
+FROM chosen AS c
+WHERE c.fair_key IS NOT NULL
+
+-- name: claim_gated_steps
+-- Claim up to %(limit)s steps of one queue that limits apply to. Fair: the queue's keys are
+-- taken in turn, starting after %(after_key)s (at most %(max_keys)s keys per claim), one
+-- step of each key per turn, each key's due steps in priority order. A step is taken only
+-- when every slot it needs is free (its kind's key, its run's key unless the run holds a
+-- slot already, its rate budget, the queue's cap when %(capped)s); the slots go to the
+-- claimed steps in the same statement, and concurrent claimers never share one (SKIP
+-- LOCKED). Counts are conservative: a step can be left for the next claim, never let past
+-- a limit. Autocommit, like claim_steps.
+WITH RECURSIVE relaxed AS (
+    SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
 ),
+{{gate_key_window}},
 per_key AS (
     SELECT ceil(%(limit)s::float8 / greatest(count(*), 1))::int AS n FROM keys
 ),

@@ -36,6 +36,7 @@ ALSO = {
     "finish_runs": ("cyclone_ext_gates",),
     "end_runs": ("cyclone_ext_gates",),
     "queues_waiting_for_run_slots": ("cyclone_ext_gates",),
+    "gate_window_end": ("cyclone_ext_gates",),
 }
 #: Plan nodes a statement must not use: the gated claim looks steps up by primary key, never
 #: by walking every available step of the queue for each gated one; the main claim probes
@@ -151,6 +152,10 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
             },
         ),
         "claim_gated_steps": (Q.claim_gated_steps, gated_claim("plan_keyed")),
+        "gate_window_end": (
+            Q.gate_window_end,
+            {"queue": "default", "after_key": "k5", "max_keys": 16, "origin": "k5"},
+        ),
         "queues_waiting_for_run_slots": (
             Q.queues_waiting_for_run_slots,
             {"run_ids": limited_runs(conn)},
@@ -280,6 +285,7 @@ HOT_STATEMENTS = [
     "claim_gated_steps",
     "claim_gated_steps_rated",
     "queues_waiting_for_run_slots",
+    "gate_window_end",
     "expired_leases",
     "timed_out_steps",
     "due_timers",
