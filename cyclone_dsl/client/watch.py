@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
 import socket
 import threading
 import time
@@ -34,7 +33,7 @@ import attrs
 from cyclone_dsl.client.handle import RECONNECT_SECONDS, WaitRoute, deadline_of
 from cyclone_dsl.db.follow import ConnectionLost
 from cyclone_dsl.db.listen import PING_TIMEOUT_S
-from cyclone_dsl.db.listener import Listener
+from cyclone_dsl.db.listener import Listener, readable
 from cyclone_dsl.engine import RUN_DONE_CHANNEL, run_ids_of
 from cyclone_dsl.errors import ClientClosed, RunNotFound
 from cyclone_dsl.sql import Q
@@ -301,7 +300,7 @@ class RunWatcher:
             waits = [w for ws in self._waits.values() for w in ws]
         for wait in waits:
             wait.wake()
-        select.select([wake], [], [], RECONNECT_SECONDS)
+        readable([wake.fileno()], RECONNECT_SECONDS)
 
     def _fail_waits(self, exc: Exception) -> None:
         """An error that is not a lost connection (the schema is missing, a permission):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
+import selectors
 import socket
 from collections.abc import Iterator, Sequence
 from typing import Any, LiteralString
@@ -74,9 +74,10 @@ class Listener:
                 kept = [n.payload for n in conn.notifies(timeout=0)]
                 if kept:
                     return kept, False
-            sources: list[Any] = [wake] if conn is None else [wake, conn.pgconn.socket]
-            ready, _, _ = select.select(sources, [], [], seconds)
-            woken = wake in ready
+            ready = readable(
+                [wake.fileno()] if conn is None else [wake.fileno(), conn.pgconn.socket], seconds
+            )
+            woken = wake.fileno() in ready
             if woken:
                 with contextlib.suppress(BlockingIOError):
                     wake.recv(4096)
@@ -124,3 +125,12 @@ class Listener:
         except psycopg.OperationalError as exc:
             self.close()
             raise ConnectionLost(first_line(exc)) from exc
+
+
+def readable(fds: Sequence[int], seconds: float) -> set[int]:
+    """Which of ``fds`` can be read within ``seconds`` (a selector, not ``select()``: a busy
+    process has descriptors past 1024, which ``select()`` refuses)."""
+    with selectors.DefaultSelector() as selector:
+        for fd in fds:
+            selector.register(fd, selectors.EVENT_READ)
+        return {key.fd for key, _ in selector.select(seconds)}

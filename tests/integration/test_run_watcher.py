@@ -8,6 +8,8 @@ when each run ends.
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -182,3 +184,31 @@ def test_a_forked_child_waits_on_its_own_connection_and_leaves_the_parents(
     later = client.submit(wait_go, 3).id
     client.signal(later, "rw_go", "after")
     assert waiter.result(later, timeout=10) == "after"
+
+
+def test_waits_work_in_a_process_with_descriptors_past_1024(
+    cyclone_dsn: str, client: Client
+) -> None:
+    """A busy server process (a web app with many open sockets) gets descriptors past 1024,
+    which select() refuses: the watcher's connection and wake-up socket are among them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if min(hard, 4096) < 1200:
+        pytest.skip(f"this process may open only {hard} files")
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with Client(cyclone_dsn) as waiter:
+            run_id = client.submit(wait_go, 1).id
+            thread = threading.Thread(
+                target=lambda: client.signal(run_id, "rw_go", "high"), daemon=True
+            )
+            timer = threading.Timer(0.3, thread.start)
+            timer.start()
+            assert waiter.result(run_id, timeout=20) == "high"
+            assert waiter._watcher._wake is not None
+            assert waiter._watcher._wake[0].fileno() > 1024
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
