@@ -316,6 +316,15 @@ free_count AS (
     LEFT JOIN excess AS e ON e.scope = f.scope AND e.key = f.key
     GROUP BY f.scope, f.key
 ),
+-- Candidates that no share can serve (one they need has no free slot: their key is at its
+-- limit) claim nothing and must not count against the others: in a queue cap or a rate
+-- budget shared with other keys, a blocked key's step counted first would take the only
+-- free slot on paper, and nothing would be claimed while that key stays at its limit.
+hopeless AS (
+    SELECT DISTINCT n.id FROM needs AS n
+    LEFT JOIN free_count AS f ON f.scope = n.scope AND f.key = n.key
+    WHERE coalesce(f.n, 0) < n.units
+),
 demand AS (
     SELECT n.id, n.scope, n.key,
            CASE WHEN n.run_id IS NOT NULL
@@ -324,10 +333,12 @@ demand AS (
                                         ORDER BY c.turn, c.key_ord, n.id)
            END AS upto
     FROM needs AS n JOIN cands AS c ON c.id = n.id
+    WHERE n.id NOT IN (SELECT id FROM hopeless)
 ),
 selected AS (
     SELECT c.id, c.fair_key, c.turn, c.key_ord FROM cands AS c
-    WHERE NOT EXISTS (
+    WHERE c.id NOT IN (SELECT id FROM hopeless)
+      AND NOT EXISTS (
         SELECT 1 FROM demand AS d
         LEFT JOIN free_count AS f ON f.scope = d.scope AND f.key = d.key
         WHERE d.id = c.id AND d.upto > coalesce(f.n, 0))
