@@ -125,20 +125,35 @@ async def in_callers_async_transaction(
     """:func:`in_callers_transaction` for an async connection (see the module docstring)."""
     _check_connection(conn, psycopg.AsyncConnection)
     async with _async_one_at_a_time(conn):
-        return await _in_callers_async_transaction(conn, work, shift)
+        # A cancel of this call never interrupts a statement on the caller's connection:
+        # psycopg would ask the server to cancel the one in flight, which aborts the
+        # caller's whole transaction (its own rows lost at its commit). The call goes on
+        # to the end of its statement, then rolls back its savepoint (nothing of it is
+        # kept), and the cancel goes through.
+        cancelled = threading.Event()
+        call = asyncio.ensure_future(_in_callers_async_transaction(conn, work, shift, cancelled))
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            cancelled.set()
+            with contextlib.suppress(Exception):
+                await call
+            raise
 
 
 async def _in_callers_async_transaction(
-    conn: AsyncConnection, work: Callable[[Tx], T], shift: timedelta
+    conn: AsyncConnection, work: Callable[[Tx], T], shift: timedelta, cancelled: threading.Event
 ) -> T:
     if conn.info.transaction_status == TransactionStatus.IDLE and not conn.autocommit:
         await conn.execute(Q.ping)
     elif conn.info.transaction_status == TransactionStatus.INTRANS:
         async with psycopg.AsyncCursor(conn, row_factory=tuple_row) as cur:
             shift += _age(await (await cur.execute(Q.transaction_age)).fetchone())
+    if cancelled.is_set():
+        raise asyncio.CancelledError
     loop = asyncio.get_running_loop()
     with _schema_errors_typed():
-        return await _in_async_savepoint(conn, work, shift, loop)
+        return await _in_async_savepoint(conn, work, shift, loop, cancelled)
 
 
 async def _in_async_savepoint(
@@ -146,19 +161,18 @@ async def _in_async_savepoint(
     work: Callable[[Tx], T],
     shift: timedelta,
     loop: asyncio.AbstractEventLoop,
+    cancelled: threading.Event,
 ) -> T:
     async with conn.transaction():
-        engine_thread = asyncio.ensure_future(
-            asyncio.to_thread(work, AsyncConnectionTx(conn, loop, shift))
-        )
-        try:
-            return await asyncio.shield(engine_thread)
-        except asyncio.CancelledError:
-            # The thread still issues statements on ``conn``: the transaction block must
-            # not roll back under it. Let it finish, then let the cancellation through.
-            with contextlib.suppress(Exception):
-                await engine_thread
-            raise
+        result = await asyncio.to_thread(work, AsyncConnectionTx(conn, loop, shift))
+        if cancelled.is_set():
+            # The caller cancelled meanwhile: the block rolls back to its savepoint.
+            raise _Cancelled
+        return result
+
+
+class _Cancelled(Exception):
+    """Rolls the savepoint back (the block sees an error), then raised as a cancel."""
 
 
 def _check_connection(conn: object, wanted: type) -> None:
