@@ -236,6 +236,14 @@ WITH candidates(run_id, node) AS (
     FOR NO KEY UPDATE OF s
 ), {{activate_candidates}}
 
+-- fragment: ended_run
+-- What the statements that end runs return of each (r): run_limited, whether it was under a
+-- workflow limit (its end frees a run slot), is a scalar subquery probed per run: written
+-- as EXISTS it was hashed from a scan of every gate.
+r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.finished_at,
+(SELECT true FROM cyclone_ext_gates AS g
+ WHERE g.run_id = r.id AND g.run_scope IS NOT NULL LIMIT 1) IS NOT NULL AS run_limited
+
 -- name: finish_runs
 -- Complete the runs whose every step is terminal. The state guard is written as a CASE so
 -- that no index on state can drive the plan: with stale statistics (a burst of new runs on
@@ -251,11 +259,7 @@ WHERE r.id = ANY(%(run_ids)b::bigint[])
   AND (SELECT 1 FROM cyclone_steps AS s
        WHERE s.run_id = r.id AND s.state NOT IN ('completed', 'discarded', 'cancelled')
        LIMIT 1) IS NULL
-RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.finished_at,
-          -- under a workflow limit: its end frees a run slot. A scalar subquery, probed per
-          -- run: written as EXISTS it was hashed from a scan of every gate.
-          (SELECT true FROM cyclone_ext_gates AS g
-           WHERE g.run_id = r.id AND g.run_scope IS NOT NULL LIMIT 1) IS NOT NULL AS run_limited
+RETURNING {{ended_run}}
 
 -- name: end_runs
 -- Fail or cancel runs that are not terminal yet. A cancel or failure ends descendants in
@@ -267,11 +271,7 @@ SET state = %(state)s,
     updated_at = greatest(now(), r.created_at)
 WHERE r.id = ANY(%(run_ids)b::bigint[])
   AND CASE WHEN r.state IN ('running', 'paused') THEN true ELSE false END
-RETURNING r.id, r.parent_run_id, r.parent_node_id, r.workflow, r.created_at, r.finished_at,
-          -- under a workflow limit: its end frees a run slot. A scalar subquery, probed per
-          -- run: written as EXISTS it was hashed from a scan of every gate.
-          (SELECT true FROM cyclone_ext_gates AS g
-           WHERE g.run_id = r.id AND g.run_scope IS NOT NULL LIMIT 1) IS NOT NULL AS run_limited
+RETURNING {{ended_run}}
 
 -- name: cancel_open_steps
 -- Cancel every non-terminal step of these runs (a late completion is then fenced). As in
