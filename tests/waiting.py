@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
+
+if TYPE_CHECKING:
+    from cyclone_dsl import Client
 
 T = TypeVar("T")
 
@@ -46,3 +49,9 @@ def wait_backends(dsn: str) -> set[int]:
             (f"cyclone-wait-{os.getpid()}",),
         ).fetchall()
     return {int(r[0]) for r in rows}
+
+
+def waits_in_flight(client: Client) -> int:
+    """The ``wait()`` / ``result()`` calls in flight on ``client`` (its watcher's count; an
+    ``AsyncClient``'s is ``waits_in_flight(aclient._client)``)."""
+    return client._watcher.in_flight()

@@ -137,11 +137,16 @@ class RunWatcher:
         finally:
             self._end(wait)
 
+    def in_flight(self) -> int:
+        """How many waits are in flight."""
+        with self._lock:
+            return len(self._all_waits())
+
     def close(self) -> None:
         """End every wait in flight with :class:`ClientClosed`, and the thread."""
         with self._lock:
             self._closed = True
-            waits = [w for ws in self._waits.values() for w in ws]
+            waits = self._all_waits()
             thread = self._thread
         for wait in waits:
             wait.wake()
@@ -222,11 +227,7 @@ class RunWatcher:
                 elif time.monotonic() - idle_since >= IDLE_SECONDS:
                     # In the same locked section as the check: a wait that begins from now
                     # on starts a new thread, with a listener of its own.
-                    self._thread = None
-                    retired, self._listener = self._listener, self._new_listener()
-                    pair, self._wake = self._wake, None
-                    retired.close()
-                    _close_pair(pair)
+                    _shut(*self._detach())
                     return
                 ids = set(self._waits)
                 due = (self._fresh | heard) & ids
@@ -252,11 +253,20 @@ class RunWatcher:
         with self._lock:
             if self._thread is not threading.current_thread():
                 return
-            self._thread = None
-            listener, self._listener = self._listener, self._new_listener()
-            pair, self._wake = self._wake, None
-        listener.close()
-        _close_pair(pair)
+            detached = self._detach()
+        _shut(*detached)
+
+    def _detach(self) -> tuple[Listener, tuple[socket.socket, socket.socket] | None]:
+        """Under the lock, as the thread ends: its listener and wake-up sockets, to be shut
+        (:func:`_shut`); the next wait starts a thread with new ones."""
+        self._thread = None
+        listener, self._listener = self._listener, self._new_listener()
+        pair, self._wake = self._wake, None
+        return listener, pair
+
+    def _all_waits(self) -> list[_Wait]:
+        """Every wait in flight (under the lock)."""
+        return [w for ws in self._waits.values() for w in ws]
 
     def _read(self, ids: list[int]) -> None:
         """Read the runs' states (connecting first if need be) and answer the waits that
@@ -297,7 +307,7 @@ class RunWatcher:
         deadline end, and pause before the next try (a new wait or a close cuts it short)."""
         with self._lock:
             self._failures += 1
-            waits = [w for ws in self._waits.values() for w in ws]
+            waits = self._all_waits()
         for wait in waits:
             wait.wake()
         readable([wake.fileno()], RECONNECT_SECONDS)
@@ -307,7 +317,7 @@ class RunWatcher:
         every wait in flight raises it, as its own read would have."""
         self._listener.close()
         with self._lock:
-            waits = [w for ws in self._waits.values() for w in ws]
+            waits = self._all_waits()
             for wait in waits:
                 wait.error = exc
         for wait in waits:
@@ -347,6 +357,11 @@ def _close_pair(pair: tuple[socket.socket, socket.socket] | None) -> None:
     if pair is not None:
         for sock in pair:
             sock.close()
+
+
+def _shut(listener: Listener, pair: tuple[socket.socket, socket.socket] | None) -> None:
+    listener.close()
+    _close_pair(pair)
 
 
 __all__ = ["IDLE_SECONDS", "RunWatcher"]

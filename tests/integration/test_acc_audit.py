@@ -42,7 +42,7 @@ from cyclone_dsl import (
     wait_signal,
     workflow,
 )
-from tests.waiting import wait_until
+from tests.waiting import wait_until, waits_in_flight
 
 # -- definitions ------------------------------------------------------------------------------
 
@@ -93,14 +93,6 @@ def listening() -> int:
     # importing what it wraps.
     kind = psycopg.AsyncConnection
     return sum(1 for o in gc.get_objects() if issubclass(type(o), kind) and not o.closed)
-
-
-def waiting(aclient: AsyncClient) -> int:
-    """The waits (``wait()``, ``result()``) in flight on ``aclient``: they share its one
-    wait connection, a sync one run by the client's watcher thread."""
-    watcher = aclient._client._watcher
-    with watcher._lock:
-        return sum(len(w) for w in watcher._waits.values())
 
 
 async def until(predicate: Callable[[], object], *, what: str, timeout: float = 20.0) -> None:
@@ -257,14 +249,16 @@ def test_acc_followers_cancelled_together_by_a_shutdown_close_every_connection(
             tasks += [asyncio.ensure_future(aclient.result(other)) for _ in range(10)]
             await until(lambda: all(len(g) == 2 for g in got), what="every follower's events")
             await until(lambda: listening() == 10, what="the 10 followers' connections open")
-            await until(lambda: waiting(aclient) == 10, what="the 10 waits to begin")
+            await until(
+                lambda: waits_in_flight(aclient._client) == 10, what="the 10 waits to begin"
+            )
             peak = listening()
             for task in tasks:
                 task.cancel()
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
             assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
             await until(lambda: listening() == 0, what="every connection closed")
-            assert waiting(aclient) == 0
+            assert waits_in_flight(aclient._client) == 0
             during = listening()
         return got, peak, during
 
@@ -350,7 +344,7 @@ def test_acc_closing_the_client_ends_its_event_followers_in_flight(
         follower = asyncio.ensure_future(collect(aclient.events(run_id)))
         waiter = asyncio.ensure_future(aclient.result(run_id))
         await until(
-            lambda: listening() == 1 and waiting(aclient) == 1,
+            lambda: listening() == 1 and waits_in_flight(aclient._client) == 1,
             what="the follower's LISTEN connection and the wait",
         )
         await asyncio.wait_for(aclient.close(), 10)
@@ -415,7 +409,9 @@ def test_acc_fastapi_helpers_on_a_disconnect_and_on_a_shutdown(
                 request.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await request
-            await until(lambda: waiting(aclient) == 0, what="the cancelled waits to leave")
+            await until(
+                lambda: waits_in_flight(aclient._client) == 0, what="the cancelled waits to leave"
+            )
             answered = await result_response(aclient, run_id, timeout=0.05)
 
             streamed: list[dict[str, Any]] = []
@@ -427,7 +423,9 @@ def test_acc_fastapi_helpers_on_a_disconnect_and_on_a_shutdown(
             held = asyncio.ensure_future(result_response(aclient, run_id, timeout=None))
             streaming = asyncio.ensure_future(stream())
             await until(lambda: streamed, what="the first status event")
-            await until(lambda: waiting(aclient) == 1, what="the held request's wait")
+            await until(
+                lambda: waits_in_flight(aclient._client) == 1, what="the held request's wait"
+            )
         # The lifespan has exited: the client is closed.
         done, pending = await asyncio.wait({held, streaming}, timeout=10)
         for task in pending:
@@ -536,7 +534,7 @@ def test_acc_a_handle_made_in_one_loop_waits_and_follows_in_another(
 
     async def cancelled_wait() -> str:
         task = asyncio.ensure_future(handle.wait(timeout=60))
-        await until(lambda: waiting(aclient) == 1, what="the wait to begin")
+        await until(lambda: waits_in_flight(aclient._client) == 1, what="the wait to begin")
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

@@ -19,7 +19,7 @@ import pytest
 from cyclone_dsl import AsyncClient, Client, RunNotFound, RunState, wait_signal, workflow
 from cyclone_dsl.client import watch
 from tests.integration.test_fka_audit import fork_children
-from tests.waiting import wait_backends, wait_until
+from tests.waiting import wait_backends, wait_until, waits_in_flight
 
 
 @workflow(name="rw_wait_go")
@@ -31,12 +31,6 @@ def wait_go(x):  # type: ignore[no-untyped-def]
 def waiter(cyclone_dsn: str) -> Iterator[Client]:
     with Client(cyclone_dsn) as client:
         yield client
-
-
-def in_flight(client: Client) -> int:
-    """Waits the client's watcher holds (to know they all began)."""
-    with client._watcher._lock:
-        return sum(len(w) for w in client._watcher._waits.values())
 
 
 def test_a_hundred_waits_of_one_client_share_one_connection(
@@ -63,7 +57,7 @@ def test_a_hundred_waits_of_one_client_share_one_connection(
             task = asyncio.ensure_future(async_waits(aclient))
             await asyncio.to_thread(
                 wait_until,
-                lambda: in_flight(waiter) == 60 and in_flight(aclient._client) == 40,
+                lambda: waits_in_flight(waiter) == 60 and waits_in_flight(aclient._client) == 40,
                 what="every wait to begin",
             )
             opened = wait_backends(cyclone_dsn) - others
@@ -149,7 +143,7 @@ def test_waits_through_a_pooled_dsn_poll_on_one_connection(
         ]
         for thread in threads:
             thread.start()
-        wait_until(lambda: in_flight(pooled) == 20, what="every wait to begin")
+        wait_until(lambda: waits_in_flight(pooled) == 20, what="every wait to begin")
         opened = wait_backends(cyclone_dsn) - others
         for run_id in runs:
             client.signal(run_id, "rw_go", run_id)

@@ -34,7 +34,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.client import handle, watch
-from tests.waiting import wait_backends, wait_until
+from tests.waiting import wait_backends, wait_until, waits_in_flight
 
 
 @workflow(name="rwa_gate")
@@ -47,13 +47,6 @@ def rwa_gate(x):  # type: ignore[no-untyped-def]
 
 def watcher_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name == "cyclone-wait" and t.is_alive()}
-
-
-def in_flight(client: Client) -> int:
-    """Waits the client's watcher holds (to know they all began)."""
-    watcher = client._watcher
-    with watcher._lock:
-        return sum(len(w) for w in watcher._waits.values())
 
 
 def gate(client: Client) -> int:
@@ -274,7 +267,7 @@ def test_rwa_a_cancelled_run_ends_its_waits_promptly(
                 asyncio.ensure_future(await_caught(aclient.handle(run_id).wait(20))),
             ]
             await until(
-                lambda: in_flight(aclient._client) == 2 and in_flight(waiter) == 2,
+                lambda: waits_in_flight(aclient._client) == 2 and waits_in_flight(waiter) == 2,
                 what="four waits to begin",
             )
             await asyncio.to_thread(client.cancel, run_id)
@@ -334,7 +327,7 @@ def test_rwa_many_waits_on_one_run_cancelled_or_timed_out_leave_the_others(
                     coro = aclient.result(run_id)
                 tasks[f"a{i}"] = asyncio.ensure_future(coro)
             await until(
-                lambda: in_flight(waiter) >= 15 and in_flight(aclient._client) >= 15,
+                lambda: waits_in_flight(waiter) >= 15 and waits_in_flight(aclient._client) >= 15,
                 what="the waits to begin",
             )
             for i in range(2, 20, 4):
@@ -365,7 +358,7 @@ def test_rwa_many_waits_on_one_run_cancelled_or_timed_out_leave_the_others(
             assert str(s) == f"run {run_id} is still running after 0.2s"
         else:
             assert s == "all"
-    assert in_flight(waiter) == 0
+    assert waits_in_flight(waiter) == 0
 
 
 # -- the watcher retiring after its idle time -------------------------------------------------
@@ -447,7 +440,7 @@ def test_rwa_pooled_route_answers_each_wait(cyclone_dsn: str, client: Client) ->
         waits.start("cancelled", lambda: pooled.result(cancelled, 20))
         waits.start("signalled", lambda: pooled.handle(going).result(20))
         waits.start("closing", lambda: pooled.wait(closing, None))
-        wait_until(lambda: in_flight(pooled) == 3, what="three waits to begin")
+        wait_until(lambda: waits_in_flight(pooled) == 3, what="three waits to begin")
         client.cancel(cancelled)
         client.signal(going, "rwa_go", "g")
         wait_until(lambda: len(waits.outcomes) == 2, what="two waits to end")
@@ -475,7 +468,7 @@ def test_rwa_closing_from_another_thread_ends_50_waits_at_once(
     for i in range(50):
         timeout = None if i % 2 else 60
         waits.start(str(i), lambda r=runs[i % 5], t=timeout: waiter.wait(r, t))
-    wait_until(lambda: in_flight(waiter) == 50, what="every wait to begin")
+    wait_until(lambda: waits_in_flight(waiter) == 50, what="every wait to begin")
     wait_until(lambda: wait_backends(cyclone_dsn) - conns_before, what="the wait connection")
     closer = threading.Thread(target=waiter.close)
     closer.start()
@@ -506,7 +499,7 @@ def test_rwa_closing_an_async_client_from_another_thread_ends_its_tasks(
             )
             for i in range(50)
         ]
-        await until(lambda: in_flight(aclient._client) == 50, what="every wait to begin")
+        await until(lambda: waits_in_flight(aclient._client) == 50, what="every wait to begin")
         began = time.monotonic()
         closer = threading.Thread(target=lambda: asyncio.run(aclient.close()))
         closer.start()
