@@ -20,6 +20,12 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+#: An idle worker's poll in tests of wake-ups: far longer than any wait, so work that starts
+#: within seconds was woken (or found by a claim), not polled.
+LONG_POLL = 60.0
+#: How long work that a wake-up starts may take to finish on a loaded machine.
+PROMPT = 8.0
+
 
 def wait_until(
     predicate: Callable[[], T], *, timeout: float = 20.0, what: str, interval: float = 0.02

@@ -29,12 +29,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cyclone_dsl import Client, Concurrency, RateLimit, RunHandle, Worker, step
-from tests.waiting import wait_until
+from tests.waiting import LONG_POLL, PROMPT, wait_until
 
-#: An idle worker's poll: far longer than any wait below, so only a wake-up starts work.
-LONG_POLL = 60.0
-#: How long work that a wake-up starts may take on a loaded machine.
-PROMPT = 8.0
 #: How long a freed key's queued step may take to start (lost: a 60 s poll).
 STALL = 6.0
 #: Behind more than ~60 blocked keys, with poll_interval=0.5: a few polls.
@@ -250,34 +246,25 @@ ODD_KEYS = [
 ]
 
 
+#: Keys of spaces and punctuation (ignored at the first level by linguistic collations: they
+#: sort among, or equal to, the letters' places). ('' is refused.)
+BLANK_ISH_KEYS = [" ", "  ", "\t", "!", ".", " k05", "k05 ", *[f"k{i:02d}" for i in range(16)]]
+
+
+@pytest.mark.parametrize(("names", "seed"), [(ODD_KEYS, 7), (BLANK_ISH_KEYS, 3)])
 def test_keys_that_sort_oddly_are_never_skipped(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], names: list[str], seed: int
 ) -> None:
     """The cursor is a key compared in SQL: every key, whatever its collation order, is
     reached by the claim when it frees (released one by one in a shuffled order)."""
-    start_worker(fca_keyed, concurrency=len(ODD_KEYS) + 1, poll_interval=LONG_POLL)
-    _block(client, ODD_KEYS, by_arg=True)
-    queued = _queue_one_each(client, ODD_KEYS, by_arg=True)
-    order = list(ODD_KEYS)
-    random.Random(7).shuffle(order)
-    for key in order:
-        _release(key, queued[key])
-    assert max(board.peak.values()) == 1
-
-
-def test_blank_ish_keys_are_reached_too(
-    client: Client, start_worker: Callable[..., Worker]
-) -> None:
-    """Keys of spaces and punctuation (ignored at the first level by linguistic
-    collations: they sort among, or equal to, the letters' places). ('' is refused.)"""
-    names = [" ", "  ", "\t", "!", ".", " k05", "k05 ", *[f"k{i:02d}" for i in range(16)]]
     start_worker(fca_keyed, concurrency=len(names) + 1, poll_interval=LONG_POLL)
     _block(client, names, by_arg=True)
     queued = _queue_one_each(client, names, by_arg=True)
     order = list(names)
-    random.Random(3).shuffle(order)
+    random.Random(seed).shuffle(order)
     for key in order:
         _release(key, queued[key])
+    assert max(board.peak.values()) == 1
 
 
 # -- random releases -----------------------------------------------------------------------

@@ -37,13 +37,10 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.testing.failpoints import arm, disarm
-from tests.waiting import wait_until
+from tests.waiting import LONG_POLL, PROMPT, wait_until
 
-#: An idle worker's poll: far longer than any wait below, so only a wake-up starts work.
-LONG_POLL = 60.0
-#: How long work that a wake-up starts may take to finish on a loaded machine.
-PROMPT = 8.0
-#: The same, in the tests of a freed slot's wake-up (each costs this long if it is lost).
+#: How long the next step may take to start once a slot is free (each test costs this long
+#: if the wake-up is lost).
 STALL = 5.0
 
 

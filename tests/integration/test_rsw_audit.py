@@ -38,12 +38,8 @@ from cyclone_dsl import (
     wait_signal,
     workflow,
 )
-from tests.waiting import wait_until
+from tests.waiting import LONG_POLL, PROMPT, wait_until
 
-#: An idle worker's poll: far longer than any wait below, so only a wake-up starts work.
-LONG_POLL = 60.0
-#: How long work that a wake-up starts may take on a loaded machine.
-PROMPT = 8.0
 #: How long the next run may take to start once its key's slot is free (lost: 60 s).
 STALL = 5.0
 
