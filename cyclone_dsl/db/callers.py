@@ -165,14 +165,10 @@ async def _in_async_savepoint(
 ) -> T:
     async with conn.transaction():
         result = await asyncio.to_thread(work, AsyncConnectionTx(conn, loop, shift))
-        if cancelled.is_set():
-            # The caller cancelled meanwhile: the block rolls back to its savepoint.
-            raise _Cancelled
-        return result
-
-
-class _Cancelled(Exception):
-    """Rolls the savepoint back (the block sees an error), then raised as a cancel."""
+        if not cancelled.is_set():
+            return result
+        raise psycopg.Rollback  # cancelled meanwhile: back to the savepoint, nothing kept
+    raise asyncio.CancelledError
 
 
 def _check_connection(conn: object, wanted: type) -> None:
