@@ -1,5 +1,5 @@
-"""RunHandle, and the plans that wait for a run to end and follow its events (run by a sync
-or async driver)."""
+"""RunHandle, where a client waits for runs (WaitRoute), and the plan that follows a run's
+events (run by a sync or async driver)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """Following the database with LISTEN: one plan, run by a sync or an async driver.
 
-Waiting for a run to end, and following its events, are loops of reads and
-waits for notifications, with reconnects when the connection dies. Such a
-loop is written once, as a *plan*: a generator that yields what it wants done
-(:class:`Listen`, :class:`Read`, :class:`ReadAll`, :class:`Notifications`,
-:class:`Pause`, :class:`Output`) and gets the result sent back. :func:`follow`
-runs a plan on a blocking connection and returns its result, :func:`stream`
-yields what it outputs; :func:`follow_async` and :func:`stream_async` do the
-same on an asyncio connection. None of them knows what the plan is for.
+Following a run's events is a loop of reads and waits for notifications, with
+reconnects when the connection dies. Such a loop is written once, as a *plan*: a
+generator that yields what it wants done (:class:`Listen`, :class:`ReadAll`,
+:class:`Notifications`, :class:`Pause`, :class:`Output`) and gets the result sent
+back. :func:`stream` runs a plan on a blocking connection and yields what it
+outputs; :func:`stream_async` does the same on an asyncio connection. Neither knows
+what the plan is for. (Waiting for runs to end is the client's run watcher's job:
+one connection for every wait of a client, see ``cyclone_dsl.client.watch``.)
 
 When the connection fails (lost, refused, or silent for longer than
 :data:`~cyclone_dsl.db.listen.PING_TIMEOUT_S`), the driver closes it and
@@ -52,14 +52,6 @@ class Listen:
 
 
 @attrs.frozen
-class Read:
-    """Run one named query (reply: its first row, or None)."""
-
-    query: LiteralString
-    params: dict[str, object] = attrs.field(factory=dict)
-
-
-@attrs.frozen
 class ReadAll:
     """Run one named query (reply: all its rows, as a list)."""
 
@@ -90,29 +82,12 @@ class Output:
     values: tuple[Any, ...]
 
 
-Request = Listen | Read | ReadAll | Notifications | Pause | Output
+Request = Listen | ReadAll | Notifications | Pause | Output
 Plan = Generator[Request, Any, T]
 
 
 class ConnectionLost(Exception):
     """Thrown into a plan when its connection failed; the next :class:`Listen` reconnects."""
-
-
-@attrs.frozen
-class _Done:
-    """What a driver yields last: the plan's return value."""
-
-    value: Any
-
-
-def follow(dsn: str, plan: Plan[T], *, name: str, listen: bool = True, pooled: bool = False) -> T:
-    """Run ``plan`` on blocking connections to ``dsn``; return what the plan returns."""
-    with contextlib.closing(_drive(dsn, plan, name=name, listen=listen, pooled=pooled)) as driven:
-        for item in driven:
-            if isinstance(item, _Done):
-                result: T = item.value
-                return result
-    raise AssertionError("a driver always ends with the plan's return value")
 
 
 def stream(
@@ -122,23 +97,7 @@ def stream(
     :class:`Output` s; the connection closes when the plan ends or the iterator is
     closed."""
     with contextlib.closing(_drive(dsn, plan, name=name, listen=listen, pooled=pooled)) as driven:
-        for item in driven:
-            if not isinstance(item, _Done):
-                yield item
-
-
-async def follow_async(
-    dsn: str, plan: Plan[T], *, name: str, listen: bool = True, pooled: bool = False
-) -> T:
-    """:func:`follow` on asyncio connections: never blocks the event loop."""
-    async with contextlib.aclosing(
-        _drive_async(dsn, plan, name=name, listen=listen, pooled=pooled)
-    ) as driven:
-        async for item in driven:
-            if isinstance(item, _Done):
-                result: T = item.value
-                return result
-    raise AssertionError("a driver always ends with the plan's return value")
+        yield from driven
 
 
 async def stream_async(
@@ -149,14 +108,13 @@ async def stream_async(
         _drive_async(dsn, plan, name=name, listen=listen, pooled=pooled)
     ) as driven:
         async for item in driven:
-            if not isinstance(item, _Done):
-                yield item
+            yield item
 
 
 def _drive(
     dsn: str, plan: Plan[Any], *, name: str, listen: bool = True, pooled: bool = False
 ) -> Generator[Any, None, None]:
-    """Run ``plan``: yield what it outputs, then :class:`_Done` with its return value."""
+    """Run ``plan``: yield what it outputs."""
     conn: psycopg.Connection[Any] | None = None
     reply: object = None
     failure: ConnectionLost | None = None
@@ -164,8 +122,7 @@ def _drive(
         while True:
             try:
                 request = plan.throw(failure) if failure is not None else plan.send(reply)
-            except StopIteration as done:
-                yield _Done(done.value)
+            except StopIteration:
                 return
             failure, reply = None, None
             if isinstance(request, Output):
@@ -181,13 +138,13 @@ def _drive(
                             listen_on(conn, channel)
                 elif conn is None:
                     failure = ConnectionLost("no connection: the plan must Listen first")
-                elif isinstance(request, Read | ReadAll):
+                elif isinstance(request, ReadAll):
                     with (
                         answer_within(conn, PING_TIMEOUT_S),
                         conn.cursor(row_factory=dict_row) as cur,
                     ):
                         cur.execute(request.query, with_shift(request.params, current_shift()))
-                        reply = cur.fetchone() if isinstance(request, Read) else cur.fetchall()
+                        reply = cur.fetchall()
                 elif not listen:
                     time.sleep(request.timeout)
                     reply = []
@@ -217,8 +174,7 @@ async def _drive_async(
         while True:
             try:
                 request = plan.throw(failure) if failure is not None else plan.send(reply)
-            except StopIteration as done:
-                yield _Done(done.value)
+            except StopIteration:
                 return
             failure, reply = None, None
             if isinstance(request, Output):
@@ -235,7 +191,7 @@ async def _drive_async(
                             await listen_async(conn, channel)
                 elif conn is None:
                     failure = ConnectionLost("no connection: the plan must Listen first")
-                elif isinstance(request, Read | ReadAll):
+                elif isinstance(request, ReadAll):
                     reply = await _read_async(conn, request)
                 elif not listen:
                     await asyncio.sleep(request.timeout)
@@ -256,10 +212,8 @@ async def _drive_async(
             await conn.close()
 
 
-async def _read_async(conn: psycopg.AsyncConnection[Any], request: Read | ReadAll) -> object:
+async def _read_async(conn: psycopg.AsyncConnection[Any], request: ReadAll) -> object:
     with answer_within(conn, PING_TIMEOUT_S):
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(request.query, with_shift(request.params, current_shift()))
-            if isinstance(request, Read):
-                return await cur.fetchone()
             return await cur.fetchall()
