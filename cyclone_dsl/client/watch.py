@@ -342,13 +342,11 @@ class RunWatcher:
         left alone (see :meth:`Listener.abandon`); the child's first wait starts anew."""
         if self._pid == os.getpid():
             return
-        self._listener.abandon()
-        self._listener = self._new_listener()
         self._lock = threading.Lock()  # the parent's thread may have held it
         self._waits = {}
         self._fresh = set()
-        self._thread = None
-        pair, self._wake = self._wake, None
+        listener, pair = self._detach()
+        listener.abandon()
         _close_pair(pair)  # the child's copies: the parent's stay open
         self._pid = os.getpid()
 
