@@ -28,19 +28,23 @@ VALUES (%(run_id)s, %(name)s, %(payload)s::jsonb, %(consumed_by)s,
 RETURNING id
 
 -- name: take_buffered_signals
--- Consume up to %(limit)s buffered deliveries for a wait, oldest first.
+-- Consume up to %(limit)s buffered deliveries for a wait, oldest first, and return them in
+-- that order (an UPDATE returns its rows in no set order: a quorum's payloads came out of
+-- delivery order when concurrent senders' rows lay on disk in another order).
 WITH taken AS (
     SELECT id FROM cyclone_signals
     WHERE run_id = %(run_id)s AND name = ANY(%(names)b::text[]) AND consumed_by IS NULL
     ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE
+), consumed AS (
+    UPDATE cyclone_signals AS g
+    SET consumed_by = %(node)s, consumed_at = now() + %(shift)s::interval
+    FROM taken
+    WHERE g.id = taken.id
+    RETURNING g.id, g.name, g.payload
 )
-UPDATE cyclone_signals AS g
-SET consumed_by = %(node)s, consumed_at = now() + %(shift)s::interval
-FROM taken
-WHERE g.id = taken.id
-RETURNING g.id, g.name, g.payload
+SELECT id, name, payload FROM consumed ORDER BY id
 
 -- name: complete_wait
 -- Complete a waiting node with its output (a signal payload, a quorum, a timer).
