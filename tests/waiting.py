@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
+
+from cyclone_dsl.db import clock
 
 if TYPE_CHECKING:
     from cyclone_dsl import Client
@@ -44,6 +47,24 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"waited {timeout:g}s for {what}; last seen: {value!r}")
         time.sleep(interval)
+
+
+def expire_leases_until(reclaimed: Callable[[], bool], *, what: str, timeout: float = 20.0) -> None:
+    """Move this process's database clock ahead, one hour more at each look, until
+    ``reclaimed()`` holds (read before each move), then leave it there.
+
+    One move is not enough: a live worker's heartbeat can renew a lease under the moved
+    clock before any scanner saw it expired, and the step then never is reclaimed. The
+    caller moves the clock back (the ``clock`` fixture, or ``shifted_clock``).
+    """
+
+    def look() -> bool:
+        if reclaimed():
+            return True
+        clock.set_shift(clock.current_shift() + timedelta(hours=1))
+        return False
+
+    wait_until(look, timeout=timeout, what=what, interval=0.1)
 
 
 def wait_backends(dsn: str) -> set[int]:

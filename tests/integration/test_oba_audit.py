@@ -17,7 +17,6 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from cyclone_dsl import Client, Permanent, RunState, StepContext, Worker, step, 
 from cyclone_dsl.errors import CycloneError, InvalidArgument
 from cyclone_dsl.observability import JsonFormatter, StepContextFilter, configure_logging
 from cyclone_dsl.worker.observe import WorkerObserver
-from tests.waiting import wait_until
+from tests.waiting import expire_leases_until, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -319,25 +318,15 @@ def test_oba_timed_out_step_is_failed_once_and_its_handler_timed_once(
     )
 
 
-def _reclaimed_by_the_same_worker(
-    client: Client, worker: Worker, clock: Callable[[datetime], None]
-) -> int:
-    """Run oba_blocked; expire its lease (the worker is alive, its heartbeat not yet due);
-    the worker's own scanner reclaims it and the same worker claims it again. The first
-    attempt then returns (its completion is fenced out), then the second completes."""
+def _reclaimed_by_the_same_worker(client: Client, worker: Worker) -> int:
+    """Run oba_blocked; expire its lease by moving the clock (the ``clock`` fixture moves it
+    back; the worker is alive and heartbeating); the worker's own scanner reclaims it and
+    the same worker claims it again. The first attempt then returns (its completion is
+    fenced out), then the second completes."""
     handle = client.enqueue(oba_blocked, 1)
     wait_until(lambda: len(called("oba_blocked")) == 1, what="the first attempt runs")
-    for minutes in range(5, 55, 5):
-        clock(datetime.now(UTC) + timedelta(minutes=minutes))
-        try:
-            wait_until(lambda: len(called("oba_blocked")) == 2, timeout=3, what="attempt 2")
-            break
-        except AssertionError:
-            # A heartbeat renewed the lease under the moved clock before the scanner saw
-            # it expired: a cancel heard for a run 1 (of another test's schema: the
-            # channel is the database's) makes the worker check its leases at once.
-            continue
-    assert len(called("oba_blocked")) == 2, "the second attempt never ran"
+    expire_leases_until(lambda: handle.get().steps[0].reclaims == 1, what="the reclaim")
+    wait_until(lambda: len(called("oba_blocked")) == 2, what="the second attempt runs")
     gate("oba_blocked1").set()  # the first attempt returns: fenced out
     wait_until(
         lambda: worker.slots_in_use == 1,
@@ -348,11 +337,12 @@ def _reclaimed_by_the_same_worker(
     return handle.id
 
 
+@pytest.mark.usefixtures("clock")
 def test_oba_reclaimed_and_claimed_again_by_the_same_worker_counts_both_attempts(
-    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
+    client: Client, start_worker: Callable[..., Worker]
 ) -> None:
     worker = metered(start_worker, oba_blocked, concurrency=2, lease=30.0)
-    _reclaimed_by_the_same_worker(client, worker, clock)
+    _reclaimed_by_the_same_worker(client, worker)
     port = worker.metrics_port
     wait_until(
         lambda: total(scrape(port), "cyclone_worker_slots_in_use") == 0, what="both returned"
@@ -369,16 +359,16 @@ def test_oba_reclaimed_and_claimed_again_by_the_same_worker_counts_both_attempts
     }
 
 
+@pytest.mark.usefixtures("clock")
 def test_oba_reclaimed_and_claimed_again_by_the_same_worker_traces_each_attempt(
     cyclone_dsn: str,
     start_worker: Callable[..., Worker],
-    clock: Callable[[datetime], None],
     spans: tuple[TracerProvider, Callable[[], list[ReadableSpan]]],
 ) -> None:
     provider, finished = spans
     worker = start_worker(oba_blocked, concurrency=2, lease=30.0, tracing=provider)
     with Client(cyclone_dsn, tracing=provider) as client:
-        _reclaimed_by_the_same_worker(client, worker, clock)
+        _reclaimed_by_the_same_worker(client, worker)
     wait_until(lambda: worker.slots_in_use == 0, what="both returned")
 
     def steps() -> list[ReadableSpan]:
@@ -390,14 +380,15 @@ def test_oba_reclaimed_and_claimed_again_by_the_same_worker_traces_each_attempt(
     assert [[e.name for e in s.events] for s in returned] == [[]]
 
 
+@pytest.mark.usefixtures("clock")
 def test_oba_attempt_fenced_after_another_worker_reclaimed_it_is_counted_once(
-    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
+    client: Client, start_worker: Callable[..., Worker]
 ) -> None:
     stalled = metered(start_worker, oba_blocked, concurrency=1, lease=30.0)
     handle = client.enqueue(oba_blocked, 1)
     wait_until(lambda: len(called("oba_blocked")) == 1, what="the first attempt runs")
-    clock(datetime.now(UTC) + timedelta(minutes=5))
     other = metered(start_worker, oba_blocked, lease=30.0)
+    expire_leases_until(lambda: handle.get().steps[0].reclaims == 1, what="the reclaim")
     wait_until(lambda: len(called("oba_blocked")) == 2, what="the second attempt runs")
     gate("oba_blocked2").set()
     assert handle.result(timeout=20) == 1

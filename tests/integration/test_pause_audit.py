@@ -8,7 +8,6 @@ The others pin behaviour that is already right.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
 import time
 from collections import Counter
@@ -42,7 +41,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.testing import set_clock_shift
-from tests.waiting import wait_until
+from tests.waiting import expire_leases_until, wait_until
 
 # -- handler controls -------------------------------------------------------------------------
 
@@ -475,15 +474,7 @@ def test_a_lease_that_expires_while_paused_is_reclaimed_into_the_pause(
         what="pa_reclaimed runs",
     )
     client.pause(handle.id)
-    hours = itertools.count(1)
-
-    def reclaimed() -> bool:
-        # The lease expired long ago; the scanner sees it. Each look moves the clock another
-        # hour: a heartbeat that renewed the lease since (every 10 s) is expired again.
-        set_clock_shift(timedelta(hours=next(hours)))
-        return handle.get().step("pa_reclaimed").reclaims == 1
-
-    wait_until(reclaimed, timeout=15, what="the reclaim")
+    expire_leases_until(lambda: handle.get().step("pa_reclaimed").reclaims == 1, what="the reclaim")
     assert handle.get().step("pa_reclaimed").state is StepState.PAUSED
     gate("reclaim").set()  # the first execution's completion is fenced
     time.sleep(0.5)

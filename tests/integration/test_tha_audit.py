@@ -35,7 +35,7 @@ from cyclone_dsl import (
 )
 from cyclone_dsl.testing import set_clock_shift, shifted_clock
 from cyclone_dsl.testing.failpoints import POINTS, FailpointError, arm, armed, disarm
-from tests.waiting import wait_until
+from tests.waiting import expire_leases_until, wait_until
 
 pytest_plugins = ["pytester"]
 
@@ -375,9 +375,8 @@ def test_the_shifted_clock_expires_a_running_steps_lease(
     try:
         wait_until(lambda: seen_for("hold") == [1], timeout=10, what="the first execution")
         with shifted_clock(timedelta(hours=2)):
-            wait_until(
+            expire_leases_until(
                 lambda: client.get_run(handle.id).steps[0].reclaims >= 1,
-                timeout=10,
                 what="the lease reclaimed",
             )
             first_hold_reclaimed.set()
