@@ -623,7 +623,8 @@ def tsa_capped(n: int, ctx: StepContext) -> int:
     return stored
 
 
-@step(name="tsa_late_emitter", transactional=True, max_attempts=1, timeout=0.3)
+# A timeout long enough for the write and the first event on a loaded machine.
+@step(name="tsa_late_emitter", transactional=True, max_attempts=1, timeout=2.0)
 def tsa_late_emitter(x: int, ctx: StepContext) -> int:
     write(ctx)
     ctx.emit("before")
