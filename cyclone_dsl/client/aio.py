@@ -22,13 +22,12 @@ import attrs
 from cyclone_dsl.arguments import checked_flag
 from cyclone_dsl.client import base, bulk
 from cyclone_dsl.client.bulk import BulkResult, Progress
-from cyclone_dsl.client.handle import EVENTS_PAGE, checked_after, events_plan
+from cyclone_dsl.client.handle import EVENTS_PAGE, checked_after
 from cyclone_dsl.client.model import Run, StepEvent
 from cyclone_dsl.client.schedules import Schedule
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.db.callers import AsyncConnection, in_callers_async_transaction
 from cyclone_dsl.db.clock import current_shift
-from cyclone_dsl.db.follow import stream_async
 from cyclone_dsl.dsl import runs
 from cyclone_dsl.dsl.flow import Debounce
 from cyclone_dsl.dsl.registry import Registry
@@ -400,25 +399,12 @@ class AsyncClient:
     def events(
         self, run_id: int, after: int = 0, *, timeout: float | None = None
     ) -> AsyncIterator[StepEvent]:
-        """See :meth:`Client.events`: ``async for event in client.events(run_id):``, on an
-        async LISTEN connection (never blocks the event loop)."""
+        """See :meth:`Client.events`: ``async for event in client.events(run_id):``, on the
+        client's watcher (never blocks the event loop)."""
         run_id = base.checked_run_id(run_id)
         after = checked_after(after)
         self._client._db.check_open()
-        route = self._client.wait_route
-        return stream_async(
-            route.dsn,
-            events_plan(
-                run_id,
-                after,
-                timeout,
-                recheck=route.recheck,
-                closed=self._client._db.is_closed,
-            ),
-            name="cyclone-follow",
-            listen=route.listen,
-            pooled=route.pooled,
-        )
+        return self._client._watcher.follow_async(run_id, after, timeout)
 
     async def events_of(
         self, run_id: int, after: int = 0, limit: int = EVENTS_PAGE

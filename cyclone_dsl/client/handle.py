@@ -1,30 +1,18 @@
-"""RunHandle, where a client waits for runs (WaitRoute), and the plan that follows a run's
-events (run by a sync or async driver)."""
+"""RunHandle, and where a client waits for runs and follows their events (WaitRoute)."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from cyclone_dsl.client.model import StepEvent
 from cyclone_dsl.db.connect import listen_target
-from cyclone_dsl.db.follow import (
-    ConnectionLost,
-    Listen,
-    Notifications,
-    Output,
-    Pause,
-    Plan,
-    ReadAll,
-)
-from cyclone_dsl.engine import EVENTS_CHANNEL, RUN_DONE_CHANNEL, names_run
-from cyclone_dsl.errors import ClientClosed, InvalidArgument, NoOutput, RunFailed, RunNotFound
+from cyclone_dsl.errors import InvalidArgument, NoOutput, RunFailed, RunNotFound
 from cyclone_dsl.payload import JSONValue
-from cyclone_dsl.sql import Q
 from cyclone_dsl.states import ErrorKind, RunState, StepState
 
 if TYPE_CHECKING:
@@ -112,101 +100,11 @@ def deadline_of(timeout: object) -> float | None:
     return None if math.isinf(seconds) else time.monotonic() + seconds
 
 
-def _check_open(closed: Callable[[], bool], doing: str) -> None:
-    if closed():
-        raise ClientClosed(f"the client was closed while {doing}")
-
-
 def checked_after(after: object) -> int:
     """An events offset: a seq, an integer >= 0 (0: from the start)."""
     if isinstance(after, bool) or not isinstance(after, int) or after < 0:
         raise InvalidArgument(f"after must be an event seq, an integer >= 0, not {after!r}")
     return after
-
-
-def events_plan(
-    run_id: int,
-    after: int,
-    timeout: float | None,
-    *,
-    recheck: float = RECHECK_SECONDS,
-    closed: Callable[[], bool] = lambda: False,
-) -> Plan[None]:
-    """Output the run's events after seq ``after`` in order, live, and end once the run is
-    terminal and every event it recorded was output.
-
-    LISTEN only wakes the plan up: it always reads by seq from the table (and re-reads
-    every ``recheck`` seconds without a notification), so a lost notification or a
-    connection cut delays events, never skips one. Each read returns the run's state and
-    the next events in one snapshot: a terminal state there means no event is left.
-    Raises :class:`RunNotFound`, ``TimeoutError`` after ``timeout`` seconds, or
-    :class:`ClientClosed` at the first look after ``closed()`` became true.
-    """
-    deadline = deadline_of(timeout)
-    cursor = after
-    doing = f"following the events of run {run_id}"
-    while True:
-        try:
-            yield Listen((EVENTS_CHANNEL, RUN_DONE_CHANNEL))
-            while True:
-                params: dict[str, object] = {
-                    "run_id": run_id,
-                    "after": cursor,
-                    "limit": EVENTS_PAGE,
-                }
-                rows: list[dict[str, Any]] = yield ReadAll(Q.run_events_after, params)
-                _check_open(closed, doing)
-                if not rows:
-                    raise RunNotFound(run_id)
-                found = tuple(StepEvent.from_row(run_id, r) for r in rows if r["seq"] is not None)
-                if found:
-                    cursor = found[-1].seq
-                    yield Output(found)
-                if len(found) >= EVENTS_PAGE:
-                    continue
-                state = RunState(rows[0]["run_state"])
-                if state.is_terminal:
-                    return
-                if deadline is not None and deadline - time.monotonic() <= 0:
-                    raise TimeoutError(f"run {run_id} is still {state} after {timeout}s")
-                yield from _until_woken(run_id, deadline, recheck)
-        except ConnectionLost:
-            yield from _reconnect(run_id, deadline, timeout, closed, doing)
-
-
-def _until_woken(run_id: int, deadline: float | None, recheck: float) -> Plan[None]:
-    """Wait for a notification naming the run, or ``recheck`` seconds (never past the
-    deadline): then the plan reads again."""
-    recheck_at = time.monotonic() + recheck_in(deadline, recheck)
-    while True:
-        left = max(0.0, recheck_at - time.monotonic())
-        payloads: list[str] = yield Notifications(left)
-        if left == 0 or any(names_run(p, run_id) for p in payloads):
-            return
-
-
-def _reconnect(
-    run_id: int,
-    deadline: float | None,
-    timeout: float | None,
-    closed: Callable[[], bool],
-    doing: str,
-) -> Plan[None]:
-    """After a lost connection: give up once the client is closed (:class:`ClientClosed`:
-    an outage would otherwise keep the plan reconnecting) or past the deadline, else
-    pause, then reconnect."""
-    _check_open(closed, doing)
-    if deadline is not None and time.monotonic() >= deadline:
-        # Raised while the plan handles ConnectionLost: that cause is said in the message.
-        raise TimeoutError(f"run {run_id}: no answer from PostgreSQL in {timeout}s") from None
-    yield Pause(RECONNECT_SECONDS)
-
-
-def recheck_in(deadline: float | None, recheck: float = RECHECK_SECONDS) -> float:
-    """Seconds to wait for a notification before reading the state again."""
-    if deadline is None:
-        return recheck
-    return max(0.0, min(recheck, deadline - time.monotonic()))
 
 
 def outcome_from_row(row: dict[str, Any] | None, run_id: int) -> JSONValue:

@@ -23,7 +23,6 @@ from cyclone_dsl.client.handle import (
     RunHandle,
     WaitRoute,
     checked_after,
-    events_plan,
     outcome_from_row,
 )
 from cyclone_dsl.client.model import Attempt, Run, Step, StepEvent
@@ -33,7 +32,6 @@ from cyclone_dsl.db.callers import Connection, in_callers_transaction
 from cyclone_dsl.db.clock import current_shift
 from cyclone_dsl.db.connect import resolve_listen_dsn, resolve_pooled
 from cyclone_dsl.db.embedded import ENV_URL
-from cyclone_dsl.db.follow import stream
 from cyclone_dsl.db.pool import PooledDatabase
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.dsl import runs
@@ -660,20 +658,13 @@ class Client:
         run has not ended after ``timeout`` seconds. Wakes up on LISTEN and always reads
         by seq from the table (re-reading every second without a notification), so a
         lost connection is replaced and no event is skipped. To resume after a break,
-        pass the last ``seq`` seen as ``after``. The iterator holds one connection (not
-        from the pool) until it ends or is closed.
+        pass the last ``seq`` seen as ``after``. Every follower and wait of a client shares
+        one connection and one thread (see docs/howto/scale.md).
         """
         run_id = base.checked_run_id(run_id)
         after = checked_after(after)
         self._db.check_open()
-        route = self.wait_route
-        return stream(
-            route.dsn,
-            events_plan(run_id, after, timeout, recheck=route.recheck, closed=self._db.is_closed),
-            name="cyclone-follow",
-            listen=route.listen,
-            pooled=route.pooled,
-        )
+        return self._watcher.follow(run_id, after, timeout)
 
     def events_of(self, run_id: int, after: int = 0, limit: int = EVENTS_PAGE) -> list[StepEvent]:
         """The run's events after seq ``after`` recorded so far (at most ``limit``, in

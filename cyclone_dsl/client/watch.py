@@ -1,13 +1,17 @@
-"""Waiting for runs to end: one watcher per client, for every ``wait()`` and ``result()``
-in flight.
+"""Waiting for runs to end and following their events: one watcher per client, for every
+``wait()``, ``result()`` and ``events()`` in flight.
 
-A watcher holds one connection and one thread, however many waits there are: the
-thread LISTENs on ``cyclone_run_done`` and reads, in one statement each time, the
-state of a new wait's run at once, of the runs a notification names, and of every run
-waited for each :data:`~cyclone_dsl.client.handle.RECHECK_SECONDS` as a fallback
-(without LISTEN, a pooled DSN and no ``listen_dsn``: every
-:data:`~cyclone_dsl.client.handle.POLL_SECONDS`). Each wait blocks on an event of its
-own (sync) or awaits one on its loop (async), and keeps its own deadline.
+A watcher holds one connection and one thread, however many waits and followers there
+are: the thread LISTENs on ``cyclone_run_done`` and ``cyclone_events`` and reads, in one
+statement each time, the state of a new wait's run at once, of the runs a notification
+names, and of every run waited for each :data:`~cyclone_dsl.client.handle.RECHECK_SECONDS`
+as a fallback (without LISTEN, a pooled DSN and no ``listen_dsn``: every
+:data:`~cyclone_dsl.client.handle.POLL_SECONDS`). Followers are read the same way, each
+from its cursor, a page at a time: a new one at once, those whose run a notification
+names, every one at each fallback read, and one whose last page was full as soon as its
+consumer took that page (never before: a slow consumer holds one page). Each wait or
+follower blocks on an event of its own (sync) or awaits one on its loop (async), and
+keeps its own deadline.
 
 Every read is bounded (:func:`~cyclone_dsl.db.listen.answer_within`), so a lost or
 half-open connection is replaced within the ping timeout, and a wait past its deadline
@@ -26,15 +30,17 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import attrs
 
-from cyclone_dsl.client.handle import RECONNECT_SECONDS, WaitRoute, deadline_of
-from cyclone_dsl.db.follow import ConnectionLost
+from cyclone_dsl.client.handle import EVENTS_PAGE, RECONNECT_SECONDS, WaitRoute, deadline_of
+from cyclone_dsl.client.model import StepEvent
 from cyclone_dsl.db.listen import PING_TIMEOUT_S
-from cyclone_dsl.db.listener import Listener, readable
-from cyclone_dsl.engine import RUN_DONE_CHANNEL, run_ids_of
+from cyclone_dsl.db.listener import ConnectionLost, Listener, readable
+from cyclone_dsl.engine import EVENTS_CHANNEL, RUN_DONE_CHANNEL, run_ids_of
 from cyclone_dsl.errors import ClientClosed, RunNotFound
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
@@ -75,6 +81,25 @@ class _Wait:
     answered: bool = False
 
 
+@attrs.define(eq=False)
+class _Follow:
+    """One follower of a run's events. The watcher's thread reads the page after ``cursor``
+    into ``pending`` (only when it is empty), then calls ``wake``; the consumer takes it."""
+
+    run_id: int
+    wake: Callable[[], None]
+    failures_before: int
+    cursor: int
+    pending: list[StepEvent] = attrs.Factory(list)
+    #: Read at the next chance: new, named by a notification, or its last page was full.
+    due: bool = True
+    #: The run is terminal and every event it recorded is in ``pending`` or was taken.
+    ended: bool = False
+    error: BaseException | None = None
+    last_state: str | None = None
+    answered: bool = False
+
+
 class RunWatcher:
     """Waits for runs to end on ``route`` for one client (see the module's docstring)."""
 
@@ -84,6 +109,7 @@ class RunWatcher:
         self._lock = threading.Lock()
         self._waits: dict[int, list[_Wait]] = {}
         self._fresh: set[int] = set()  # runs whose waits began since the last read
+        self._follows: list[_Follow] = []
         self._closed = False
         self._failures = 0
         self._begun = 0  # the number of the last wait that began
@@ -137,32 +163,94 @@ class RunWatcher:
         finally:
             self._end(wait)
 
+    def follow(self, run_id: int, after: int, timeout: float | None) -> Iterator[StepEvent]:
+        """Yield run ``run_id``'s events after seq ``after``, in order, as they are recorded;
+        end once the run is terminal and every event was yielded. Raises
+        :class:`RunNotFound`, ``TimeoutError`` when the run has not ended after ``timeout``
+        seconds, or :class:`ClientClosed`."""
+        deadline = deadline_of(timeout)
+        woken = threading.Event()
+        follow = self._begin_follow(run_id, after, woken.set)
+        try:
+            while True:
+                events, done = self._next_events(follow, deadline, timeout)
+                yield from events
+                if done:
+                    return
+                if not events:
+                    woken.wait(self._pause(deadline))
+                    woken.clear()
+        finally:
+            self._end_follow(follow)
+
+    async def follow_async(
+        self, run_id: int, after: int, timeout: float | None
+    ) -> AsyncIterator[StepEvent]:
+        """:meth:`follow` for a coroutine: never blocks its event loop."""
+        deadline = deadline_of(timeout)
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody follows
+                loop.call_soon_threadsafe(woken.set)
+
+        follow = self._begin_follow(run_id, after, wake)
+        try:
+            while True:
+                events, done = self._next_events(follow, deadline, timeout)
+                for event in events:
+                    yield event
+                if done:
+                    return
+                if not events:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self._pause(deadline)):
+                            await woken.wait()
+                    woken.clear()
+        finally:
+            self._end_follow(follow)
+
     def in_flight(self) -> int:
-        """How many waits are in flight."""
+        """How many waits and followers are in flight."""
         with self._lock:
-            return len(self._all_waits())
+            return len(self._all_waits()) + len(self._follows)
 
     def close(self) -> None:
         """End every wait in flight with :class:`ClientClosed`, and the thread."""
         with self._lock:
             self._closed = True
-            waits = self._all_waits()
+            waiters = self._all_waiters()
             thread = self._thread
-        for wait in waits:
-            wait.wake()
+        for waiter in waiters:
+            waiter.wake()
         self._poke()
         if thread is not None and thread is not threading.current_thread():
             thread.join(PING_TIMEOUT_S + 1)
 
     def _begin(self, run_id: int, wake: Callable[[], None]) -> _Wait:
-        self._forked()  # a no-op but in a child that forked without the at-fork hook
-        with self._lock:
-            if self._closed or self._client_closed():
-                raise ClientClosed("the client was closed: open a new one")
+        with self._starting():
             self._begun += 1
             wait = _Wait(run_id, wake, self._failures, self._begun)
             self._waits.setdefault(run_id, []).append(wait)
             self._fresh.add(run_id)
+        return wait
+
+    def _begin_follow(self, run_id: int, after: int, wake: Callable[[], None]) -> _Follow:
+        with self._starting():
+            follow = _Follow(run_id, wake, self._failures, after)
+            self._follows.append(follow)
+        return follow
+
+    @contextlib.contextmanager
+    def _starting(self) -> Iterator[None]:
+        """Under the lock, a wait or a follower begins (ClientClosed once closed); then the
+        thread is started if need be, and poked."""
+        self._forked()  # a no-op but in a child that forked without the at-fork hook
+        with self._lock:
+            if self._closed or self._client_closed():
+                raise ClientClosed("the client was closed: open a new one")
+            yield
             if self._thread is None:
                 self._wake = self._socketpair()
                 self._thread = threading.Thread(
@@ -170,7 +258,6 @@ class RunWatcher:
                 )
                 self._thread.start()
         self._poke()
-        return wait
 
     def _end(self, wait: _Wait) -> None:
         with self._lock:
@@ -180,6 +267,38 @@ class RunWatcher:
             if not waits:
                 self._waits.pop(wait.run_id, None)
 
+    def _end_follow(self, follow: _Follow) -> None:
+        with self._lock:
+            if follow in self._follows:
+                self._follows.remove(follow)
+
+    def _next_events(
+        self, follow: _Follow, deadline: float | None, timeout: float | None
+    ) -> tuple[list[StepEvent], bool]:
+        """The events read for the follower since the last call, and whether it is done;
+        or raise what ended it."""
+        if self._closed or self._client_closed():
+            raise ClientClosed(
+                f"the client was closed while following the events of run {follow.run_id}"
+            )
+        poke = False
+        with self._lock:
+            if follow.error is not None:
+                raise follow.error
+            if follow.pending:
+                events, follow.pending = follow.pending, []
+                poke = follow.due  # its last page was full: the next one is read now
+            elif follow.ended:
+                return [], True
+            else:
+                events = []
+        if events:
+            if poke:
+                self._poke()
+            return events, False
+        self._check_deadline(follow, deadline, timeout)
+        return [], False
+
     def _outcome(self, wait: _Wait, deadline: float | None, timeout: float | None) -> str | None:
         """The run's terminal state; None to keep waiting; or raise what ended the wait."""
         if wait.error is not None:
@@ -188,12 +307,20 @@ class RunWatcher:
             return wait.ended
         if self._closed or self._client_closed():
             raise ClientClosed(f"the client was closed while waiting for run {wait.run_id}")
-        if deadline is not None and time.monotonic() >= deadline:
-            if wait.answered:
-                raise TimeoutError(f"run {wait.run_id} is still {wait.last_state} after {timeout}s")
-            if self._failures > wait.failures_before:
-                raise TimeoutError(f"run {wait.run_id}: no answer from PostgreSQL in {timeout}s")
+        self._check_deadline(wait, deadline, timeout)
         return None
+
+    def _check_deadline(
+        self, waiter: _Wait | _Follow, deadline: float | None, timeout: float | None
+    ) -> None:
+        """Past its deadline, a wait or follower ends with ``TimeoutError`` once the watcher
+        answered for its run, or failed since it began."""
+        if deadline is None or time.monotonic() < deadline:
+            return
+        if waiter.answered:
+            raise TimeoutError(f"run {waiter.run_id} is still {waiter.last_state} after {timeout}s")
+        if self._failures > waiter.failures_before:
+            raise TimeoutError(f"run {waiter.run_id}: no answer from PostgreSQL in {timeout}s")
 
     @staticmethod
     def _pause(deadline: float | None) -> float | None:
@@ -214,13 +341,14 @@ class RunWatcher:
 
     def _watch_until_idle(self, wake: socket.socket) -> None:
         idle_since: float | None = None
-        next_full_read = 0.0  # every run waited for is read again at this time
-        heard: set[int] = set()  # runs named by the last notifications
+        next_full_read = 0.0  # every run waited for or followed is read again at this time
+        heard: set[int] = set()  # runs named by the last notifications of run ends
+        heard_events: set[int] = set()  # runs named by the last notifications of events
         while True:
             with self._lock:
                 if self._closed:
                     return
-                if self._waits:
+                if self._waits or self._follows:
                     idle_since = None
                 elif idle_since is None:
                     idle_since = time.monotonic()
@@ -232,16 +360,31 @@ class RunWatcher:
                 ids = set(self._waits)
                 due = (self._fresh | heard) & ids
                 self._fresh = set()
-            heard = set()
+                full_read = time.monotonic() >= next_full_read
+                for follow in self._follows:
+                    if full_read or follow.run_id in heard or follow.run_id in heard_events:
+                        follow.due = True
+                follows = [
+                    f
+                    for f in self._follows
+                    if f.due and not f.pending and not f.ended and f.error is None
+                ]
+                watching = bool(ids or self._follows)
+            heard, heard_events = set(), set()
             try:
-                if ids and time.monotonic() >= next_full_read:
-                    self._read(sorted(ids))
+                if full_read and watching:
                     next_full_read = time.monotonic() + self.route.recheck
+                if ids and full_read:
+                    self._read(sorted(ids))
                 elif due:
                     self._read(sorted(due))
-                wait_for = IDLE_SECONDS if not ids else next_full_read - time.monotonic()
-                payloads, _ = self._listener.wait(max(0.0, wait_for), wake)
-                heard = {run_id for p in payloads for run_id in run_ids_of(p)}
+                if follows:
+                    self._read_events(follows)
+                wait_for = IDLE_SECONDS if not watching else next_full_read - time.monotonic()
+                notifications, _ = self._listener.wait(max(0.0, wait_for), wake)
+                for channel, payload in notifications:
+                    named = heard_events if channel == EVENTS_CHANNEL else heard
+                    named.update(run_ids_of(payload))
             except ConnectionLost:
                 next_full_read = 0.0  # once reconnected
                 self._lost(wake)
@@ -268,6 +411,10 @@ class RunWatcher:
         """Every wait in flight (under the lock)."""
         return [w for ws in self._waits.values() for w in ws]
 
+    def _all_waiters(self) -> list[_Wait | _Follow]:
+        """Every wait and follower in flight (under the lock)."""
+        return [*self._all_waits(), *self._follows]
+
     def _read(self, ids: list[int]) -> None:
         """Read the runs' states (connecting first if need be) and answer the waits that
         began before the read."""
@@ -292,12 +439,45 @@ class RunWatcher:
         for wait in woken:
             wait.wake()
 
+    def _read_events(self, follows: list[_Follow]) -> None:
+        """Read the next page of each follower's events (connecting first if need be) and
+        hand each its page."""
+        rows = self._listener.rows(
+            Q.followed_events,
+            {
+                "run_ids": [f.run_id for f in follows],
+                "afters": [f.cursor for f in follows],
+                "limit": EVENTS_PAGE,
+            },
+        )
+        pages: defaultdict[int, list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            pages[int(row["follower"])].append(row)
+        with self._lock:
+            for number, follow in enumerate(follows, 1):
+                page = pages.get(number)
+                if not page:
+                    follow.error = RunNotFound(follow.run_id)
+                    continue
+                events = [
+                    StepEvent.from_row(follow.run_id, r) for r in page if r["seq"] is not None
+                ]
+                follow.pending.extend(events)
+                if events:
+                    follow.cursor = events[-1].seq
+                follow.due = len(events) >= EVENTS_PAGE
+                follow.last_state = str(page[0]["run_state"])
+                follow.ended = RunState(follow.last_state).is_terminal and not follow.due
+                follow.answered = True
+        for follow in follows:
+            follow.wake()
+
     def _new_listener(self) -> Listener:
         route = self.route
         return Listener(
             route.dsn,
             name=f"cyclone-wait-{os.getpid()}",
-            channels=(RUN_DONE_CHANNEL,),
+            channels=(RUN_DONE_CHANNEL, EVENTS_CHANNEL),
             listen=route.listen,
             pooled=route.pooled,
         )
@@ -307,9 +487,9 @@ class RunWatcher:
         deadline end, and pause before the next try (a new wait or a close cuts it short)."""
         with self._lock:
             self._failures += 1
-            waits = self._all_waits()
-        for wait in waits:
-            wait.wake()
+            waiters = self._all_waiters()
+        for waiter in waiters:
+            waiter.wake()
         readable([wake.fileno()], RECONNECT_SECONDS)
 
     def _fail_waits(self, exc: Exception) -> None:
@@ -317,11 +497,11 @@ class RunWatcher:
         every wait in flight raises it, as its own read would have."""
         self._listener.close()
         with self._lock:
-            waits = self._all_waits()
-            for wait in waits:
-                wait.error = exc
-        for wait in waits:
-            wait.wake()
+            waiters = self._all_waiters()
+            for waiter in waiters:
+                waiter.error = exc
+        for waiter in waiters:
+            waiter.wake()
 
     def _poke(self) -> None:
         """Wake the thread (a new wait, or the close)."""
@@ -345,6 +525,7 @@ class RunWatcher:
         self._lock = threading.Lock()  # the parent's thread may have held it
         self._waits = {}
         self._fresh = set()
+        self._follows = []
         listener, pair = self._detach()
         listener.abandon()
         _close_pair(pair)  # the child's copies: the parent's stay open

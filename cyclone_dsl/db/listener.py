@@ -3,7 +3,7 @@ a wake-up socket at once (a client's run watcher).
 
 It connects on first use and again after a failure; every read is bounded
 (:func:`~cyclone_dsl.db.listen.answer_within`), and a connection that fails, or does not
-answer in time, raises :class:`~cyclone_dsl.db.follow.ConnectionLost` after being closed.
+answer in time, raises :class:`ConnectionLost` after being closed.
 """
 
 from __future__ import annotations
@@ -20,8 +20,13 @@ from psycopg.rows import dict_row
 
 from cyclone_dsl.db.connect import connect
 from cyclone_dsl.db.errors import first_line
-from cyclone_dsl.db.follow import ConnectionLost
 from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen
+
+
+class ConnectionLost(Exception):
+    """The listener's connection failed (lost, refused, or silent past the ping timeout);
+    it was closed, and the next use opens a new one."""
+
 
 #: Connections inherited through a fork: kept, never used nor closed (a close would end
 #: the parent's session).
@@ -63,15 +68,15 @@ class Listener:
             cur.execute(query, params)
             return cur.fetchall()
 
-    def wait(self, seconds: float, wake: socket.socket) -> tuple[list[str], bool]:
+    def wait(self, seconds: float, wake: socket.socket) -> tuple[list[tuple[str, str]], bool]:
         """Wait up to ``seconds`` for notifications or a byte on ``wake`` (drained); the
-        payloads heard, and whether ``wake`` was. Without a connection (or LISTEN), only
-        ``wake`` is watched."""
+        notifications heard (channel, payload), and whether ``wake`` was. Without a
+        connection (or LISTEN), only ``wake`` is watched."""
         conn = self._conn if self.listens else None
         with self._lost_on_failure():
             if conn is not None:
                 # Notifications that came in during the last read are kept by psycopg.
-                kept = [n.payload for n in conn.notifies(timeout=0)]
+                kept = [(n.channel, n.payload) for n in conn.notifies(timeout=0)]
                 if kept:
                     return kept, False
             ready = readable(
@@ -81,9 +86,9 @@ class Listener:
             if woken:
                 with contextlib.suppress(BlockingIOError):
                     wake.recv(4096)
-            heard: list[str] = []
+            heard: list[tuple[str, str]] = []
             if conn is not None and conn.pgconn.socket in ready:
-                heard = [n.payload for n in conn.notifies(timeout=0)]
+                heard = [(n.channel, n.payload) for n in conn.notifies(timeout=0)]
             return heard, woken
 
     def close(self) -> None:

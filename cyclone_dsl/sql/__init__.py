@@ -71,6 +71,7 @@ class _Queries:
     record_event: LiteralString
     fence_events: LiteralString
     run_events_after: LiteralString
+    followed_events: LiteralString
     # fanout.sql
     expand_fan_outs: LiteralString
     fan_out_sources: LiteralString

@@ -34,9 +34,9 @@ def test_bench_quick_writes_a_report(tmp_path: Path, cyclone_admin_dsn: str) -> 
     assert any(s.startswith("retention:") for s in scenarios)
     assert any(s.startswith("standalone with") for s in scenarios)
     assert all(row["cyclone"] > 0 for row in report["results"])
-    # Every result() of a client waits on its one connection.
-    (connections,) = [
+    # Every result() and events() of a client waits on its one connection.
+    connections = [
         row["cyclone"] for row in report["results"] if row["scenario"].endswith("wait connections")
     ]
-    assert connections == 1
+    assert connections == [1, 1]
     assert report["mode"] == "smoke"

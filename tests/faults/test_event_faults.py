@@ -15,7 +15,7 @@ from cyclone_dsl import AsyncClient, Client, RunState, StepContext, StepEvent, W
 from tests.faults.conftest import wait_for
 from tests.faults.tcp_proxy import TcpProxy
 
-FOLLOW = b"cyclone-follow"
+FOLLOW = b"cyclone-wait"  # a client follows events on its wait connection
 EVENTS = 1000
 HALF = EVENTS // 2
 

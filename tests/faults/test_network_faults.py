@@ -334,7 +334,7 @@ def test_closing_a_client_ends_its_waits_while_the_server_is_unreachable(
         except Exception as exc:  # the test reads what ended it
             ended.append(type(exc))
 
-    name = b"cyclone-wait" if follow == "wait" else b"cyclone-follow"
+    name = b"cyclone-wait"  # a client's waits and followers share its wait connection
     thread = threading.Thread(target=wait, daemon=True)
     thread.start()
     wait_for(lambda: net.proxy.open_connections(name) == 1)

@@ -23,7 +23,6 @@ import warnings
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import psycopg
 import pytest
 
 from cyclone_dsl import (
@@ -42,7 +41,7 @@ from cyclone_dsl import (
     wait_signal,
     workflow,
 )
-from tests.waiting import wait_until, waits_in_flight
+from tests.waiting import wait_backends, wait_until, waits_in_flight
 
 # -- definitions ------------------------------------------------------------------------------
 
@@ -82,17 +81,6 @@ def acc_done(n):  # type: ignore[no-untyped-def]
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-def listening() -> int:
-    """Open async connections in this process: the LISTEN connections of the AsyncClient's
-    waits and followers (its pool, the workers and the test's client are sync). Counted
-    here: the embedded server is shared by test processes and reached on a Unix socket,
-    so it cannot tell this process's connections apart."""
-    # type(), not isinstance(): a lazy proxy (Django's settings) answers __class__ by
-    # importing what it wraps.
-    kind = psycopg.AsyncConnection
-    return sum(1 for o in gc.get_objects() if issubclass(type(o), kind) and not o.closed)
 
 
 async def until(predicate: Callable[[], object], *, what: str, timeout: float = 20.0) -> None:
@@ -152,10 +140,10 @@ def test_acc_200_followers_cut_short_leak_nothing_and_a_later_one_sees_everythin
 ) -> None:
     """``async for ev in aclient.events(run)`` on a live run, cut short 200 times: the
     task cancelled, ``asyncio.wait_for``, ``asyncio.timeout``, a ``break`` (docs: the
-    follower holds its connection "until the loop ends or you break out of it"), a
-    ``break`` inside ``aclosing``, and the follower's own ``timeout=``. Every LISTEN
-    connection is closed, none is left to the garbage collector, no task nor thread stays, and a
-    later follower gets every event once and ends when the run ends."""
+    follower is registered "until the loop ends or you break out of it"), a ``break``
+    inside ``aclosing``, and the follower's own ``timeout=``. Every follower leaves the
+    client's watcher, no connection is left to the garbage collector, no task nor thread
+    stays, and a later follower gets every event once and ends when the run ends."""
     run_id = live_run_with_events(client, start_worker(acc_emit, acc_tail), 3)
     threads_before = threading.active_count()
 
@@ -200,7 +188,7 @@ def test_acc_200_followers_cut_short_leak_nothing_and_a_later_one_sees_everythin
                         assert got == [1, 2, 3]  # what was recorded comes before the timeout
             except TimeoutError:
                 seen.append("timeout")
-        await until(lambda: listening() == 0, what="every follower's connection closed")
+        await until(lambda: waits_in_flight(aclient._client) == 0, what="every follower ended")
         current = asyncio.current_task()
         await until(lambda: asyncio.all_tasks() == {current}, what="no task left behind")
         await aclient.close()
@@ -227,17 +215,18 @@ def test_acc_200_followers_cut_short_leak_nothing_and_a_later_one_sees_everythin
     assert client.result(run_id, timeout=10) == "go"
 
 
-def test_acc_followers_cancelled_together_by_a_shutdown_close_every_connection(
+def test_acc_followers_cancelled_together_by_a_shutdown_all_leave_the_one_connection(
     cyclone_dsn: str, client: Client, start_worker: Callable[..., Worker]
 ) -> None:
     """A server shutting down cancels every streaming request at once: 10 followers (and
-    10 result() waits) of live runs cancelled together give back every connection (the
-    followers hold one each; the waits share the client's wait connection, and leave it),
-    and each follower saw the events recorded before, in order."""
+    10 result() waits) of live runs cancelled together all leave the client's watcher, whose
+    one connection served them all, and each follower saw the events recorded before, in
+    order. The connection closes with the client."""
     run_id = live_run_with_events(client, start_worker(acc_emit, acc_tail), 2)
     other = client.submit(acc_live, 0).id  # no worker: stays at its first step
+    before = wait_backends(cyclone_dsn)  # the test client's, if it waited
 
-    async def shutdown() -> tuple[list[list[int]], int, int]:
+    async def shutdown() -> tuple[list[list[int]], int]:
         async with AsyncClient(cyclone_dsn) as aclient:
             got: list[list[int]] = [[] for _ in range(10)]
 
@@ -248,32 +237,30 @@ def test_acc_followers_cancelled_together_by_a_shutdown_close_every_connection(
             tasks = [asyncio.ensure_future(follow(into)) for into in got]
             tasks += [asyncio.ensure_future(aclient.result(other)) for _ in range(10)]
             await until(lambda: all(len(g) == 2 for g in got), what="every follower's events")
-            await until(lambda: listening() == 10, what="the 10 followers' connections open")
             await until(
-                lambda: waits_in_flight(aclient._client) == 10, what="the 10 waits to begin"
+                lambda: waits_in_flight(aclient._client) == 20, what="the 20 waits to begin"
             )
-            peak = listening()
+            connections = len(wait_backends(cyclone_dsn) - before)
             for task in tasks:
                 task.cancel()
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
             assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
-            await until(lambda: listening() == 0, what="every connection closed")
             assert waits_in_flight(aclient._client) == 0
-            during = listening()
-        return got, peak, during
+        return got, connections
 
-    got, peak, during = asyncio.run(shutdown())
+    got, connections = asyncio.run(shutdown())
     assert got == [[1, 2]] * 10
-    assert (peak, during) == (10, 0)
+    assert connections == 1
+    wait_until(lambda: not wait_backends(cyclone_dsn) - before, what="the connection closed")
 
 
 def test_acc_a_follower_left_suspended_is_closed_when_its_event_loop_ends(
     cyclone_dsn: str, client: Client, start_worker: Callable[..., Worker]
 ) -> None:
     """An iterator broken out of but still referenced (handed out of ``asyncio.run``)
-    keeps its connection while referenced, but ``asyncio.run`` closes it at the end of
-    its loop: no connection left, no ResourceWarning. The same client then follows again
-    from another loop (it holds no loop-bound state)."""
+    stays registered with the client's watcher while its loop runs, but ``asyncio.run``
+    closes it at the end of its loop: no follower left, no ResourceWarning. The same
+    client then follows again from another loop (it holds no loop-bound state)."""
     run_id = live_run_with_events(client, start_worker(acc_emit, acc_tail), 2)
 
     async def first_loop(aclient: AsyncClient) -> tuple[AsyncIterator[StepEvent], int]:
@@ -281,13 +268,13 @@ def test_acc_a_follower_left_suspended_is_closed_when_its_event_loop_ends(
         async for event in events:
             assert event.seq == 1
             break
-        return events, listening()
+        return events, waits_in_flight(aclient._client)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         aclient = AsyncClient(cyclone_dsn, pool_size=1)
         kept, inside = asyncio.run(first_loop(aclient))
-        after_loop = listening()
+        after_loop = waits_in_flight(aclient._client)
         assert asyncio.run(first(aclient.events(run_id, after=1), 1)) == [2]
         assert asyncio.run(first(aclient.events(run_id), 2)) == [1, 2]
         asyncio.run(aclient.close())
@@ -343,10 +330,7 @@ def test_acc_closing_the_client_ends_its_event_followers_in_flight(
         aclient = AsyncClient(cyclone_dsn)
         follower = asyncio.ensure_future(collect(aclient.events(run_id)))
         waiter = asyncio.ensure_future(aclient.result(run_id))
-        await until(
-            lambda: listening() == 1 and waits_in_flight(aclient._client) == 1,
-            what="the follower's LISTEN connection and the wait",
-        )
+        await until(lambda: waits_in_flight(aclient._client) == 2, what="the follower and the wait")
         await asyncio.wait_for(aclient.close(), 10)
         done, pending = await asyncio.wait({follower, waiter}, timeout=4)
         for task in pending:
