@@ -246,6 +246,17 @@ def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[st
     drained, connections = cy.waits_at_once(admin, at_once)
     add(f"{at_once} result() at once: wait connections", connections, "", target="1")
     add(f"{at_once} result() at once: all returned", drained * 1000, "ms")
+    followed, connections = cy.waits_at_once(admin, at_once, follow=True)
+    add(f"{at_once} events() at once: wait connections", connections, "", target="1")
+    add(
+        f"{at_once} events() at once: all ended",
+        followed * 1000,
+        "ms",
+        "result()",
+        drained * 1000,
+        "",
+        True,
+    )
 
     submits(admin, size, add, raw)
     grown, empty = bracketed(

@@ -267,13 +267,19 @@ def result_latency(admin: str, samples: int) -> list[float]:
     return latencies
 
 
-def waits_at_once(admin: str, waits: int) -> tuple[float, int]:
-    """``waits`` threads in ``result()`` of one client while a worker drains their steps:
-    seconds from the worker's start to the last return, and the client's wait
-    connections seen while they all waited."""
+def waits_at_once(admin: str, waits: int, *, follow: bool = False) -> tuple[float, int]:
+    """``waits`` threads in ``result()`` of one client (``follow``: following the runs'
+    events) while a worker drains their steps: seconds from the worker's start to the
+    last return, and the client's wait connections seen while they all waited."""
     with fresh(admin) as dsn, Client(dsn) as client:
         handles = client.enqueue_many(flows.noop, [None] * waits)
-        threads = [threading.Thread(target=h.result, kwargs={"timeout": 60}) for h in handles]
+        threads = [
+            threading.Thread(
+                target=(lambda h=h: list(h.events(timeout=60))) if follow else h.result,
+                kwargs={} if follow else {"timeout": 60},
+            )
+            for h in handles
+        ]
         for thread in threads:
             thread.start()
         time.sleep(0.5)
