@@ -100,6 +100,25 @@ class _Follow:
     answered: bool = False
 
 
+class _LoopEvent:
+    """An event of the running loop that the watcher's thread sets."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+
+    def set(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(self._event.set)
+
+    async def wait(self, seconds: float | None) -> None:
+        """Until set, or ``seconds`` (None: no limit); then cleared."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._event.wait()
+        self._event.clear()
+
+
 class RunWatcher:
     """Waits for runs to end on ``route`` for one client (see the module's docstring)."""
 
@@ -143,23 +162,14 @@ class RunWatcher:
     async def wait_async(self, run_id: int, timeout: float | None) -> str:
         """:meth:`wait` for a coroutine: never blocks its event loop."""
         deadline = deadline_of(timeout)
-        loop = asyncio.get_running_loop()
-        woken = asyncio.Event()
-
-        def wake() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                loop.call_soon_threadsafe(woken.set)
-
-        wait = self._begin(run_id, wake)
+        woken = _LoopEvent()
+        wait = self._begin(run_id, woken.set)
         try:
             while True:
                 ended = self._outcome(wait, deadline, timeout)
                 if ended is not None:
                     return ended
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._pause(deadline)):
-                        await woken.wait()
-                woken.clear()
+                await woken.wait(self._pause(deadline))
         finally:
             self._end(wait)
 
@@ -188,14 +198,8 @@ class RunWatcher:
     ) -> AsyncIterator[StepEvent]:
         """:meth:`follow` for a coroutine: never blocks its event loop."""
         deadline = deadline_of(timeout)
-        loop = asyncio.get_running_loop()
-        woken = asyncio.Event()
-
-        def wake() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody follows
-                loop.call_soon_threadsafe(woken.set)
-
-        follow = self._begin_follow(run_id, after, wake)
+        woken = _LoopEvent()
+        follow = self._begin_follow(run_id, after, woken.set)
         try:
             while True:
                 events, done = self._next_events(follow, deadline, timeout)
@@ -204,10 +208,7 @@ class RunWatcher:
                 if done:
                     return
                 if not events:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self._pause(deadline)):
-                            await woken.wait()
-                    woken.clear()
+                    await woken.wait(self._pause(deadline))
         finally:
             self._end_follow(follow)
 
