@@ -2,9 +2,10 @@
 ``wait()``, ``result()`` and ``events()`` in flight.
 
 A watcher holds one connection and one thread, however many waits and followers there
-are: the thread LISTENs on ``cyclone_run_done`` and ``cyclone_events`` and reads, in one
-statement each time, the state of a new wait's run at once, of the runs a notification
-names, and of every run waited for each :data:`~cyclone_dsl.client.handle.RECHECK_SECONDS`
+are: the thread LISTENs on ``cyclone_run_done`` (and on ``cyclone_events`` while a
+follower is in flight: a client that only waits is not sent every event's notification)
+and reads, in one statement each time, the state of a new wait's run at once, of the
+runs a notification names, and of every run waited for each :data:`~cyclone_dsl.client.handle.RECHECK_SECONDS`
 as a fallback (without LISTEN, a pooled DSN and no ``listen_dsn``: every
 :data:`~cyclone_dsl.client.handle.POLL_SECONDS`). Followers are read the same way, each
 from its cursor, a page at a time: a new one at once, those whose run a notification
@@ -50,6 +51,9 @@ IDLE_SECONDS = 10.0
 #: Past its deadline, a wait whose run the watcher has not read yet looks again this often
 #: (the watcher's first read is under way; it is bounded by the ping timeout).
 FIRST_ANSWER_POLL = 0.1
+
+#: What a watcher LISTENs on while only waits are in flight (followers add EVENTS_CHANNEL).
+WAIT_CHANNELS = (RUN_DONE_CHANNEL,)
 
 #: Every watcher of this process, for the after-fork hook.
 _LIVE: weakref.WeakSet[RunWatcher] = weakref.WeakSet()
@@ -371,8 +375,11 @@ class RunWatcher:
                     if f.due and not f.pending and not f.ended and f.error is None
                 ]
                 watching = bool(ids or self._follows)
+                # Event notifications are only listened to while someone follows events.
+                channels = (RUN_DONE_CHANNEL, EVENTS_CHANNEL) if self._follows else WAIT_CHANNELS
             heard, heard_events = set(), set()
             try:
+                self._listener.listen_to(channels)
                 if full_read and watching:
                     next_full_read = time.monotonic() + self.route.recheck
                 if ids and full_read:
@@ -478,7 +485,7 @@ class RunWatcher:
         return Listener(
             route.dsn,
             name=f"cyclone-wait-{os.getpid()}",
-            channels=(RUN_DONE_CHANNEL, EVENTS_CHANNEL),
+            channels=WAIT_CHANNELS,
             listen=route.listen,
             pooled=route.pooled,
         )

@@ -24,11 +24,10 @@ def listen(conn: psycopg.Connection[Any], channel: str, timeout: float = PING_TI
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
 
-async def listen_async(
-    conn: psycopg.AsyncConnection[Any], channel: str, timeout: float = PING_TIMEOUT_S
-) -> None:
+def unlisten(conn: psycopg.Connection[Any], channel: str, timeout: float = PING_TIMEOUT_S) -> None:
+    """UNLISTEN ``channel``, bounded as :func:`listen` is."""
     with answer_within(conn, timeout):
-        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
 
 
 def ping(conn: psycopg.Connection[Any], timeout: float = PING_TIMEOUT_S) -> None:

@@ -20,7 +20,7 @@ from psycopg.rows import dict_row
 
 from cyclone_dsl.db.connect import connect
 from cyclone_dsl.db.errors import first_line
-from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen
+from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen, unlisten
 
 
 class ConnectionLost(Exception):
@@ -67,6 +67,21 @@ class Listener:
         ):
             cur.execute(query, params)
             return cur.fetchall()
+
+    def listen_to(self, channels: Sequence[str]) -> None:
+        """LISTEN on exactly ``channels`` from now on: on the open connection at once, and
+        on the next one when it is made."""
+        wanted = tuple(channels)
+        conn = self._conn if self.listens else None
+        if conn is not None and wanted != self.channels:
+            with self._lost_on_failure():
+                for channel in wanted:
+                    if channel not in self.channels:
+                        listen(conn, channel)
+                for channel in self.channels:
+                    if channel not in wanted:
+                        unlisten(conn, channel)
+        self.channels = wanted
 
     def wait(self, seconds: float, wake: socket.socket) -> tuple[list[tuple[str, str]], bool]:
         """Wait up to ``seconds`` for notifications or a byte on ``wake`` (drained); the

@@ -179,3 +179,27 @@ def test_followers_through_a_pooled_dsn_poll_on_one_connection(
             thread.join(30)
     assert len(opened) == 1, opened
     assert seen == {n: [0, 1, "last"] for n in range(20)}
+
+
+def test_a_client_listens_to_events_only_while_it_follows_some(
+    client: Client, follower: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """A client that only waits is not sent every event's notification: its connection
+    LISTENs on cyclone_events from a follower's start to the end of the last one."""
+    start_worker(emit)
+    run_id = client.enqueue(emit, 1).id
+    def listens() -> tuple[str, ...]:
+        return follower._watcher._listener.channels
+
+    waiting = threading.Thread(target=follower.result, args=(run_id, 30))
+    waiting.start()
+    wait_until(lambda: follower._watcher._listener.connected, what="the wait's connection")
+    assert listens() == ("cyclone_run_done",)
+    events = follower.events(run_id, timeout=30)
+    assert next(events).data == 0
+    assert listens() == ("cyclone_run_done", "cyclone_events")
+    events.close()
+    wait_until(lambda: listens() == ("cyclone_run_done",), what="the events channel left")
+    release.set()
+    waiting.join(30)
+    assert [e.data for e in follower.events(run_id, timeout=30)] == [0, "last"]
