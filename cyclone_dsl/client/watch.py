@@ -5,14 +5,14 @@ A watcher holds one connection and one thread, however many waits and followers 
 are: the thread LISTENs on ``cyclone_run_done`` (and on ``cyclone_events`` while a
 follower is in flight: a client that only waits is not sent every event's notification)
 and reads, in one statement each time, the state of a new wait's run at once, of the
-runs a notification names, and of every run waited for each :data:`~cyclone_dsl.client.handle.RECHECK_SECONDS`
-as a fallback (without LISTEN, a pooled DSN and no ``listen_dsn``: every
-:data:`~cyclone_dsl.client.handle.POLL_SECONDS`). Followers are read the same way, each
-from its cursor, a page at a time: a new one at once, those whose run a notification
-names, every one at each fallback read, and one whose last page was full as soon as its
-consumer took that page (never before: a slow consumer holds one page). Each wait or
-follower blocks on an event of its own (sync) or awaits one on its loop (async), and
-keeps its own deadline.
+runs a notification names, and of every run waited for each
+:data:`~cyclone_dsl.client.handle.RECHECK_SECONDS` as a fallback (without LISTEN, a
+pooled DSN and no ``listen_dsn``: every :data:`~cyclone_dsl.client.handle.POLL_SECONDS`).
+Followers are read the same way, each from its cursor, a page at a time: a new one at
+once, those whose run a notification names, every one at each fallback read, and one
+whose last page was full as soon as its consumer took that page (never before: a slow
+consumer has at most one page read ahead). Each wait or follower blocks on an event of
+its own (sync) or awaits one on its loop (async), and keeps its own deadline.
 
 Every read is bounded (:func:`~cyclone_dsl.db.listen.answer_within`), so a lost or
 half-open connection is replaced within the ping timeout, and a wait past its deadline
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import os
 import socket
 import threading
@@ -502,12 +503,14 @@ class RunWatcher:
 
     def _fail_waits(self, exc: Exception) -> None:
         """An error that is not a lost connection (the schema is missing, a permission):
-        every wait in flight raises it, as its own read would have."""
+        every wait in flight raises it, as its own read would have (a copy each, caused by
+        ``exc``: one exception object raised in several threads at once would carry their
+        tracebacks mixed)."""
         self._listener.close()
         with self._lock:
             waiters = self._all_waiters()
             for waiter in waiters:
-                waiter.error = exc
+                waiter.error = _own_copy(exc)
         for waiter in waiters:
             waiter.wake()
 
@@ -538,6 +541,16 @@ class RunWatcher:
         listener.abandon()
         _close_pair(pair)  # the child's copies: the parent's stay open
         self._pid = os.getpid()
+
+
+def _own_copy(exc: Exception) -> Exception:
+    """A copy of ``exc`` whose cause is ``exc``; ``exc`` itself if it cannot be copied."""
+    try:
+        copied = copy.copy(exc)
+    except Exception:  # noqa: BLE001 - an exception class that does not copy: shared
+        return exc
+    copied.__cause__ = exc
+    return copied
 
 
 def _close_pair(pair: tuple[socket.socket, socket.socket] | None) -> None:

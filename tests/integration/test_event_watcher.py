@@ -188,6 +188,7 @@ def test_a_client_listens_to_events_only_while_it_follows_some(
     LISTENs on cyclone_events from a follower's start to the end of the last one."""
     start_worker(emit)
     run_id = client.enqueue(emit, 1).id
+
     def listens() -> tuple[str, ...]:
         return follower._watcher._listener.channels
 

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from cyclone_dsl import AsyncClient, Client, RunNotFound, RunState, wait_signal, workflow
@@ -206,3 +207,44 @@ def test_waits_work_in_a_process_with_descriptors_past_1024(
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_waits_failed_by_one_error_each_raise_their_own_copy(
+    cyclone_dsn: str, client: Client, waiter: Client
+) -> None:
+    """A read that fails with an error that is not a lost connection (here the runs table
+    is gone) ends every wait and follower with that error; each raises an object of its
+    own, caused by the one the read raised (one object raised in several threads at once
+    would mix their tracebacks)."""
+    run_id = client.submit(wait_go, 1).id
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            waiter.result(run_id, timeout=30)
+        except Exception as exc:  # the test reads what ended it
+            errors.append(exc)
+
+    def follow() -> None:
+        try:
+            list(waiter.events(run_id, timeout=30))
+        except Exception as exc:  # the test reads what ended it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wait) for _ in range(3)]
+    threads.append(threading.Thread(target=follow))
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: waits_in_flight(waiter) == 4, what="every wait to begin")
+    with psycopg.connect(cyclone_dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE cyclone_runs RENAME TO cyclone_runs_gone")
+        try:
+            for thread in threads:
+                thread.join(30)
+        finally:
+            conn.execute("ALTER TABLE cyclone_runs_gone RENAME TO cyclone_runs")
+    assert len(errors) == 4
+    assert {type(e) for e in errors} == {psycopg.errors.UndefinedTable}
+    assert len({id(e) for e in errors}) == 4
+    (cause,) = {id(e.__cause__) for e in errors}
+    assert cause != 0 and cause not in {id(e) for e in errors}
