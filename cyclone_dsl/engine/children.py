@@ -27,9 +27,13 @@ def start_on_activation(tx: Tx, activated: list[Row], hooks: Hooks) -> None:
 
 
 def _start(tx: Tx, activated: list[Row], hooks: Hooks, *, defer_unknown: bool) -> None:
-    nodes = [
-        r for r in activated if r["kind"] == KIND_CHILD and r["state"] == StepState.WAITING_CHILD
-    ]
+    # In id order (a fan-out's items: their item order): the activations come from
+    # statements whose row order PostgreSQL does not set, and the order decides the child
+    # runs' ids and, when two cannot start, which one fails the parent.
+    nodes = sorted(
+        (r for r in activated if r["kind"] == KIND_CHILD and r["state"] == StepState.WAITING_CHILD),
+        key=lambda r: int(r["id"]),
+    )
     if not nodes:
         return
     inputs = {r["id"]: r for r in tx.rows(Q.assemble_inputs, ids=[n["id"] for n in nodes])}

@@ -157,7 +157,9 @@ def _checked_id(schedule_id: object) -> str:
 
 
 def lease_due(tx: Tx, *, owner: str, limit: int, lease: timedelta) -> list[Row]:
-    return tx.rows(Q.lease_due_schedules, owner=owner, limit=limit, lease=lease)
+    rows = tx.rows(Q.lease_due_schedules, owner=owner, limit=limit, lease=lease)
+    # The UPDATE's rows come in no set order: fired in the order they came due.
+    return sorted(rows, key=lambda r: (r["next_run_at"], r["id"]))
 
 
 def fire(

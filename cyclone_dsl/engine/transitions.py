@@ -158,7 +158,11 @@ def after_discards(tx: Tx, discarded: Sequence[Row], hooks: Hooks) -> None:
     Nodes first, item tasks after: a contained failure completes its run once nothing is
     left open, so every other node that failed in the same batch must have been judged
     (and have failed the run, if it does) before an item's failure settles its fan-out.
+    In step id order: the rows come from statements whose row order PostgreSQL does not
+    set, and the order decides which node a run's failure names, which item a fan-out's
+    failure names, and which of two failing child runs ends failed (the other cancelled).
     """
+    discarded = sorted(discarded, key=lambda r: int(r["id"]))
     items = [r for r in discarded if r.get("item_of") is not None]
     by_run: dict[int, list[Row]] = defaultdict(list)
     for row in discarded:

@@ -63,7 +63,7 @@ ORDER BY s.id
 
 -- name: retry_deps
 -- The dependency edges of a run (node depends on dep_node).
-SELECT node, dep_node FROM cyclone_deps WHERE run_id = %(run_id)s
+SELECT node, dep_node FROM cyclone_deps WHERE run_id = %(run_id)s ORDER BY node, dep_node
 
 -- fragment: retried_start
 -- When a step reset by an operator retry or replay may start: a step that never started

@@ -35,6 +35,7 @@ FROM cyclone_steps AS s
 LEFT JOIN cyclone_steps AS u ON u.run_id = s.run_id AND u.node = s.input_from
 LEFT JOIN cyclone_ext_fan_out_limits AS l ON l.run_id = s.run_id AND l.node = s.node
 WHERE s.id = ANY(%(ids)b::bigint[])
+ORDER BY s.id
 
 -- name: activate_next_items
 -- Make the next pending items of a fan-out available, up to its max_parallel.
@@ -132,6 +133,7 @@ SELECT id, state FROM cyclone_steps WHERE run_id = %(run_id)s AND node = %(node)
 SELECT s.node FROM cyclone_steps AS s
 WHERE s.run_id = %(run_id)s AND s.fan_out_parallel IS NOT NULL AND s.state = 'pending'
   AND EXISTS (SELECT 1 FROM cyclone_steps AS i WHERE i.run_id = s.run_id AND i.item_of = s.node)
+ORDER BY s.id
 
 -- name: discard_node_completed
 -- Turn a just-completed node into a failure (its collected output broke a limit).
