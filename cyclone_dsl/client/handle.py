@@ -100,11 +100,16 @@ def deadline_of(timeout: object) -> float | None:
     return None if math.isinf(seconds) else time.monotonic() + seconds
 
 
+#: The largest seq an event can have (a bigint column).
+MAX_SEQ = 2**63 - 1
+
+
 def checked_after(after: object) -> int:
-    """An events offset: a seq, an integer >= 0 (0: from the start)."""
+    """An events offset: a seq, an integer >= 0 (0: from the start). One past every seq
+    there can be means the same as the largest: no event comes after it."""
     if isinstance(after, bool) or not isinstance(after, int) or after < 0:
         raise InvalidArgument(f"after must be an event seq, an integer >= 0, not {after!r}")
-    return after
+    return min(after, MAX_SEQ)
 
 
 def outcome_from_row(row: dict[str, Any] | None, run_id: int) -> JSONValue:

@@ -320,10 +320,12 @@ class RunWatcher:
         self, waiter: _Wait | _Follow, deadline: float | None, timeout: float | None
     ) -> None:
         """Past its deadline, a wait or follower ends with ``TimeoutError`` once the watcher
-        answered for its run, or failed since it began."""
+        answered that its run is still going, or failed since it began (a follower of an
+        ended run reads its last pages however long that takes)."""
         if deadline is None or time.monotonic() < deadline:
             return
-        if waiter.answered:
+        going = waiter.last_state is not None and not RunState(waiter.last_state).is_terminal
+        if waiter.answered and going:
             raise TimeoutError(f"run {waiter.run_id} is still {waiter.last_state} after {timeout}s")
         if self._failures > waiter.failures_before:
             raise TimeoutError(f"run {waiter.run_id}: no answer from PostgreSQL in {timeout}s")

@@ -386,7 +386,8 @@ def test_pta_reviews_survive_kills_and_a_frozen_worker_process(
     # Pause a run (and with it its child run) once the child's fan-out has expanded (its
     # items wait for the service): pausing before that hits the bug of
     # test_pta_resume_keeps_a_fan_out_that_has_not_expanded_yet.
-    wait_until(partial(invoice_expanded, client, ids[0]), what="run 0's invoice items")
+    # Two worker processes start first (imports and connections): slow on a loaded machine.
+    wait_until(partial(invoice_expanded, client, ids[0]), what="run 0's invoice items", timeout=60)
     client.pause(ids[0])
 
     # A worker process dies with several handlers waiting on the service.
