@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import os
 import socket
 import threading
@@ -40,6 +39,7 @@ import attrs
 
 from cyclone_dsl.client.handle import EVENTS_PAGE, RECONNECT_SECONDS, WaitRoute, deadline_of
 from cyclone_dsl.client.model import StepEvent
+from cyclone_dsl.db.errors import own_copy
 from cyclone_dsl.db.listen import PING_TIMEOUT_S
 from cyclone_dsl.db.listener import ConnectionLost, Listener, readable
 from cyclone_dsl.engine import EVENTS_CHANNEL, RUN_DONE_CHANNEL, run_ids_of
@@ -512,7 +512,7 @@ class RunWatcher:
         with self._lock:
             waiters = self._all_waiters()
             for waiter in waiters:
-                waiter.error = _own_copy(exc)
+                waiter.error = own_copy(exc)
         for waiter in waiters:
             waiter.wake()
 
@@ -543,16 +543,6 @@ class RunWatcher:
         listener.abandon()
         _close_pair(pair)  # the child's copies: the parent's stay open
         self._pid = os.getpid()
-
-
-def _own_copy(exc: Exception) -> Exception:
-    """A copy of ``exc`` whose cause is ``exc``; ``exc`` itself if it cannot be copied."""
-    try:
-        copied = copy.copy(exc)
-    except Exception:  # noqa: BLE001 - an exception class that does not copy: shared
-        return exc
-    copied.__cause__ = exc
-    return copied
 
 
 def _close_pair(pair: tuple[socket.socket, socket.socket] | None) -> None:

@@ -6,6 +6,7 @@ and ``cyclone_dsl.migrate`` import psycopg (a ruff banned-api rule holds this).
 
 from __future__ import annotations
 
+import copy
 from typing import Final
 
 import psycopg
@@ -32,3 +33,15 @@ def first_line(exc: BaseException) -> str:
     DETAIL and HINT), or its class name when it has none."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+def own_copy(exc: Exception) -> Exception:
+    """A copy of ``exc`` whose cause is ``exc``, for each of several callers that one error
+    ended (one exception object raised in several threads at once would carry their
+    tracebacks mixed); ``exc`` itself if it cannot be copied."""
+    try:
+        copied = copy.copy(exc)
+    except Exception:  # noqa: BLE001 - an exception class that does not copy: shared
+        return exc
+    copied.__cause__ = exc
+    return copied

@@ -21,7 +21,13 @@ from cyclone_dsl.engine.children import CHILD_WAKE
 from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.engine.complete import Failure, Success
 from cyclone_dsl.engine.core import DEFAULT_RETENTION, Engine, Page, Refused
-from cyclone_dsl.engine.events import DEFAULT_MAX_EVENTS_PER_STEP, EVENT_KINDS, Recorded
+from cyclone_dsl.engine.events import (
+    DEFAULT_MAX_EVENTS_PER_STEP,
+    EVENT_KINDS,
+    NewEvent,
+    Outcome,
+    Recorded,
+)
 from cyclone_dsl.engine.notify import (
     CANCEL_CHANNEL,
     EVENTS_CHANNEL,
@@ -60,6 +66,8 @@ __all__ = [
     "Delivery",
     "Engine",
     "Failure",
+    "NewEvent",
+    "Outcome",
     "Page",
     "Recorded",
     "Refused",

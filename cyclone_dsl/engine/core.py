@@ -44,7 +44,7 @@ from cyclone_dsl.engine import (
 from cyclone_dsl.engine.bulk import BulkAction, BulkPage, RunFilter
 from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.engine.complete import Failure, Success
-from cyclone_dsl.engine.events import DEFAULT_MAX_EVENTS_PER_STEP, Recorded
+from cyclone_dsl.engine.events import DEFAULT_MAX_EVENTS_PER_STEP, NewEvent, Outcome, Recorded
 from cyclone_dsl.engine.hooks import build_hooks
 from cyclone_dsl.engine.schedules import CatchUp
 from cyclone_dsl.engine.signals import Delivery
@@ -423,37 +423,26 @@ class Engine:
 
     # -- step events ---------------------------------------------------------------------
 
-    def record_event(
-        self,
-        tx: Tx,
-        *,
-        step_id: int,
-        generation: int,
-        attempt: int,
-        kind: str,
-        payload_text: str,
-        cap: int = DEFAULT_MAX_EVENTS_PER_STEP,
-        decided: bool = False,
-    ) -> Recorded | None:
-        """Store one event of a running step's execution and wake its run's followers
-        (see :mod:`cyclone_dsl.engine.events`); None when the step no longer exists.
-        ``decided``: the worker has already decided this execution's end (its timeout
-        passed, its run was cancelled), which it may not have committed yet: the event is
-        stored fenced.
+    def record_events(
+        self, tx: Tx, batch: Sequence[NewEvent], *, cap: int = DEFAULT_MAX_EVENTS_PER_STEP
+    ) -> list[Outcome]:
+        """Store events of running steps' executions, in order, and wake their runs'
+        followers (see :mod:`cyclone_dsl.engine.events`): one outcome per event, in order
+        (its seq and fence, :class:`EventLimitExceeded` past ``cap``, or None when its step
+        no longer exists). An event whose execution the worker has decided already (its
+        timeout passed, its run was cancelled; maybe not committed yet) is stored fenced.
 
         One statement: on an autocommit ``tx`` it commits on its own, without waiting for
         the WAL flush (the step's completion flushes it).
         """
-        return events.record(
-            tx,
-            step_id=step_id,
-            generation=generation,
-            attempt=attempt,
-            kind=kind,
-            payload_text=payload_text,
-            cap=cap,
-            decided=decided,
-        )
+        return events.record_many(tx, batch, cap=cap)
+
+    def record_event(
+        self, tx: Tx, event: NewEvent, *, cap: int = DEFAULT_MAX_EVENTS_PER_STEP
+    ) -> Recorded | None:
+        """Store one event (see :meth:`record_events`); raise :class:`EventLimitExceeded`
+        past ``cap``."""
+        return events.record(tx, event, cap=cap)
 
     # -- scanner passes: each call handles one page, in the caller's transaction --------
 

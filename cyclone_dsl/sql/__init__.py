@@ -69,6 +69,7 @@ class _Queries:
     fork_source_run: LiteralString
     # events.sql
     record_event: LiteralString
+    record_events: LiteralString
     fence_events: LiteralString
     run_events_after: LiteralString
     followed_events: LiteralString

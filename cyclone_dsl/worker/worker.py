@@ -79,10 +79,17 @@ from cyclone_dsl.engine import (
     Claimed,
     Engine,
     Failure,
+    NewEvent,
+    Outcome,
     Success,
     run_ids_of,
 )
-from cyclone_dsl.errors import InvalidArgument, InvalidTransition, WorkerCrashed
+from cyclone_dsl.errors import (
+    EventLimitExceeded,
+    InvalidArgument,
+    InvalidTransition,
+    WorkerCrashed,
+)
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.graph.rows import KIND_CHILD
 from cyclone_dsl.graph.validate import INT32_MAX, queue_problem
@@ -93,6 +100,7 @@ from cyclone_dsl.states import ErrorKind, RunState
 from cyclone_dsl.worker import adaptive, execute
 from cyclone_dsl.worker.adaptive import SlotController, Slots, WorkerSettings
 from cyclone_dsl.worker.context import StepContext
+from cyclone_dsl.worker.emitter import EventBatcher
 from cyclone_dsl.worker.lanes import Lane, thread_cpu_clock
 from cyclone_dsl.worker.observe import EndedRun, Observers, WorkerObserver
 from cyclone_dsl.worker.processes import Supervisor, worker_spec
@@ -121,8 +129,9 @@ REGISTRY_BEAT_S = 5.0
 UNSERVED_CHECK_S = 60.0
 #: A sync handler still running this long past its timeout is reported (once).
 STUCK_REPORT_S = 10.0
-#: Connections of the pool that stores handlers' events (opened at the first event).
-EVENT_CONNECTIONS = 8
+#: Connections of the pool that stores handlers' events (opened at the first event): one
+#: batch of events is written at a time (see cyclone_dsl.worker.emitter).
+EVENT_CONNECTIONS = 1
 
 #: Collects the runs the current transaction ended, while an observer wants them.
 _ENDED_RUNS: contextvars.ContextVar[list[EndedRun] | None] = contextvars.ContextVar(
@@ -256,8 +265,8 @@ class Worker:
     worker does with its steps (see :class:`~cyclone_dsl.worker.observe.WorkerObserver`).
 
     ``max_events_per_step`` caps the events (``ctx.emit``, ``ctx.progress``) one step may
-    store, across its attempts; handlers that emit share a pool of up to
-    :data:`EVENT_CONNECTIONS` connections, opened at the first event.
+    store, across its attempts; the events of handlers that emit at the same moment are
+    written together, in one statement on one connection opened at the first event.
 
     Durations (``lease``, ``poll_interval``, ``scan_interval``, ``grace``) are finite
     seconds, from a microsecond up to what a thread can wait (about 292 years); ``grace``
@@ -399,6 +408,7 @@ class Worker:
             )
         self.max_events_per_step = max_events_per_step
         self._events_db: PooledDatabase | None = None
+        self._event_batcher: EventBatcher | None = None
         self._events_closed = False  # stopped: a handler that outlived it writes on its own
         self._events_lock = threading.Lock()
         self.queue_limits = dict(queue_limits or {})
@@ -1459,47 +1469,53 @@ class Worker:
         return runner.run(call)
 
     def _record_event(self, step: Claimed, kind: str, text: str) -> None:
-        """Store one event of a running handler, on the events pool (in autocommit: the
-        event commits, then its notification goes)."""
+        """Store one event of a running handler: with the events other handlers emit at the
+        same moment, in one statement on the events connection (in autocommit: the batch
+        commits, then its notifications go); returns once it is committed."""
 
         with self._inflight_lock:  # settled (timed out, cancelled, lease lost): fenced
             entry = self._inflight.get(_claim_key(step))
             decided = entry is None or entry.settled
-
-        def record(tx: Tx) -> None:
-            self._engine.record_event(
-                tx,
-                step_id=step.id,
-                generation=step.generation,
-                attempt=step.attempt + 1,
-                kind=kind,
-                payload_text=text,
-                cap=self.max_events_per_step,
-                decided=decided,
-            )
-
+        event = NewEvent(
+            step_id=step.id,
+            generation=step.generation,
+            attempt=step.attempt + 1,
+            kind=kind,
+            payload_text=text,
+            decided=decided,
+        )
         with self._events_lock:
             closed = self._events_closed
             if not closed and self._events_db is None:
-                self._events_db = PooledDatabase(
+                db = PooledDatabase(
                     self._dsn,
                     name=f"cyclone-emit-{os.getpid()}",
-                    max_size=min(self.max_concurrency, EVENT_CONNECTIONS),
+                    max_size=EVENT_CONNECTIONS,
                     pooled=self.pooled,
                 )
-            db = self._events_db
-        if closed or db is None:
+                self._events_db = db
+                self._event_batcher = EventBatcher(functools.partial(self._write_events, db))
+            batcher = self._event_batcher
+        if closed or batcher is None:
             # A handler that outlived the worker's stop (past its grace): its pool is closed,
             # and its event is kept all the same (fenced: its lease was released).
             late = PooledDatabase(
                 self._dsn, name=f"cyclone-emit-{os.getpid()}", max_size=1, pooled=self.pooled
             )
             try:
-                late.transaction(record, one_statement=True)
+                (outcome,) = self._write_events(late, [event])
             finally:
                 late.close()
+            if isinstance(outcome, EventLimitExceeded):
+                raise outcome
             return
-        db.transaction(record, one_statement=True)
+        batcher.record(event)
+
+    def _write_events(self, db: PooledDatabase, batch: Sequence[NewEvent]) -> list[Outcome]:
+        cap = self.max_events_per_step
+        return db.transaction(
+            lambda tx: self._engine.record_events(tx, batch, cap=cap), one_statement=True
+        )
 
     def _decide(self, entry: _Inflight) -> bool:
         """Take the decision of a transactional step for its own transaction (False: a
