@@ -163,17 +163,21 @@ ORDER BY e.seq
 -- name: followed_events
 -- For each follower (a run and its cursor, numbered from 1 by ``follower``): the run's state
 -- and its events after the cursor (at most ``limit``, in seq order), all in one snapshot, as
--- run_events_after gives them for one. No row for a run that does not exist.
-SELECT f.follower, r.state AS run_state, e.seq, e.step_id, e.node, e.attempt, e.kind,
+-- run_events_after gives them for one. No row for a run that does not exist. The run is
+-- probed per follower by a scalar subquery (a join could hash every run of the table).
+SELECT f.follower, r.run_state, e.seq, e.step_id, e.node, e.attempt, e.kind,
        e.payload, e.fenced, e.created_at
 FROM unnest(%(run_ids)b::bigint[], %(afters)b::bigint[]) WITH ORDINALITY
     AS f(run_id, after, follower)
-JOIN cyclone_runs AS r ON r.id = f.run_id
+CROSS JOIN LATERAL (
+    SELECT (SELECT runs.state FROM cyclone_runs AS runs WHERE runs.id = f.run_id) AS run_state
+) AS r
 LEFT JOIN LATERAL (
     SELECT x.seq, x.step_id, x.node, x.attempt, x.kind, x.payload, x.fenced, x.created_at
     FROM cyclone_ext_events AS x
-    WHERE x.run_id = r.id AND x.seq > f.after
+    WHERE x.run_id = f.run_id AND x.seq > f.after
     ORDER BY x.seq
     LIMIT %(limit)s
 ) AS e ON true
+WHERE r.run_state IS NOT NULL
 ORDER BY f.follower, e.seq

@@ -181,6 +181,37 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
             Q.ended_children_of_waiting_nodes,
             {"after_id": 0, "limit": 500},
         ),
+        # Handlers' events (one, and a batch), and what a client's watcher reads for its
+        # waits and its event followers.
+        "record_event": (
+            Q.record_event,
+            {
+                "step_id": ids[0],
+                "generation": generations[0],
+                "attempt": 1,
+                "kind": "event",
+                "payload": "1",
+                "decided": False,
+                "cap": 10_000,
+            },
+        ),
+        "record_events": (
+            Q.record_events,
+            {
+                "step_ids": ids,
+                "generations": generations,
+                "attempts": [1] * len(ids),
+                "kinds": ["event"] * len(ids),
+                "payloads": ["1"] * len(ids),
+                "decided": [False] * len(ids),
+                "cap": 10_000,
+            },
+        ),
+        "get_run_states": (Q.get_run_states, {"run_ids": runs}),
+        "followed_events": (
+            Q.followed_events,
+            {"run_ids": runs, "afters": [0] * len(runs), "limit": 500},
+        ),
     }
 
 
@@ -295,6 +326,10 @@ HOT_STATEMENTS = [
     "expired_signal_waits",
     "expired_deadlines",
     "ended_children_of_waiting_nodes",
+    "record_event",
+    "record_events",
+    "get_run_states",
+    "followed_events",
 ]
 
 
