@@ -18,8 +18,8 @@ Every read is bounded (:func:`~cyclone_dsl.db.listen.answer_within`), so a lost 
 half-open connection is replaced within the ping timeout, and a wait past its deadline
 ends with ``TimeoutError`` once the watcher has answered for its run at least once, or
 failed since it began. The connection closes when the client closes, or after
-:data:`IDLE_SECONDS` without a wait. A watcher survives ``os.fork()``: the child never
-uses nor closes the parent's connection, and starts its own on its first wait.
+:data:`IDLE_SECONDS` without a wait or a follower. A watcher survives ``os.fork()``: the
+child never uses nor closes the parent's connection, and starts its own on its first wait.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ from cyclone_dsl.errors import ClientClosed, RunNotFound
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
 
-#: A watcher with no wait closes its connection (and its thread ends) after this long.
+#: A watcher with no wait nor follower closes its connection (and its thread ends) after
+#: this long.
 IDLE_SECONDS = 10.0
 #: Past its deadline, a wait whose run the watcher has not read yet looks again this often
 #: (the watcher's first read is under way; it is bounded by the ping timeout).
