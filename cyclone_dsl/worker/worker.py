@@ -85,6 +85,7 @@ from cyclone_dsl.engine import (
     run_ids_of,
 )
 from cyclone_dsl.errors import (
+    ClientClosed,
     EventLimitExceeded,
     InvalidArgument,
     InvalidTransition,
@@ -1497,25 +1498,34 @@ class Worker:
                 self._event_batcher = EventBatcher(functools.partial(self._write_events, db))
             batcher = self._event_batcher
         if closed or batcher is None:
-            # A handler that outlived the worker's stop (past its grace): its pool is closed,
-            # and its event is kept all the same (fenced: its lease was released).
-            late = PooledDatabase(
-                self._dsn, name=f"cyclone-emit-{os.getpid()}", max_size=1, pooled=self.pooled
-            )
-            try:
-                (outcome,) = self._write_events(late, [event])
-            finally:
-                late.close()
+            (outcome,) = self._write_events(None, [event])
             if isinstance(outcome, EventLimitExceeded):
                 raise outcome
             return
         batcher.record(event)
 
-    def _write_events(self, db: PooledDatabase, batch: Sequence[NewEvent]) -> list[Outcome]:
+    def _write_events(self, db: PooledDatabase | None, batch: Sequence[NewEvent]) -> list[Outcome]:
+        """Write a batch of events on the events pool ``db``; once the worker's stop closed
+        it (a handler that outlived the stop, or a batch queued when the stop came), on a
+        connection of its own: the events are kept all the same (fenced: the stop released
+        their leases)."""
         cap = self.max_events_per_step
-        return db.transaction(
-            lambda tx: self._engine.record_events(tx, batch, cap=cap), one_statement=True
+
+        def write(tx: Tx) -> list[Outcome]:
+            return self._engine.record_events(tx, batch, cap=cap)
+
+        if db is not None and not db.is_closed():
+            try:
+                return db.transaction(write, one_statement=True)
+            except ClientClosed:
+                pass  # closed by the stop while this batch waited for its connection
+        late = PooledDatabase(
+            self._dsn, name=f"cyclone-emit-{os.getpid()}", max_size=1, pooled=self.pooled
         )
+        try:
+            return late.transaction(write, one_statement=True)
+        finally:
+            late.close()
 
     def _decide(self, entry: _Inflight) -> bool:
         """Take the decision of a transactional step for its own transaction (False: a
