@@ -44,7 +44,7 @@ from cyclone_dsl.engine import (
 from cyclone_dsl.engine.bulk import BulkAction, BulkPage, RunFilter
 from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.engine.complete import Failure, Success
-from cyclone_dsl.engine.events import DEFAULT_MAX_EVENTS_PER_STEP, NewEvent, Outcome, Recorded
+from cyclone_dsl.engine.events import DEFAULT_MAX_EVENTS_PER_STEP, NewEvent, Outcome
 from cyclone_dsl.engine.hooks import build_hooks
 from cyclone_dsl.engine.schedules import CatchUp
 from cyclone_dsl.engine.signals import Delivery
@@ -436,13 +436,6 @@ class Engine:
         the WAL flush (the step's completion flushes it).
         """
         return events.record_many(tx, batch, cap=cap)
-
-    def record_event(
-        self, tx: Tx, event: NewEvent, *, cap: int = DEFAULT_MAX_EVENTS_PER_STEP
-    ) -> Recorded | None:
-        """Store one event (see :meth:`record_events`); raise :class:`EventLimitExceeded`
-        past ``cap``."""
-        return events.record(tx, event, cap=cap)
 
     # -- scanner passes: each call handles one page, in the caller's transaction --------
 

@@ -102,15 +102,6 @@ def _outcome(row: Row, cap: int) -> Outcome:
     return Recorded(row["seq"], row["fenced"])
 
 
-def record(tx: Tx, event: NewEvent, *, cap: int) -> Recorded | None:
-    """Store one event (see :func:`record_many`); raise :class:`EventLimitExceeded` past
-    the cap, None when its step no longer exists."""
-    (outcome,) = record_many(tx, [event], cap=cap)
-    if isinstance(outcome, EventLimitExceeded):
-        raise outcome
-    return outcome
-
-
 def fence(tx: Tx, leases: Sequence[tuple[int, int]]) -> None:
     """Mark the events of these executions (step id, lease generation) fenced: their
     lease was taken back and the step runs again. Call it after the step update, in a
