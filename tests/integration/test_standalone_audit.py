@@ -392,14 +392,17 @@ def test_a_unique_key_is_free_again_once_its_holder_ended(
     first = client.enqueue(target, 1, unique_key="free")
     assert first.created
     assert client.enqueue(target, 2, unique_key="free").id == first.id
+    worker = None
     if ending == "cancelled":
         client.cancel(first.id)
     else:
-        start_worker(target)
+        worker = start_worker(target)
     expected = {"completed": RunState.COMPLETED, "failed": RunState.FAILED}.get(
         ending, RunState.CANCELLED
     )
     wait_until(lambda: client.get_run(first.id).state is expected, timeout=10, what=ending)
+    if worker is not None:
+        worker.stop()  # else it could end the second holder before the last enqueue
     second = client.enqueue(target, 3, unique_key="free")
     assert second.created and second.id != first.id
     assert client.enqueue(target, 4, unique_key="free").id == second.id
