@@ -80,6 +80,10 @@ def test_a_hundred_followers_of_one_client_share_one_connection(
                 lambda: waits_in_flight(follower) == 60 and waits_in_flight(aclient._client) == 40,
                 what="every follower to begin",
             )
+            # The watcher connects as it reads: it may not have yet when the waits began.
+            wait_until(
+                lambda: len(wait_backends(cyclone_dsn) - others) >= 2, what="the connections"
+            )
             opened = wait_backends(cyclone_dsn) - others
             release.set()
             return opened, list(await task)
@@ -173,6 +177,8 @@ def test_followers_through_a_pooled_dsn_poll_on_one_connection(
         for thread in threads:
             thread.start()
         wait_until(lambda: waits_in_flight(pooled) == 20, what="every follower to begin")
+        # The watcher connects as it reads: it may not have yet when the waits began.
+        wait_until(lambda: len(wait_backends(cyclone_dsn) - others) >= 1, what="the connections")
         opened = wait_backends(cyclone_dsn) - others
         release.set()
         for thread in threads:

@@ -61,6 +61,10 @@ def test_a_hundred_waits_of_one_client_share_one_connection(
                 lambda: waits_in_flight(waiter) == 60 and waits_in_flight(aclient._client) == 40,
                 what="every wait to begin",
             )
+            # The watcher connects as it reads: it may not have yet when the waits began.
+            wait_until(
+                lambda: len(wait_backends(cyclone_dsn) - others) >= 2, what="the connections"
+            )
             opened = wait_backends(cyclone_dsn) - others
             for run_id in runs:
                 client.signal(run_id, "rw_go", f"go {run_id}")
@@ -145,6 +149,8 @@ def test_waits_through_a_pooled_dsn_poll_on_one_connection(
         for thread in threads:
             thread.start()
         wait_until(lambda: waits_in_flight(pooled) == 20, what="every wait to begin")
+        # The watcher connects as it reads: it may not have yet when the waits began.
+        wait_until(lambda: len(wait_backends(cyclone_dsn) - others) >= 1, what="the connections")
         opened = wait_backends(cyclone_dsn) - others
         for run_id in runs:
             client.signal(run_id, "rw_go", run_id)
