@@ -225,7 +225,7 @@ def release(tx: Tx, leases: Sequence[tuple[int, int]]) -> set[int]:
     rows = tx.rows(Q.release_steps, ids=[i for i, _ in leases], generations=[g for _, g in leases])
     released = {r["id"] for r in rows}
     events.fence(tx, [(i, g) for i, g in leases if i in released])
-    notify.wake_queues(tx, (r["queue"] for r in rows))
+    notify.wake_queues(tx, [*(r["queue"] for r in rows), *gates.step_slot_waiters(tx, released)])
     return released
 
 

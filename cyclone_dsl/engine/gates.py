@@ -9,7 +9,7 @@ rate window passed), so no transition has anything to release. See
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine import notify
@@ -142,6 +142,16 @@ def wake_run_slot_waiters(tx: Tx, ended: Sequence[Row]) -> None:
     if limited:
         rows = tx.rows(Q.queues_waiting_for_run_slots, run_ids=limited)
         notify.wake_queues(tx, (r["queue"] for r in rows))
+
+
+def step_slot_waiters(tx: Tx, step_ids: Iterable[int]) -> list[str]:
+    """The queues to wake because these steps stopped running: those holding steps gated
+    on a step slot one of them held. A step slot is its kind's and key's in every queue
+    and frees with no write of its own, so waking the holder's queue is not enough."""
+    ids = sorted(set(step_ids))
+    if not ids:
+        return []
+    return [r["queue"] for r in tx.rows(Q.queues_waiting_for_step_slots, ids=ids)]
 
 
 def charge_units(tx: Tx, extra: Sequence[tuple[int, int]]) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import complete, events, notify, tracecontext
+from cyclone_dsl.engine import complete, events, gates, notify, tracecontext
 from cyclone_dsl.engine.backoff import backoff_seconds
 from cyclone_dsl.engine.transitions import Hooks, after_discards, end_past_deadline
 from cyclone_dsl.failpoints import failpoint
@@ -58,7 +58,8 @@ def reclaim(
     )
     generations = {r["id"]: r["lease_generation"] for r in page}
     events.fence(tx, [(r["id"], generations[r["id"]]) for r in rows])
-    notify.wake_queues(tx, (r["queue"] for r in rows if r["state"] == StepState.AVAILABLE))
+    available = [r["queue"] for r in rows if r["state"] == StepState.AVAILABLE]
+    notify.wake_queues(tx, [*available, *gates.step_slot_waiters(tx, (r["id"] for r in rows))])
     discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
     if discarded:
         after_discards(tx, discarded, hooks)
@@ -73,7 +74,7 @@ def timed_out_page(tx: Tx, *, after_id: int, limit: int, grace: timedelta) -> li
 
 def fail_timed_out(tx: Tx, page: list[Row], hooks: Hooks) -> dict[int, str]:
     """Fail steps that outlived their timeout (the worker running them is stuck or gone)."""
-    return complete.fail(
+    applied = complete.fail(
         tx,
         [
             complete.Failure(
@@ -87,3 +88,5 @@ def fail_timed_out(tx: Tx, page: list[Row], hooks: Hooks) -> dict[int, str]:
         ],
         hooks,
     )
+    notify.wake_queues(tx, gates.step_slot_waiters(tx, applied))
+    return applied

@@ -95,6 +95,7 @@ class _Queries:
     queue_caps: LiteralString
     queues_with_gates: LiteralString
     queues_waiting_for_run_slots: LiteralString
+    queues_waiting_for_step_slots: LiteralString
     delete_limit: LiteralString
     park_ended_gates: LiteralString
     park_gates_of_steps: LiteralString

@@ -482,6 +482,33 @@ WITH RECURSIVE freed AS (
 )
 SELECT DISTINCT queue FROM waiting WHERE queue IS NOT NULL
 
+-- name: queues_waiting_for_step_slots
+-- The queues of live steps gated on a step slot that one of these steps held (same step
+-- scope and key): a step slot frees with no write, and it is the key's in every queue, so
+-- its holder's end wakes their claimers. Each key's queues are read one by one through
+-- idx_ext_gates_step_slot (a loose index scan), however many steps wait on it.
+WITH RECURSIVE freed AS (
+    SELECT DISTINCT g.step_scope, g.step_key
+    FROM cyclone_ext_gates AS g
+    WHERE g.step_id = ANY(%(ids)b::bigint[]) AND g.step_scope IS NOT NULL
+), waiting (step_scope, step_key, queue) AS (
+    SELECT f.step_scope, f.step_key,
+           (SELECT w.queue FROM cyclone_ext_gates AS w
+            WHERE w.step_scope = f.step_scope AND w.step_key = f.step_key
+              AND w.step_scope IS NOT NULL AND w.queue <> ''
+            ORDER BY w.queue LIMIT 1)
+    FROM freed AS f
+    UNION ALL
+    SELECT q.step_scope, q.step_key,
+           (SELECT w.queue FROM cyclone_ext_gates AS w
+            WHERE w.step_scope = q.step_scope AND w.step_key = q.step_key
+              AND w.step_scope IS NOT NULL AND w.queue <> '' AND w.queue > q.queue
+            ORDER BY w.queue LIMIT 1)
+    FROM waiting AS q
+    WHERE q.queue IS NOT NULL
+)
+SELECT DISTINCT queue FROM waiting WHERE queue IS NOT NULL
+
 -- name: delete_limit
 -- Remove a limit (a queue's cap); its slots go with it.
 DELETE FROM cyclone_ext_limits WHERE scope = %(scope)s RETURNING scope

@@ -225,15 +225,20 @@ def test_cancelling_a_run_frees_its_running_steps_slot(
 
 
 def test_a_run_failing_by_deadline_frees_its_running_steps_slot(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client,
+    start_worker: Callable[..., Worker],
+    clock: Callable[[datetime], None],
 ) -> None:
+    # A deadline the claim cannot miss on a loaded machine (nothing starts in a run past
+    # its deadline), passed by moving the clock once the step runs.
     held = client.submit(
         la_one_wf,
         {"tenant": "t", "name": "held", "gate": "never"},
-        deadline=timedelta(seconds=0.5),
+        deadline=timedelta(hours=1),
     )
     start_worker(la_one_wf, concurrency=4)
     wait_until(lambda: board.started("held"), what="held to start")
+    clock(datetime.now(UTC) + timedelta(hours=2))
     waiting = client.enqueue(la_one, {"tenant": "t", "name": "waiting"})
     assert waiting.result(timeout=10) == "waiting"
     assert held.wait(timeout=10).state is RunState.FAILED

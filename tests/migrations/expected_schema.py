@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATEST = 19
-EXT_LATEST = 9
+EXT_LATEST = 10
 TS = "timestamp with time zone"
 
 
@@ -612,6 +612,12 @@ EXT_TABLES: dict[str, Table] = {
                 "run_scope, run_key, queue",
                 where="run_scope IS NOT NULL AND queue <> ''",
                 since=9,
+            ),
+            Index(
+                "idx_ext_gates_step_slot",
+                "step_scope, step_key, queue",
+                where="step_scope IS NOT NULL AND queue <> ''",
+                since=10,
             ),
         ],
         since=4,

@@ -317,6 +317,8 @@ def test_extension_version_moves_only_the_extension_track(
         "extension migration 007_events up",
         "extension migration 008_trace_context up",
         "extension migration 009_run_slot_waits up",
+        "extension migration 010_step_slot_waits up",
+        "extension migration 010_step_slot_waits down",
         "extension migration 009_run_slot_waits down",
         "extension migration 008_trace_context down",
         "extension migration 007_events down",

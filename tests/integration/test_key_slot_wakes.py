@@ -1,0 +1,118 @@
+"""A step slot freed in one queue wakes the claimers of the steps waiting on it in another.
+
+A step-level ``Concurrency`` slot is the kind's and key's in every queue; it frees when its
+holder stops running, which writes nothing to the slot. Whatever ends the holder (it
+returns, it fails, its worker stops and gives its lease back, its lease expires and it is
+reclaimed), the claimers of every queue with a step waiting on that slot must be woken:
+their workers here poll once a minute, so a step that starts within a few seconds was
+woken, not polled. (A timed-out attempt ends as a failure: the worker's timeout goes the
+"fails" way; the scanner's, for a stuck worker, wakes them the same way.)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from cyclone_dsl import Client, Concurrency, RunState, Worker, step
+from tests.waiting import LONG_POLL, PROMPT, expire_leases_until, wait_until
+
+QA = "ksw_qa"
+QB = "ksw_qb"
+#: How long the waiting step may take to start once its slot is free (lost: a 60 s poll).
+STALL = 6.0
+
+started: set[str] = set()
+release = threading.Event()
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    started.clear()
+    release.clear()
+    yield
+    release.set()  # before the workers stop: a held handler returns
+
+
+@step(name="ksw_keyed", concurrency=Concurrency(key="tenant", limit=1), max_attempts=1)
+def ksw_keyed(job: dict[str, Any]) -> str:
+    started.add(job["name"])
+    if job.get("hold"):
+        release.wait(timeout=60)
+    if job.get("fail"):
+        raise ValueError("the holder fails")
+    return str(job["name"])
+
+
+def _listeners(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            (f"cyclone-listen-{os.getpid()}",),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _idle(worker: Worker) -> None:
+    """Until the worker's claims stop for a while: it waits for a wake-up (or its poll)."""
+    lane = worker._thread_lane
+    last = -1
+
+    def settled() -> bool:
+        nonlocal last
+        seen, last = last, lane.claims
+        return seen == last
+
+    wait_until(settled, interval=0.3, timeout=PROMPT, what="the worker to wait for work")
+
+
+@pytest.mark.parametrize("ending", ["returns", "fails", "is_given_back", "is_reclaimed"])
+def test_a_holder_ending_in_one_queue_starts_its_key_s_step_waiting_in_another(
+    client: Client,
+    cyclone_dsn: str,
+    start_worker: Callable[..., Worker],
+    clock: Callable[[datetime], None],
+    ending: str,
+) -> None:
+    holder_worker = start_worker(
+        ksw_keyed,
+        queues=[QA],
+        concurrency=1,
+        poll_interval=LONG_POLL,
+        grace=0.1,
+        max_reclaims=0,
+        lease=30.0,
+    )
+    job = {"tenant": "t", "name": "holder", "hold": True, "fail": ending == "fails"}
+    holder = client.enqueue(ksw_keyed, job, queue=QA)
+    wait_until(lambda: "holder" in started, timeout=PROMPT, what="the holder to start")
+    waiter_worker = start_worker(
+        ksw_keyed, queues=[QB], concurrency=2, poll_interval=LONG_POLL, max_reclaims=0
+    )
+    waiting = client.enqueue(ksw_keyed, {"tenant": "t", "name": "waiting"}, queue=QB)
+    wait_until(
+        lambda: "concurrency slot" in " ".join(client.why_waiting(waiting.id).values()),
+        timeout=PROMPT,
+        what="the step to wait for the holder's slot",
+    )
+    wait_until(lambda: _listeners(cyclone_dsn) == 2, timeout=PROMPT, what="both workers' LISTEN")
+    _idle(waiter_worker)
+
+    if ending in ("returns", "fails"):
+        release.set()
+    elif ending == "is_given_back":
+        holder_worker.stop()  # the handler outlives the grace: its lease is given back
+    else:
+        expire_leases_until(
+            lambda: holder.get().state is RunState.FAILED, what="the holder's reclaim"
+        )
+
+    assert waiting.result(timeout=STALL) == "waiting"
+    assert "holder" in started
