@@ -58,8 +58,9 @@ def reclaim(
     )
     generations = {r["id"]: r["lease_generation"] for r in page}
     events.fence(tx, [(r["id"], generations[r["id"]]) for r in rows])
-    available = [r["queue"] for r in rows if r["state"] == StepState.AVAILABLE]
-    notify.wake_queues(tx, [*available, *gates.step_slot_waiters(tx, (r["id"] for r in rows))])
+    # Available again or discarded, each freed any slot it held (a key's, a queue cap's).
+    freed = gates.step_slot_waiters(tx, (r["id"] for r in rows))
+    notify.wake_queues(tx, [*(r["queue"] for r in rows), *freed])
     discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
     if discarded:
         after_discards(tx, discarded, hooks)
@@ -73,8 +74,10 @@ def timed_out_page(tx: Tx, *, after_id: int, limit: int, grace: timedelta) -> li
 
 
 def fail_timed_out(tx: Tx, page: list[Row], hooks: Hooks) -> dict[int, str]:
-    """Fail steps that outlived their timeout (the worker running them is stuck or gone)."""
-    applied = complete.fail(
+    """Fail steps that outlived their timeout (the worker running them is stuck or gone).
+    Each frees any slot it held: its queue's claimers, and those waiting on its key in
+    other queues, are woken (as they are by a worker's own timeout of a limited step)."""
+    return complete.fail(
         tx,
         [
             complete.Failure(
@@ -83,10 +86,9 @@ def fail_timed_out(tx: Tx, page: list[Row], hooks: Hooks) -> dict[int, str]:
                 error="the step ran past its timeout and its worker did not stop it",
                 error_kind=ErrorKind.TIMEOUT,
                 delay_s=backoff_seconds(r["attempt"] + 1),
+                wake_queue=r["queue"],
             )
             for r in page
         ],
         hooks,
     )
-    notify.wake_queues(tx, gates.step_slot_waiters(tx, applied))
-    return applied

@@ -70,7 +70,7 @@ FROM reclaimed
 -- Running steps past their own timeout plus a grace (the worker enforces it first).
 -- Intervals are compared, not timestamps: started_at + timeout overflows for a timeout
 -- past the last timestamp (a row another implementation wrote), and would fail the pass.
-SELECT s.id, s.run_id, s.lease_generation, s.attempt
+SELECT s.id, s.run_id, s.lease_generation, s.attempt, s.queue
 FROM cyclone_steps AS s
 WHERE s.state = 'running' AND s.timeout IS NOT NULL
   AND now() + %(shift)s::interval - s.started_at > s.timeout + %(grace)s::interval

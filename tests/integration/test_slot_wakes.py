@@ -1,4 +1,4 @@
-"""A step slot freed in one queue wakes the claimers of the steps waiting on it in another.
+"""A slot freed without a write wakes the claimers of the steps waiting on it.
 
 A step-level ``Concurrency`` slot is the kind's and key's in every queue; it frees when its
 holder stops running, which writes nothing to the slot. Whatever ends the holder (it
@@ -25,6 +25,7 @@ from tests.waiting import LONG_POLL, PROMPT, expire_leases_until, wait_until
 
 QA = "ksw_qa"
 QB = "ksw_qb"
+QC = "ksw_qc"  # capped
 #: How long the waiting step may take to start once its slot is free (lost: a 60 s poll).
 STALL = 6.0
 
@@ -48,6 +49,11 @@ def ksw_keyed(job: dict[str, Any]) -> str:
     if job.get("fail"):
         raise ValueError("the holder fails")
     return str(job["name"])
+
+
+@step(name="ksw_plain", max_attempts=1)
+def ksw_plain(job: dict[str, Any]) -> str:
+    return ksw_keyed(job)
 
 
 def _listeners(dsn: str) -> int:
@@ -116,3 +122,35 @@ def test_a_holder_ending_in_one_queue_starts_its_key_s_step_waiting_in_another(
 
     assert waiting.result(timeout=STALL) == "waiting"
     assert "holder" in started
+
+
+def test_a_reclaim_that_discards_a_capped_queue_s_step_starts_the_one_waiting_for_the_cap(
+    client: Client,
+    cyclone_dsn: str,
+    start_worker: Callable[..., Worker],
+    clock: Callable[[datetime], None],
+) -> None:
+    """A queue capped at 1: its running step's worker stalls, the lease is reclaimed past
+    ``max_reclaims`` (the step is discarded, not made available): the cap's slot is free,
+    and the step waiting for it starts on the other worker."""
+    client.set_queue_limit(QC, 1)
+    try:
+        options: dict[str, Any] = {"queues": [QC], "poll_interval": LONG_POLL, "max_reclaims": 0}
+        start_worker(ksw_plain, concurrency=1, lease=30.0, **options)
+        holder = client.enqueue(ksw_plain, {"name": "holder", "hold": True}, queue=QC)
+        wait_until(lambda: "holder" in started, timeout=PROMPT, what="the holder to start")
+        other = start_worker(ksw_plain, concurrency=2, **options)
+        waiting = client.enqueue(ksw_plain, {"name": "waiting"}, queue=QC)
+        wait_until(
+            lambda: "queue" in " ".join(client.why_waiting(waiting.id).values()),
+            timeout=PROMPT,
+            what="the step to wait for the queue's cap",
+        )
+        wait_until(lambda: _listeners(cyclone_dsn) == 2, timeout=PROMPT, what="the LISTENs")
+        _idle(other)
+        expire_leases_until(
+            lambda: holder.get().state is RunState.FAILED, what="the holder's reclaim"
+        )
+        assert waiting.result(timeout=STALL) == "waiting"
+    finally:
+        client.set_queue_limit(QC, None)
