@@ -8,6 +8,7 @@ with what it waited for once the deadline passes.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -47,6 +48,16 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"waited {timeout:g}s for {what}; last seen: {value!r}")
         time.sleep(interval)
+
+
+async def until(predicate: Callable[[], object], *, what: str, timeout: float = 20.0) -> None:
+    """:func:`wait_until` for a coroutine: polls without blocking the event loop (the loop
+    must run for asyncgen finalizers and closing tasks)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() >= deadline:
+            raise AssertionError(f"waited {timeout:g}s for {what}")
+        await asyncio.sleep(0.02)
 
 
 def expire_leases_until(reclaimed: Callable[[], bool], *, what: str, timeout: float = 20.0) -> None:

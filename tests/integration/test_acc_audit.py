@@ -41,7 +41,7 @@ from cyclone_dsl import (
     wait_signal,
     workflow,
 )
-from tests.waiting import wait_backends, wait_until, waits_in_flight
+from tests.waiting import until, wait_backends, wait_until, waits_in_flight
 
 # -- definitions ------------------------------------------------------------------------------
 
@@ -81,16 +81,6 @@ def acc_done(n):  # type: ignore[no-untyped-def]
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-async def until(predicate: Callable[[], object], *, what: str, timeout: float = 20.0) -> None:
-    """``wait_until`` for a coroutine: polls without blocking the event loop (the loop
-    must run for asyncgen finalizers and closing tasks)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() >= deadline:
-            raise AssertionError(f"waited {timeout:g}s for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def collect(events: AsyncIterator[StepEvent]) -> list[int]:

@@ -46,7 +46,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.client import watch
-from tests.waiting import wait_backends, wait_until, waits_in_flight
+from tests.waiting import until, wait_backends, wait_until, waits_in_flight
 
 # -- definitions ------------------------------------------------------------------------------
 
@@ -130,15 +130,6 @@ def ended_run_of_1200_events(client: Client) -> int:
     run_id = client.submit(ewa_four, None).id
     assert client.wait(run_id, timeout=30).state is RunState.COMPLETED
     return run_id
-
-
-async def until(predicate: Callable[[], object], *, what: str, timeout: float = 20.0) -> None:
-    """``wait_until`` for a coroutine (does not block the loop)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() >= deadline:
-            raise AssertionError(f"waited {timeout:g}s for {what}")
-        await asyncio.sleep(0.02)
 
 
 def seqs_of(events: list[StepEvent]) -> list[int]:
