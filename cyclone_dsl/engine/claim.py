@@ -10,7 +10,7 @@ import attrs
 
 from cyclone_dsl.db.errors import ConnectionFailure
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import events, gates, notify
+from cyclone_dsl.engine import events, gates
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.payload import JSONValue
 from cyclone_dsl.sql import Q
@@ -225,7 +225,7 @@ def release(tx: Tx, leases: Sequence[tuple[int, int]]) -> set[int]:
     rows = tx.rows(Q.release_steps, ids=[i for i, _ in leases], generations=[g for _, g in leases])
     released = {r["id"] for r in rows}
     events.fence(tx, [(i, g) for i, g in leases if i in released])
-    notify.wake_queues(tx, [*(r["queue"] for r in rows), *gates.step_slot_waiters(tx, released)])
+    gates.wake_freed(tx, [(r["id"], r["queue"]) for r in rows])
     return released
 
 

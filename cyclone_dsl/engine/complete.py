@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import attrs
 
 from cyclone_dsl.db.tx import Tx
-from cyclone_dsl.engine import gates, notify
+from cyclone_dsl.engine import gates
 from cyclone_dsl.engine.transitions import (
     Hooks,
     after_completions,
@@ -62,7 +62,7 @@ def complete(
         outputs=[r.output for r in results],
     )
     after_completions(tx, done, hooks)
-    _wake_for_freed_slots(tx, results)
+    gates.wake_freed(tx, [(r.step_id, r.wake_queue) for r in results if r.wake_queue])
     failpoint("complete.before_commit")
     return {r["id"] for r in done}
 
@@ -83,21 +83,9 @@ def fail(tx: Tx, failures: Sequence[Failure], hooks: Hooks) -> dict[int, str]:
         error_kinds=[f.error_kind for f in failures],
         stacks=[f.panic_stack for f in failures],
     )
-    _wake_for_freed_slots(
-        tx, failures, [r["queue"] for r in rows if r["state"] == StepState.AVAILABLE]
-    )
+    woken = [r["queue"] for r in rows if r["state"] == StepState.AVAILABLE]
+    gates.wake_freed(tx, [(f.step_id, f.wake_queue) for f in failures if f.wake_queue], woken)
     discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
     if discarded:
         after_discards(tx, discarded, hooks)
     return {r["id"]: r["state"] for r in rows}
-
-
-def _wake_for_freed_slots(
-    tx: Tx, ended: Sequence[Success | Failure], woken: Sequence[str] = ()
-) -> None:
-    """Wake ``woken`` and the claimers the ended limited executions free a slot for: their
-    own queue's, and every queue's with a step waiting on the same step slot."""
-    limited = [e for e in ended if e.wake_queue is not None]
-    own = [e.wake_queue for e in limited if e.wake_queue is not None]
-    waiting = gates.step_slot_waiters(tx, (e.step_id for e in limited))
-    notify.wake_queues(tx, [*woken, *own, *waiting])

@@ -58,12 +58,14 @@ def record(tx: Tx, run_ids: Sequence[int], flows: Sequence[RunFlow | None]) -> N
             gates["rate_units"].append(gate.rate_units)
     if limits:
         ordered = [limits[scope] for scope in sorted(limits)]
-        tx.rows(
+        added = tx.rows(
             Q.upsert_limits,
             scopes=[limit.scope for limit in ordered],
             max_counts=[limit.max_count for limit in ordered],
             pers=[limit.per for limit in ordered],
         )
+        if added:  # a raised limit: work queued under the old one may start now
+            notify.wake_queues(tx, (r["queue"] for r in tx.rows(Q.gated_queues)))
     if slot_keys:
         ordered_keys = sorted(slot_keys)
         tx.rows(
@@ -116,13 +118,15 @@ def clear_lost_holders(tx: Tx) -> int:
 
 
 def set_queue_cap(tx: Tx, queue: str, cap: int | None) -> None:
-    """Cap the steps of ``queue`` running at once across all workers (None: no cap)."""
+    """Cap the steps of ``queue`` running at once across all workers (None: no cap). Its
+    claimers are woken: a cap raised or removed may let waiting steps start."""
     scope = QUEUE_SCOPE_PREFIX + queue
     if cap is None:
         tx.rows(Q.delete_limit, scope=scope)
-        return
-    tx.rows(Q.upsert_limits, scopes=[scope], max_counts=[cap], pers=[None])
-    tx.rows(Q.ensure_slots, scopes=[scope], keys=[""])
+    else:
+        tx.rows(Q.upsert_limits, scopes=[scope], max_counts=[cap], pers=[None])
+        tx.rows(Q.ensure_slots, scopes=[scope], keys=[""])
+    notify.wake_queues(tx, [queue])
 
 
 def queue_caps(tx: Tx) -> dict[str, int]:
@@ -144,14 +148,21 @@ def wake_run_slot_waiters(tx: Tx, ended: Sequence[Row]) -> None:
         notify.wake_queues(tx, (r["queue"] for r in rows))
 
 
-def step_slot_waiters(tx: Tx, step_ids: Iterable[int]) -> list[str]:
-    """The queues to wake because these steps stopped running: those holding steps gated
-    on a step slot one of them held. A step slot is its kind's and key's in every queue
-    and frees with no write of its own, so waking the holder's queue is not enough."""
-    ids = sorted(set(step_ids))
-    if not ids:
-        return []
-    return [r["queue"] for r in tx.rows(Q.queues_waiting_for_step_slots, ids=ids)]
+def wake_freed(tx: Tx, freed: Iterable[tuple[int, str]], also: Iterable[str] = ()) -> None:
+    """These steps (id, queue) stopped running, each freeing any slot it held, which writes
+    nothing to the slot: wake their queues' claimers (a queue cap's slot), those of every
+    queue with a step waiting on a step slot one of them held (a kind's key is the same in
+    every queue), and ``also``."""
+    freed = list(freed)
+    ids = sorted({step_id for step_id, _ in freed})
+    waiting = tx.rows(Q.queues_waiting_for_step_slots, ids=ids) if ids else []
+    notify.wake_queues(tx, [*also, *(q for _, q in freed), *(r["queue"] for r in waiting)])
+
+
+def wake_cancelled(tx: Tx, cancelled: Iterable[Row]) -> None:
+    """Steps were cancelled (rows with id, queue, was_running): those that were running
+    freed their slots (see :func:`wake_freed`)."""
+    wake_freed(tx, [(r["id"], r["queue"]) for r in cancelled if r["was_running"]])
 
 
 def charge_units(tx: Tx, extra: Sequence[tuple[int, int]]) -> None:

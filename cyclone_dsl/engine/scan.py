@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import complete, events, gates, notify, tracecontext
+from cyclone_dsl.engine import complete, events, gates, tracecontext
 from cyclone_dsl.engine.backoff import backoff_seconds
 from cyclone_dsl.engine.transitions import Hooks, after_discards, end_past_deadline
 from cyclone_dsl.failpoints import failpoint
@@ -59,8 +59,7 @@ def reclaim(
     generations = {r["id"]: r["lease_generation"] for r in page}
     events.fence(tx, [(r["id"], generations[r["id"]]) for r in rows])
     # Available again or discarded, each freed any slot it held (a key's, a queue cap's).
-    freed = gates.step_slot_waiters(tx, (r["id"] for r in rows))
-    notify.wake_queues(tx, [*(r["queue"] for r in rows), *freed])
+    gates.wake_freed(tx, [(r["id"], r["queue"]) for r in rows])
     discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
     if discarded:
         after_discards(tx, discarded, hooks)

@@ -94,6 +94,7 @@ class _Queries:
     claim_capped_steps: LiteralString
     queue_caps: LiteralString
     queues_with_gates: LiteralString
+    gated_queues: LiteralString
     queues_waiting_for_run_slots: LiteralString
     queues_waiting_for_step_slots: LiteralString
     delete_limit: LiteralString

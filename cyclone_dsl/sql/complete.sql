@@ -292,7 +292,7 @@ FROM unnest(%(run_ids)b::bigint[]) AS t(run_id)
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.run_id = t.run_id
   AND s.state NOT IN ('completed', 'discarded', 'cancelled')
-RETURNING s.run_id, s.node, s.kind,
+RETURNING s.id, s.run_id, s.node, s.kind, s.queue,
           s.id = ANY(ARRAY(SELECT id FROM listed WHERE state = 'running')) AS was_running
 
 -- name: cancel_downstream
@@ -315,4 +315,4 @@ SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
 FROM down
 WHERE s.run_id = %(run_id)s AND (s.node = down.node OR s.item_of = down.node)
   AND s.state NOT IN ('completed', 'discarded', 'cancelled')
-RETURNING s.node, s.kind, s.id IN (SELECT id FROM running_before) AS was_running
+RETURNING s.id, s.node, s.kind, s.queue, s.id IN (SELECT id FROM running_before) AS was_running

@@ -120,7 +120,7 @@ SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.run_id = %(run_id)s AND s.item_of = %(node)s
   AND s.state IN ('pending', 'available', 'running', 'paused', 'waiting_child')
-RETURNING s.id, s.node, s.kind,
+RETURNING s.id, s.node, s.kind, s.queue,
           s.id = ANY(ARRAY(SELECT id FROM listed WHERE state = 'running')) AS was_running
 
 -- name: fan_out_node

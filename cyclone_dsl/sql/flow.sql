@@ -1,7 +1,8 @@
 -- name: upsert_limits
 -- Record the limit of each scope (the latest submitted definition's), with its window. A
 -- raised limit gives every key of its scope its new slots at once: a key whose work was
--- queued before would otherwise keep the old limit until a submit of that key.
+-- queued before would otherwise keep the old limit until a submit of that key. Returns
+-- the scope of each slot added so (the caller wakes the claimers of waiting work).
 WITH changed AS (
     INSERT INTO cyclone_ext_limits (scope, max_count, per)
     SELECT * FROM unnest(%(scopes)b::text[], %(max_counts)b::int[], %(pers)b::interval[])
@@ -21,6 +22,7 @@ WHERE NOT EXISTS (SELECT 1 FROM cyclone_ext_slots AS e  -- a lowered limit has i
                   WHERE e.scope = c.scope AND e.key = k.key AND e.slot = c.max_count)
 ORDER BY 1, 2, 3
 ON CONFLICT (scope, key, slot) DO NOTHING
+RETURNING scope
 
 -- name: ensure_slots
 -- Make sure each (scope, key) has its limit's slot rows (1 .. max_count).
@@ -450,6 +452,18 @@ WHERE scope LIKE 'queue:%%' ORDER BY scope
 -- definitions declare no limit claims it too (an earlier deploy's limited work).
 SELECT q AS queue FROM unnest(%(queues)b::text[]) AS q
 WHERE EXISTS (SELECT 1 FROM cyclone_ext_gates AS g WHERE g.queue = q)
+
+-- name: gated_queues
+-- Every queue holding limited work not parked, read one by one through idx_ext_gates_claim
+-- (a loose index scan): the claimers to wake when a limit was raised.
+WITH RECURSIVE q(queue) AS (
+    (SELECT g.queue FROM cyclone_ext_gates AS g WHERE g.queue > '' ORDER BY g.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT g.queue FROM cyclone_ext_gates AS g
+            WHERE g.queue > q.queue ORDER BY g.queue LIMIT 1)
+    FROM q WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM q WHERE queue IS NOT NULL
 
 -- name: queues_waiting_for_run_slots
 -- The queues of live steps gated on a run slot that one of these ended runs held (same run

@@ -1276,8 +1276,11 @@ class Worker:
             return self._engine.queue_caps(tx), self._engine.queues_with_gates(tx, self.queues)
 
         caps, gated = self._tx(read)
-        self._capped = frozenset(caps) & frozenset(self.queues)
-        self._gated_queues = frozenset(gated)
+        capped = frozenset(caps) & frozenset(self.queues)
+        changed = (capped, frozenset(gated)) != (self._capped, self._gated_queues)
+        self._capped, self._gated_queues = capped, frozenset(gated)
+        if changed:  # a claim that found nothing under the old view may find work now
+            self._wake_lanes()
         return self._capped
 
     def _rotated_queues(self) -> list[str]:
