@@ -469,6 +469,11 @@ class Engine:
         page = scan.timed_out_page(tx, after_id=after_id, limit=limit, grace=grace)
         return len(scan.fail_timed_out(tx, page, self._hooks)), _next_cursor(page, limit)
 
+    def wake_due_steps(self, tx: Tx) -> int:
+        """Wake the queues of steps that came due since the last due pass; return how many
+        queues (see :func:`cyclone_dsl.engine.scan.wake_due`)."""
+        return scan.wake_due(tx)
+
     def fire_timers(self, tx: Tx, *, after_id: int, limit: int) -> Page:
         page = tx.rows(Q.due_timers, after_id=after_id, limit=limit)
         return waits.settle_runs_of(tx, page, self._hooks), _next_cursor(page, limit)

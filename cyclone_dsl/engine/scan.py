@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import complete, events, gates, tracecontext
+from cyclone_dsl.engine import complete, events, gates, notify, tracecontext
 from cyclone_dsl.engine.backoff import backoff_seconds
 from cyclone_dsl.engine.transitions import Hooks, after_discards, end_past_deadline
 from cyclone_dsl.failpoints import failpoint
@@ -91,3 +91,12 @@ def fail_timed_out(tx: Tx, page: list[Row], hooks: Hooks) -> dict[int, str]:
         ],
         hooks,
     )
+
+
+def wake_due(tx: Tx) -> int:
+    """Wake the queues of the available steps that came due since the last due pass of any
+    scanner (a delayed start, a retry's backoff, a debounce window: no write makes them
+    claimable at that time); return how many queues were woken."""
+    queues = [r["queue"] for r in tx.rows(Q.wake_due_steps)]
+    notify.wake_queues(tx, queues)
+    return len(queues)

@@ -159,6 +159,7 @@ class _Queries:
     reclaim_steps: LiteralString
     timed_out_steps: LiteralString
     try_scan_leader: LiteralString
+    wake_due_steps: LiteralString
     # schedules.sql
     db_now: LiteralString
     upsert_schedule: LiteralString

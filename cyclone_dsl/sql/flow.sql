@@ -502,9 +502,13 @@ SELECT DISTINCT queue FROM waiting WHERE queue IS NOT NULL
 -- its holder's end wakes their claimers. Each key's queues are read one by one through
 -- idx_ext_gates_step_slot (a loose index scan), however many steps wait on it.
 WITH RECURSIVE freed AS (
-    SELECT DISTINCT g.step_scope, g.step_key
-    FROM cyclone_ext_gates AS g
-    WHERE g.step_id = ANY(%(ids)b::bigint[]) AND g.step_scope IS NOT NULL
+    SELECT DISTINCT k.step_scope, k.step_key
+    FROM unnest(%(ids)b::bigint[]) AS e(step_id)
+    CROSS JOIN LATERAL (
+        SELECT g.step_scope, g.step_key FROM cyclone_ext_gates AS g
+        WHERE g.step_id = e.step_id AND g.step_scope IS NOT NULL
+        LIMIT 1
+    ) AS k
 ), waiting (step_scope, step_key, queue) AS (
     SELECT f.step_scope, f.step_key,
            (SELECT w.queue FROM cyclone_ext_gates AS w

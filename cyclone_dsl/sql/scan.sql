@@ -82,3 +82,46 @@ LIMIT %(limit)s
 -- Only one scanner pass per schema at a time (transaction-level advisory lock).
 SELECT pg_try_advisory_xact_lock(%(namespace)s, hashtext(current_schema() || %(scanner)s))
     AS leader
+
+-- name: wake_due_steps
+-- The queues of available steps that came due since the last due pass (of any scanner),
+-- whose mark is moved to now. The window starts a second before the last mark: a step
+-- whose transaction committed after that pass read, with a time inside its window, is
+-- still seen. With no mark yet, or one ahead of now (the clock was moved back), it is
+-- the last minute. The (queue, priority) pairs of available steps are walked through
+-- idx_steps_claim (a loose index scan), each looked into once for a step due in the window.
+WITH RECURSIVE old AS (
+    SELECT d.woken_until FROM cyclone_ext_due_wakes AS d WHERE d.id
+), moved AS (
+    INSERT INTO cyclone_ext_due_wakes AS d (id, woken_until)
+    VALUES (true, now() + %(shift)s::interval)
+    ON CONFLICT (id) DO UPDATE SET woken_until = EXCLUDED.woken_until
+    RETURNING d.woken_until AS until
+), span AS (
+    SELECT m.until,
+           CASE WHEN o.woken_until IS NULL OR o.woken_until > m.until
+                THEN m.until - interval '1 minute'
+                ELSE o.woken_until - interval '1 second' END AS since
+    FROM moved AS m LEFT JOIN old AS o ON true
+), pairs (queue, priority) AS (
+    (SELECT s.queue, s.priority FROM cyclone_steps AS s WHERE s.state = 'available'
+     ORDER BY s.queue, s.priority DESC LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.priority
+    FROM pairs AS p
+    CROSS JOIN LATERAL (
+        (SELECT s.queue, s.priority FROM cyclone_steps AS s
+         WHERE s.state = 'available' AND s.queue = p.queue AND s.priority < p.priority
+         ORDER BY s.queue, s.priority DESC LIMIT 1)
+        UNION ALL
+        (SELECT s.queue, s.priority FROM cyclone_steps AS s
+         WHERE s.state = 'available' AND s.queue > p.queue
+         ORDER BY s.queue, s.priority DESC LIMIT 1)
+        LIMIT 1
+    ) AS n
+)
+SELECT DISTINCT p.queue
+FROM pairs AS p, span AS w
+WHERE EXISTS (SELECT 1 FROM cyclone_steps AS s
+              WHERE s.state = 'available' AND s.queue = p.queue AND s.priority = p.priority
+                AND s.scheduled_at > w.since AND s.scheduled_at <= w.until)

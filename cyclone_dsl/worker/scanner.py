@@ -108,6 +108,8 @@ class Scanner:
         changed += paged(
             "timers", lambda tx, after: engine.fire_timers(tx, after_id=after, limit=PAGE)
         )
+        # Wake-ups only: nothing changes (the wake-up's mark aside).
+        paged("due", lambda tx, _: (engine.wake_due_steps(tx), None))
         changed += paged(
             "signal_timeouts",
             lambda tx, after: engine.time_out_signal_waits(tx, after_id=after, limit=PAGE),

@@ -36,6 +36,9 @@ ALSO = {
     "finish_runs": ("cyclone_ext_gates",),
     "end_runs": ("cyclone_ext_gates",),
     "queues_waiting_for_run_slots": ("cyclone_ext_gates",),
+    # A limited step's end (every completion batch of them) wakes its key's waiters.
+    "queues_waiting_for_step_slots": ("cyclone_ext_gates",),
+    "gated_queues": ("cyclone_ext_gates",),
     "gate_window_end": ("cyclone_ext_gates",),
 }
 #: Plan nodes a statement must not use: the gated claim looks steps up by primary key, never
@@ -90,6 +93,14 @@ def limited_runs(conn: psycopg.Connection[Any]) -> list[int]:
     """100 runs under the workflow limit (as a completion batch of them would end)."""
     rows = conn.execute(
         "SELECT id FROM cyclone_runs WHERE workflow = 'plan_run_limited' ORDER BY id LIMIT 100"
+    ).fetchall()
+    return [r["id"] for r in rows]
+
+
+def keyed_steps(conn: psycopg.Connection[Any]) -> list[int]:
+    """100 steps under a step limit (as a completion batch of them would end)."""
+    rows = conn.execute(
+        "SELECT id FROM cyclone_steps WHERE kind = 'plan_keyed' ORDER BY id LIMIT 100"
     ).fetchall()
     return [r["id"] for r in rows]
 
@@ -161,12 +172,18 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
             {"run_ids": limited_runs(conn)},
         ),
         "claim_gated_steps_rated": (Q.claim_gated_steps, gated_claim("plan_rated")),
+        "queues_waiting_for_step_slots": (
+            Q.queues_waiting_for_step_slots,
+            {"ids": keyed_steps(conn)},
+        ),
+        "gated_queues": (Q.gated_queues, {}),
         # Scanner passes: each runs every second on the pass's leader.
         "expired_leases": (
             Q.expired_leases,
             {"after_id": 0, "limit": 500, "grace": timedelta(seconds=5)},
         ),
         "due_waits_in_order": (Q.due_waits_in_order, {"run_ids": runs}),
+        "wake_due_steps": (Q.wake_due_steps, {}),
         # Every operation on a run (a signal, a pause, a cancel...) walks its tree first.
         "run_tree": (Q.run_tree, {"run_id": runs[0]}),
         "due_in_tree": (Q.due_in_tree, {"run_id": runs[0]}),
@@ -316,8 +333,11 @@ HOT_STATEMENTS = [
     "claim_gated_steps",
     "claim_gated_steps_rated",
     "queues_waiting_for_run_slots",
+    "queues_waiting_for_step_slots",
+    "gated_queues",
     "gate_window_end",
     "expired_leases",
+    "wake_due_steps",
     "timed_out_steps",
     "due_timers",
     "due_waits_in_order",

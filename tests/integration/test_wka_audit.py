@@ -331,12 +331,6 @@ def _due_in(seconds: float) -> tuple[datetime, float]:
     return datetime.now(UTC) + timedelta(seconds=seconds), time.monotonic() + seconds
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a step enqueued with scheduled_at starts at the worker's next poll "
-    "(60 s), not at its start time; docs: 'scheduled_at= delays the start', "
-    "'it runs then' (waits.md); nothing wakes an idle worker when it comes due",
-)
 def test_a_step_enqueued_to_start_later_starts_at_its_time(
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
@@ -348,12 +342,6 @@ def test_a_step_enqueued_to_start_later_starts_at_its_time(
     assert handle.result(timeout=PROMPT) == 6
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a retry after a ~1 s backoff starts at the worker's next poll (60 s), "
-    "not when the backoff ends; the docs are silent on it (runs-and-steps.md: back to "
-    "'available with a jittered exponential backoff'; 'Polling is only the fallback')",
-)
 def test_a_retry_starts_when_its_short_backoff_ends(
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
@@ -378,12 +366,6 @@ def test_a_timer_that_comes_due_wakes_the_next_step(
     assert run.result(timeout=PROMPT) == 9
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a debounced run starts at the worker's next poll (60 s), not 'delay' "
-    "after the last submit as flow-control.md says ('which starts delay after the "
-    "last of them'); nothing wakes an idle worker when the window closes",
-)
 def test_a_debounced_run_starts_when_its_window_closes(
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATEST = 19
-EXT_LATEST = 10
+EXT_LATEST = 11
 TS = "timestamp with time zone"
 
 
@@ -725,6 +725,17 @@ EXT_TABLES: dict[str, Table] = {
             _cascade("cyclone_ext_trace_context_run_id_fkey", "run_id", "cyclone_runs"),
         ],
         since=8,
+    ),
+    "cyclone_ext_due_wakes": Table(
+        columns=[
+            Column("id", "boolean", False, "true"),
+            Column("woken_until", "timestamp with time zone", False),
+        ],
+        constraints=[
+            Constraint("cyclone_ext_due_wakes_pkey", "p", "PRIMARY KEY (id)"),
+            Constraint("cyclone_ext_due_wakes_id_check", "c", "id"),
+        ],
+        since=11,
     ),
 }
 
