@@ -20,7 +20,7 @@ import psycopg
 from cyclone_dsl.db import clock
 
 if TYPE_CHECKING:
-    from cyclone_dsl import Client
+    from cyclone_dsl import Client, Worker
 
 T = TypeVar("T")
 
@@ -93,3 +93,31 @@ def waits_in_flight(client: Client) -> int:
     """The ``wait()`` / ``result()`` calls in flight on ``client`` (its watcher's count; an
     ``AsyncClient``'s is ``waits_in_flight(aclient._client)``)."""
     return client._watcher.in_flight()
+
+
+def listen_backends(dsn: str) -> int:
+    """The LISTEN connections of this process's workers (``cyclone-listen-<pid>``)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            (f"cyclone-listen-{os.getpid()}",),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def wait_idle(dsn: str, worker: Worker, *, listeners: int) -> None:
+    """Until this process's workers hold ``listeners`` LISTEN connections and ``worker``'s
+    claims stop for a while: it waits for a wake-up (or its poll). A test of a wake-up
+    then makes its transition: work that starts within seconds was woken, not polled
+    (with ``poll_interval=LONG_POLL``), and no LISTEN connecting later wakes it by chance."""
+    wait_until(lambda: listen_backends(dsn) == listeners, timeout=PROMPT, what="the LISTENs")
+    lane = worker._thread_lane
+    last = -1
+
+    def settled() -> bool:
+        nonlocal last
+        seen, last = last, lane.claims
+        return seen == last
+
+    wait_until(settled, interval=0.3, timeout=PROMPT, what="the worker to wait for work")

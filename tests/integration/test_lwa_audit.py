@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
 
 from cyclone_dsl import (
@@ -32,7 +31,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.dsl.step import StepDef
-from tests.waiting import LONG_POLL, PROMPT, wait_until
+from tests.waiting import LONG_POLL, PROMPT, wait_idle, wait_until
 
 # NOTIFY is database-wide: queue names of this process only, so that no test running at
 # the same time (another xdist process) wakes these workers by notifying the same names.
@@ -83,30 +82,6 @@ def _started_within(name: str, since: float, timeout: float) -> float:
     took = started[name] - since
     print(f"{name} started {took:.2f}s after its room freed")
     return took
-
-
-def _listeners(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-            (f"cyclone-listen-{os.getpid()}",),
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def _idle(dsn: str, workers: list[Worker], waiter: Worker) -> None:
-    """Until every worker's LISTEN is connected and the waiter's claims stop for a while."""
-    wait_until(lambda: _listeners(dsn) == len(workers), timeout=PROMPT, what="the LISTENs")
-    lane = waiter._thread_lane
-    last = -1
-
-    def settled() -> bool:
-        nonlocal last
-        seen, last = last, lane.claims
-        return seen == last
-
-    wait_until(settled, interval=0.3, timeout=PROMPT, what="the worker to wait for work")
 
 
 def _waits(client: Client, run_id: int, words: str) -> None:
@@ -163,7 +138,7 @@ def test_lwa_a_run_ending_in_queue_a_starts_the_next_run_waiting_in_queue_b(
     job["fail"] = ending == "fails"
     deadline = timedelta(hours=1) if ending == "deadline" else None
     holder = client.submit(wf, job, deadline=deadline)
-    a = start_worker(wf, queues=[QA], concurrency=2, **_opts())
+    start_worker(wf, queues=[QA], concurrency=2, **_opts())
     b = start_worker(wf, queues=[QB], concurrency=2, **_opts())
     if ending == "signal_timeout":
         wait_until(lambda: "holder:first" in started, timeout=PROMPT, what="the holder's first")
@@ -171,7 +146,7 @@ def test_lwa_a_run_ending_in_queue_a_starts_the_next_run_waiting_in_queue_b(
         wait_until(lambda: "holder" in started, timeout=PROMPT, what="the holder's last step")
     nxt = client.submit(wf, {"tenant": "t", "name": "next"})
     _waits(client, nxt.id, "run slot")
-    _idle(cyclone_dsn, [a, b], b)
+    wait_idle(cyclone_dsn, b, listeners=2)
     since = time.monotonic()
     if ending in ("completes", "fails"):
         _gate("h").set()
@@ -220,7 +195,7 @@ def test_lwa_a_run_ending_under_its_running_limited_step_starts_the_key_s_waitin
         workers.append(waiter)
     waiting = client.enqueue(lwa_keyed, {"tenant": "t", "name": "waiting"}, queue=queue)
     _waits(client, waiting.id, "concurrency slot")
-    _idle(cyclone_dsn, workers, waiter)
+    wait_idle(cyclone_dsn, waiter, listeners=len(workers))
     since = time.monotonic()
     if ending.startswith("cancel"):
         client.cancel(holder.id)
@@ -281,7 +256,7 @@ def test_lwa_a_fan_out_item_ending_in_queue_a_starts_another_run_s_item_in_queue
     """ "Fan-out items of such a step count one each" and a holder's end wakes the claimers
     of every queue where a step of its key waits."""
     holder = client.submit(lwa_fan_a, {"tenant": "t", "name": "h", "n": 1, "hold": "h"})
-    a = start_worker(lwa_fan_a, lwa_fan_b, queues=[QA], concurrency=3, **_opts())
+    start_worker(lwa_fan_a, lwa_fan_b, queues=[QA], concurrency=3, **_opts())
     wait_until(lambda: "h[0]" in started, timeout=PROMPT, what="the holder item to start")
     other = client.submit(lwa_fan_b, {"tenant": "t", "name": "w", "n": 2})
     b = start_worker(lwa_fan_a, lwa_fan_b, queues=[QB], concurrency=3, **_opts())
@@ -290,7 +265,7 @@ def test_lwa_a_fan_out_item_ending_in_queue_a_starts_another_run_s_item_in_queue
         timeout=PROMPT,
         what="the other run's items to wait",
     )
-    _idle(cyclone_dsn, [a, b], b)
+    wait_idle(cyclone_dsn, b, listeners=2)
     since = time.monotonic()
     _gate("h").set()
     _started_within("w[0]", since, STALL)
@@ -307,13 +282,13 @@ def test_lwa_a_paused_run_s_limited_step_completing_starts_the_key_s_step_in_que
     """ "Pause a running run: ready and pending steps wait; running steps finish": the step
     slot is the step's, not the run's, so its end frees it for the key's waiting step."""
     holder = client.submit(lwa_keyed_wf, {"tenant": "t", "name": "holder", "hold": "h"})
-    a = start_worker(lwa_keyed_wf, queues=[QA], concurrency=2, **_opts())
+    start_worker(lwa_keyed_wf, queues=[QA], concurrency=2, **_opts())
     wait_until(lambda: "holder" in started, timeout=PROMPT, what="the holder to start")
     client.pause(holder.id)
     b = start_worker(lwa_keyed, queues=[QB], concurrency=2, **_opts())
     waiting = client.enqueue(lwa_keyed, {"tenant": "t", "name": "waiting"}, queue=QB)
     _waits(client, waiting.id, "concurrency slot")
-    _idle(cyclone_dsn, [a, b], b)
+    wait_idle(cyclone_dsn, b, listeners=2)
     since = time.monotonic()
     _gate("h").set()
     _started_within("waiting", since, STALL)
@@ -350,7 +325,7 @@ def test_lwa_raising_a_queue_cap_starts_a_step_waiting_for_it(
     wait_until(lambda: "holder" in started, timeout=PROMPT, what="the holder to start")
     waiting = client.enqueue(lwa_plain, {"name": "waiting"})
     _waits(client, waiting.id, "queue")
-    _idle(cyclone_dsn, [a], a)
+    wait_idle(cyclone_dsn, a, listeners=1)
     since = time.monotonic()
     client.set_queue_limit(QC, 2)
     try:
@@ -363,12 +338,12 @@ def test_lwa_a_cancelled_run_s_running_step_frees_its_queue_cap_for_another_work
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker], capped: None
 ) -> None:
     holder = client.submit(lwa_plain_wf, {"name": "holder", "hold": "h"})
-    a = start_worker(lwa_plain_wf, lwa_plain, queues=[QC], concurrency=1, **_opts())
+    start_worker(lwa_plain_wf, lwa_plain, queues=[QC], concurrency=1, **_opts())
     wait_until(lambda: "holder" in started, timeout=PROMPT, what="the holder to start")
     b = start_worker(lwa_plain_wf, lwa_plain, queues=[QC], concurrency=2, **_opts())
     waiting = client.enqueue(lwa_plain, {"name": "waiting"})
     _waits(client, waiting.id, "queue")
-    _idle(cyclone_dsn, [a, b], b)
+    wait_idle(cyclone_dsn, b, listeners=2)
     since = time.monotonic()
     client.cancel(holder.id)
     try:
@@ -390,7 +365,7 @@ def test_lwa_a_keyed_step_in_a_capped_queue_starts_when_both_have_room(
 ) -> None:
     """The waiting step (key t, queue C capped at 1) needs the key's slot (held in queue A)
     and the cap's (held by a plain step of queue C); whichever frees last starts it."""
-    a = start_worker(lwa_keyed, lwa_plain, queues=[QA, QC], concurrency=3, **_opts())
+    start_worker(lwa_keyed, lwa_plain, queues=[QA, QC], concurrency=3, **_opts())
     holders = {
         "key": client.enqueue(lwa_keyed, {"tenant": "t", "name": "key", "hold": "key"}, queue=QA),
         "cap": client.enqueue(lwa_plain, {"name": "cap", "hold": "cap"}),
@@ -399,11 +374,11 @@ def test_lwa_a_keyed_step_in_a_capped_queue_starts_when_both_have_room(
     b = start_worker(lwa_keyed, lwa_plain, queues=[QC], concurrency=2, **_opts())
     waiting = client.enqueue(lwa_keyed, {"tenant": "t", "name": "waiting"}, queue=QC)
     _waits(client, waiting.id, "concurrency slot")
-    _idle(cyclone_dsn, [a, b], b)
+    wait_idle(cyclone_dsn, b, listeners=2)
     second = "key" if first_freed == "cap" else "cap"
     _gate(first_freed).set()
     assert holders[first_freed].result(timeout=PROMPT) == first_freed
-    _idle(cyclone_dsn, [a, b], b)
+    wait_idle(cyclone_dsn, b, listeners=2)
     assert "waiting" not in started
     since = time.monotonic()
     _gate(second).set()
@@ -418,13 +393,13 @@ def test_lwa_a_limit_raised_by_a_deploy_starts_the_key_s_step_waiting_in_queue_b
 ) -> None:
     """ "Raising a limit applies to every key at once, including keys whose work was queued
     before the deploy" (recorded by the new deploy's next submit)."""
-    a = start_worker(lwa_keyed, queues=[QA], concurrency=2, **_opts())
+    start_worker(lwa_keyed, queues=[QA], concurrency=2, **_opts())
     client.enqueue(lwa_keyed, {"tenant": "t", "name": "holder", "hold": "h"})
     wait_until(lambda: "holder" in started, timeout=PROMPT, what="the holder to start")
     b = start_worker(lwa_keyed, queues=[QB], concurrency=2, **_opts())
     waiting = client.enqueue(lwa_keyed, {"tenant": "t", "name": "waiting"}, queue=QB)
     _waits(client, waiting.id, "concurrency slot")
-    _idle(cyclone_dsn, [a, b], b)
+    wait_idle(cyclone_dsn, b, listeners=2)
     wider = StepDef(
         lwa_keyed.fn,
         "lwa_keyed",

@@ -17,15 +17,14 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
-import psycopg
 import pytest
 
 from cyclone_dsl import Client, Concurrency, RunState, Worker, step
-from tests.waiting import LONG_POLL, PROMPT, expire_leases_until, wait_until
+from tests.waiting import LONG_POLL, PROMPT, expire_leases_until, wait_idle, wait_until
 
-QA = "ksw_qa"
-QB = "ksw_qb"
-QC = "ksw_qc"  # capped
+QA = f"ksw_qa_{os.getpid()}"  # NOTIFY is database-wide: no other process wakes it
+QB = f"ksw_qb_{os.getpid()}"
+QC = f"ksw_qc_{os.getpid()}"  # capped
 #: How long the waiting step may take to start once its slot is free (lost: a 60 s poll).
 STALL = 6.0
 
@@ -54,29 +53,6 @@ def ksw_keyed(job: dict[str, Any]) -> str:
 @step(name="ksw_plain", max_attempts=1)
 def ksw_plain(job: dict[str, Any]) -> str:
     return ksw_keyed(job)
-
-
-def _listeners(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-            (f"cyclone-listen-{os.getpid()}",),
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def _idle(worker: Worker) -> None:
-    """Until the worker's claims stop for a while: it waits for a wake-up (or its poll)."""
-    lane = worker._thread_lane
-    last = -1
-
-    def settled() -> bool:
-        nonlocal last
-        seen, last = last, lane.claims
-        return seen == last
-
-    wait_until(settled, interval=0.3, timeout=PROMPT, what="the worker to wait for work")
 
 
 @pytest.mark.parametrize("ending", ["returns", "fails", "is_given_back", "is_reclaimed"])
@@ -108,8 +84,7 @@ def test_a_holder_ending_in_one_queue_starts_its_key_s_step_waiting_in_another(
         timeout=PROMPT,
         what="the step to wait for the holder's slot",
     )
-    wait_until(lambda: _listeners(cyclone_dsn) == 2, timeout=PROMPT, what="both workers' LISTEN")
-    _idle(waiter_worker)
+    wait_idle(cyclone_dsn, waiter_worker, listeners=2)
 
     if ending in ("returns", "fails"):
         release.set()
@@ -146,8 +121,7 @@ def test_a_reclaim_that_discards_a_capped_queue_s_step_starts_the_one_waiting_fo
             timeout=PROMPT,
             what="the step to wait for the queue's cap",
         )
-        wait_until(lambda: _listeners(cyclone_dsn) == 2, timeout=PROMPT, what="the LISTENs")
-        _idle(other)
+        wait_idle(cyclone_dsn, other, listeners=2)
         expire_leases_until(
             lambda: holder.get().state is RunState.FAILED, what="the holder's reclaim"
         )

@@ -10,14 +10,12 @@ it, so no other test's wake-up of another queue can wake the worker under test.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
 
 from cyclone_dsl import (
@@ -35,7 +33,7 @@ from cyclone_dsl import (
     wait_timer,
     workflow,
 )
-from tests.waiting import LONG_POLL, PROMPT, wait_until
+from tests.waiting import LONG_POLL, PROMPT, wait_idle, wait_until
 
 #: How long a woken step may take to start (a missed wake-up waits for the 60 s poll).
 STALL = 6.0
@@ -163,31 +161,6 @@ def wka_debounce_wf(job):  # type: ignore[no-untyped-def]
     return wka_debounced(job)
 
 
-def _listeners(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-            (f"cyclone-listen-{os.getpid()}",),
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def _idle(dsn: str, worker: Worker, *, listeners: int = 1) -> None:
-    """Until the worker LISTENs and its claims stop for a while: it waits for a wake-up
-    (or its minute's poll)."""
-    wait_until(lambda: _listeners(dsn) == listeners, timeout=PROMPT, what="the LISTENs")
-    lane = worker._thread_lane
-    last = -1
-
-    def settled() -> bool:
-        nonlocal last
-        seen, last = last, lane.claims
-        return seen == last
-
-    wait_until(settled, interval=0.3, timeout=PROMPT, what="the worker to wait for work")
-
-
 def _started_within(name: str, since: float, limit: float, *, nth: int = 1) -> float:
     """Seconds from ``since`` to the ``nth`` start of ``name``; fails past ``limit``."""
     try:
@@ -228,7 +201,7 @@ def test_a_signal_that_completes_a_wait_wakes_the_next_step(
     *before, last = signals
     for name, payload in before:  # wait_n: all but the n-th
         client.signal(run.id, name, payload)
-    _idle(cyclone_dsn, worker)
+    wait_idle(cyclone_dsn, worker, listeners=1)
     since = time.monotonic()
     client.signal(run.id, *last)
     _started_within(target, since, STALL)
@@ -242,7 +215,7 @@ def test_a_child_run_ending_on_another_worker_wakes_the_parent_s_next_step(
     run = client.submit(wka_parent_wf, 7)
     idle = start_worker(wka_parent_wf, queues=["wka_after_child"], poll_interval=LONG_POLL)
     wait_until(lambda: "wka_gate" in starts, timeout=PROMPT, what="the child's step to run")
-    _idle(cyclone_dsn, idle, listeners=2)
+    wait_idle(cyclone_dsn, idle, listeners=2)
     since = time.monotonic()
     release.set()
     _started_within("wka_after_child", since, STALL)
@@ -258,7 +231,7 @@ def test_a_fan_out_s_last_item_ending_on_another_worker_wakes_the_join(
     wait_until(
         lambda: len(starts.get("wka_gate", [])) == 3, timeout=PROMPT, what="the items to run"
     )
-    _idle(cyclone_dsn, idle, listeners=2)
+    wait_idle(cyclone_dsn, idle, listeners=2)
     since = time.monotonic()
     release.set()
     _started_within("wka_join", since, STALL)
@@ -271,7 +244,7 @@ def test_resume_of_a_paused_run_wakes_its_due_step(
     run = client.submit(wka_resume_wf, 3)  # no worker serves its queue yet
     client.pause(run.id)
     worker = start_worker(wka_resume_wf, queues=["wka_resumed"], poll_interval=LONG_POLL)
-    _idle(cyclone_dsn, worker)
+    wait_idle(cyclone_dsn, worker, listeners=1)
     assert "wka_resumed" not in starts
     since = time.monotonic()
     client.resume(run.id)
@@ -286,7 +259,7 @@ def test_an_operator_retry_of_a_failed_run_wakes_the_retried_step(
     worker = start_worker(wka_retry_wf, queues=["wka_retried"], poll_interval=LONG_POLL)
     run = client.submit(wka_retry_wf, 4)
     wait_until(lambda: run.get().state is RunState.FAILED, timeout=PROMPT, what="the failure")
-    _idle(cyclone_dsn, worker)
+    wait_idle(cyclone_dsn, worker, listeners=1)
     since = time.monotonic()
     client.retry(run.id, "wka_retried")
     _started_within("wka_retried", since, STALL, nth=2)
@@ -305,7 +278,7 @@ def test_cancelling_the_run_that_holds_a_workflow_slot_wakes_the_queued_run(
         timeout=PROMPT,
         what="the second run to wait for the run slot",
     )
-    _idle(cyclone_dsn, worker)
+    wait_idle(cyclone_dsn, worker, listeners=1)
     since = time.monotonic()
     client.cancel(holder.id)
     _started_within("wka_limited", since, STALL, nth=2)
@@ -317,7 +290,7 @@ def test_enqueue_into_the_second_queue_a_worker_serves_wakes_it(
     worker = start_worker(
         wka_second, queues=["wka_second_a", "wka_second"], poll_interval=LONG_POLL
     )
-    _idle(cyclone_dsn, worker)
+    wait_idle(cyclone_dsn, worker, listeners=1)
     since = time.monotonic()
     handle = client.enqueue(wka_second, 5, queue="wka_second")
     _started_within("wka_second", since, STALL)
@@ -335,7 +308,7 @@ def test_a_step_enqueued_to_start_later_starts_at_its_time(
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
     worker = start_worker(wka_delayed, queues=["wka_delayed"], poll_interval=LONG_POLL)
-    _idle(cyclone_dsn, worker)
+    wait_idle(cyclone_dsn, worker, listeners=1)
     at, due = _due_in(DELAY)
     handle = client.enqueue(wka_delayed, 6, scheduled_at=at)
     _started_within("wka_delayed", due, LATE)
@@ -347,7 +320,7 @@ def test_a_retry_starts_when_its_short_backoff_ends(
 ) -> None:
     failing.add("wka_backoff")
     worker = start_worker(wka_backoff, queues=["wka_backoff"], poll_interval=LONG_POLL)
-    _idle(cyclone_dsn, worker)
+    wait_idle(cyclone_dsn, worker, listeners=1)
     handle = client.enqueue(wka_backoff, 8)
     wait_until(lambda: "wka_backoff" in starts, timeout=PROMPT, what="the first attempt")
     due = starts["wka_backoff"][0] + 1.0  # the first retry's backoff: 0.5 to 1 s
@@ -359,7 +332,7 @@ def test_a_timer_that_comes_due_wakes_the_next_step(
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
     worker = start_worker(wka_timer_wf, queues=["wka_after_timer"], poll_interval=LONG_POLL)
-    _idle(cyclone_dsn, worker)
+    wait_idle(cyclone_dsn, worker, listeners=1)
     _, due = _due_in(DELAY)
     run = client.submit(wka_timer_wf, 9)
     _started_within("wka_after_timer", due, LATE)
@@ -370,7 +343,7 @@ def test_a_debounced_run_starts_when_its_window_closes(
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
     worker = start_worker(wka_debounce_wf, queues=["wka_debounced"], poll_interval=LONG_POLL)
-    _idle(cyclone_dsn, worker)
+    wait_idle(cyclone_dsn, worker, listeners=1)
     _, due = _due_in(DELAY)
     run = client.submit(
         wka_debounce_wf, {"doc": "d1"}, debounce=Debounce(key="doc", delay=timedelta(seconds=DELAY))
@@ -387,7 +360,7 @@ def test_a_schedule_that_fires_wakes_its_run_s_step(
     worker = start_worker(
         wka_scheduled, queues=["wka_scheduled"], poll_interval=LONG_POLL, scan_interval=1.0
     )
-    _idle(cyclone_dsn, worker)
+    wait_idle(cyclone_dsn, worker, listeners=1)
     since = time.monotonic()
     client.schedule(wka_scheduled, "* * * * * *", id="wka-every-second", location="UTC")
     _started_within("wka_scheduled", since + 2.0, LATE)
