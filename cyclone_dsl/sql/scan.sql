@@ -89,7 +89,7 @@ SELECT pg_try_advisory_xact_lock(%(namespace)s, hashtext(current_schema() || %(s
 -- whose transaction committed after that pass read, with a time inside its window, is
 -- still seen. With no mark yet, or one ahead of now (the clock was moved back), it is
 -- the last minute. The (queue, priority) pairs of available steps are walked through
--- idx_steps_claim (a loose index scan), each looked into once for a step due in the window.
+-- idx_steps_claim (a loose index scan), each probed once for a step due in the window.
 WITH RECURSIVE old AS (
     SELECT d.woken_until FROM cyclone_ext_due_wakes AS d WHERE d.id
 ), moved AS (
@@ -122,6 +122,7 @@ WITH RECURSIVE old AS (
 )
 SELECT DISTINCT p.queue
 FROM pairs AS p, span AS w
-WHERE EXISTS (SELECT 1 FROM cyclone_steps AS s
-              WHERE s.state = 'available' AND s.queue = p.queue AND s.priority = p.priority
-                AND s.scheduled_at > w.since AND s.scheduled_at <= w.until)
+WHERE (SELECT true FROM cyclone_steps AS s  -- a probe per pair (LIMIT: never a hash join)
+       WHERE s.state = 'available' AND s.queue = p.queue AND s.priority = p.priority
+         AND s.scheduled_at > w.since AND s.scheduled_at <= w.until
+       LIMIT 1)
