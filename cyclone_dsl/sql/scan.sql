@@ -90,19 +90,18 @@ SELECT pg_try_advisory_xact_lock(%(namespace)s, hashtext(current_schema() || %(s
 -- still seen. With no mark yet, or one ahead of now (the clock was moved back), it is
 -- the last minute. The (queue, priority) pairs of available steps are walked through
 -- idx_steps_claim (a loose index scan), each probed once for a step due in the window.
-WITH RECURSIVE old AS (
-    SELECT d.woken_until FROM cyclone_ext_due_wakes AS d WHERE d.id
-), moved AS (
+WITH RECURSIVE moved AS (
     INSERT INTO cyclone_ext_due_wakes AS d (id, woken_until)
     VALUES (true, now() + %(shift)s::interval)
     ON CONFLICT (id) DO UPDATE SET woken_until = EXCLUDED.woken_until
     RETURNING d.woken_until AS until
-), span AS (
+), span AS (  -- one row; the scalar subquery reads the mark as it was before the move
     SELECT m.until,
-           CASE WHEN o.woken_until IS NULL OR o.woken_until > m.until
-                THEN m.until - interval '1 minute'
-                ELSE o.woken_until - interval '1 second' END AS since
-    FROM moved AS m LEFT JOIN old AS o ON true
+           CASE WHEN o.last IS NULL OR o.last > m.until THEN m.until - interval '1 minute'
+                ELSE o.last - interval '1 second' END AS since
+    FROM moved AS m
+    CROSS JOIN (SELECT (SELECT d.woken_until FROM cyclone_ext_due_wakes AS d WHERE d.id)
+                AS last) AS o
 ), pairs (queue, priority) AS (
     (SELECT s.queue, s.priority FROM cyclone_steps AS s WHERE s.state = 'available'
      ORDER BY s.queue, s.priority DESC LIMIT 1)
