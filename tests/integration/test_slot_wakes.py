@@ -33,7 +33,9 @@ release = threading.Event()
 
 
 @pytest.fixture(autouse=True)
-def _fresh() -> Iterator[None]:
+def _fresh(start_worker: Callable[..., Worker]) -> Iterator[None]:
+    """Torn down before the workers stop (it needs start_worker): held handlers return
+    first, instead of holding each stop for its grace."""
     started.clear()
     release.clear()
     yield

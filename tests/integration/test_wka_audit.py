@@ -50,7 +50,9 @@ release = threading.Event()
 
 
 @pytest.fixture(autouse=True)
-def _fresh() -> Iterator[None]:
+def _fresh(start_worker: Callable[..., Worker]) -> Iterator[None]:
+    """Torn down before the workers stop (it needs start_worker): held handlers return
+    first, instead of holding each stop for its grace."""
     starts.clear()
     failing.clear()
     release.clear()
