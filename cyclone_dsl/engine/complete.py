@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import attrs
 
 from cyclone_dsl.db.tx import Tx
-from cyclone_dsl.engine import gates
+from cyclone_dsl.engine import gates, sequences
 from cyclone_dsl.engine.transitions import (
     Hooks,
     after_completions,
@@ -62,6 +62,7 @@ def complete(
         outputs=[r.output for r in results],
     )
     after_completions(tx, done, hooks)
+    sequences.wake_next(tx, done)
     gates.wake_freed(tx, [(r.step_id, r.wake_queue) for r in results if r.wake_queue])
     failpoint("complete.before_commit")
     return {r["id"] for r in done}
@@ -85,6 +86,7 @@ def fail(tx: Tx, failures: Sequence[Failure], hooks: Hooks) -> dict[int, str]:
     )
     woken = [r["queue"] for r in rows if r["state"] == StepState.AVAILABLE]
     gates.wake_freed(tx, [(f.step_id, f.wake_queue) for f in failures if f.wake_queue], woken)
+    sequences.wake_next(tx, rows)  # a retry's backoff lets the next of its key overtake it
     discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
     if discarded:
         after_discards(tx, discarded, hooks)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import complete, events, gates, notify, tracecontext
+from cyclone_dsl.engine import complete, events, gates, notify, sequences, tracecontext
 from cyclone_dsl.engine.backoff import backoff_seconds
 from cyclone_dsl.engine.transitions import Hooks, after_discards, end_past_deadline
 from cyclone_dsl.failpoints import failpoint
@@ -60,6 +60,7 @@ def reclaim(
     events.fence(tx, [(r["id"], generations[r["id"]]) for r in rows])
     # Available again or discarded, each freed any slot it held (a key's, a queue cap's).
     gates.wake_freed(tx, [(r["id"], r["queue"]) for r in rows])
+    sequences.wake_next(tx, (r for r in rows if r["state"] == StepState.DISCARDED))
     discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
     if discarded:
         after_discards(tx, discarded, hooks)

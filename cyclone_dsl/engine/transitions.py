@@ -14,7 +14,7 @@ from typing import LiteralString
 import attrs
 
 from cyclone_dsl.db.tx import Row, Tx
-from cyclone_dsl.engine import gates, notify
+from cyclone_dsl.engine import gates, notify, sequences
 from cyclone_dsl.engine.tracecontext import TraceHook
 from cyclone_dsl.errors import PassedDeadline
 from cyclone_dsl.graph.rows import CompiledRun
@@ -241,6 +241,7 @@ def end_runs(
         )
         notify.steps_cancelled(tx, (c["run_id"] for c in cancelled if c["was_running"]))
         gates.wake_cancelled(tx, cancelled)
+        sequences.wake_next(tx, cancelled)
     _runs_ended(tx, ended, state, hooks)
     return ended
 

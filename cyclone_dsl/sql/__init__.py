@@ -48,6 +48,7 @@ class _Queries:
     end_runs: LiteralString
     cancel_open_steps: LiteralString
     cancel_downstream: LiteralString
+    queues_next_in_sequences: LiteralString
     # control.sql
     run_tree: LiteralString
     get_run_state: LiteralString

@@ -69,7 +69,7 @@ FROM unnest(%(ids)b::bigint[], %(generations)b::bigint[], %(outputs)b::text[])
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.id = c.id AND s.lease_generation = c.generation
   AND CASE WHEN s.state = 'running' THEN true ELSE false END
-RETURNING s.id, s.run_id, s.node, s.item_of,
+RETURNING s.id, s.run_id, s.node, s.item_of, s.sequence_key,
           EXISTS (SELECT 1 FROM cyclone_deps AS d
                   WHERE d.run_id = s.run_id AND d.dep_node = s.node) AS has_downstream
 
@@ -104,7 +104,7 @@ failed AS (
       AND r.id = s.run_id
       AND cur.id = s.id  -- read in the statement's snapshot: the lease owner before
     RETURNING s.id, s.run_id, s.node, s.state, s.queue, s.item_of, s.error, s.error_kind,
-              s.attempt, s.started_at, s.panic_stack, cur.lease_owner AS worker
+              s.attempt, s.started_at, s.panic_stack, s.sequence_key, cur.lease_owner AS worker
 ), history AS (
     INSERT INTO cyclone_ext_attempts (step_id, run_id, attempt, worker, started_at, ended_at,
                                       outcome, error, error_kind, panic_stack)
@@ -113,7 +113,7 @@ failed AS (
            error, error_kind, panic_stack
     FROM failed
 )
-SELECT id, run_id, node, state, queue, item_of, error, error_kind FROM failed
+SELECT id, run_id, node, state, queue, item_of, error, error_kind, sequence_key FROM failed
 
 -- name: dependents_of_nodes
 -- The direct dependents of each given node (dep_node), with their failure policy.
@@ -292,7 +292,7 @@ FROM unnest(%(run_ids)b::bigint[]) AS t(run_id)
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.run_id = t.run_id
   AND s.state NOT IN ('completed', 'discarded', 'cancelled')
-RETURNING s.id, s.run_id, s.node, s.kind, s.queue,
+RETURNING s.id, s.run_id, s.node, s.kind, s.queue, s.sequence_key,
           s.id = ANY(ARRAY(SELECT id FROM listed WHERE state = 'running')) AS was_running
 
 -- name: cancel_downstream
@@ -316,3 +316,16 @@ FROM down
 WHERE s.run_id = %(run_id)s AND (s.node = down.node OR s.item_of = down.node)
   AND s.state NOT IN ('completed', 'discarded', 'cancelled')
 RETURNING s.id, s.node, s.kind, s.queue, s.id IN (SELECT id FROM running_before) AS was_running
+
+-- name: queues_next_in_sequences
+-- The queue of the next step of each of these sequence keys (available, first in
+-- (scheduled_at, id) order, through idx_steps_sequence): a step of the key stopped running
+-- or left the key's order, which frees the next one with no write of its own.
+SELECT DISTINCT n.queue
+FROM unnest(%(keys)b::text[]) AS k(sequence_key)
+CROSS JOIN LATERAL (
+    SELECT s.queue FROM cyclone_steps AS s
+    WHERE s.sequence_key = k.sequence_key AND s.state = 'available'
+    ORDER BY s.scheduled_at, s.id
+    LIMIT 1
+) AS n

@@ -54,7 +54,7 @@ reclaimed AS (
       AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = (s.id & 2147483647)::int::oid)
     -- cur is read in the statement's snapshot: the lease owner before this update
     RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.item_of, s.error, s.attempt,
-              s.started_at, cur.lease_owner AS worker
+              s.started_at, s.sequence_key, cur.lease_owner AS worker
 ), history AS (
     INSERT INTO cyclone_ext_attempts (step_id, run_id, attempt, worker, started_at, ended_at,
                                       outcome, error, error_kind)
@@ -63,7 +63,8 @@ reclaimed AS (
            'reclaimed'
     FROM reclaimed
 )
-SELECT id, run_id, node, kind, state, queue, item_of, error, attempt, started_at, worker
+SELECT id, run_id, node, kind, state, queue, item_of, error, attempt, started_at, worker,
+       sequence_key
 FROM reclaimed
 
 -- name: timed_out_steps

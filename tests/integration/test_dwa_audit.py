@@ -362,11 +362,6 @@ def test_dwa_a_step_due_while_its_worker_is_full_starts_when_the_slot_frees(
     assert handle.result(timeout=PROMPT) == "queued"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a sequence_key step due while an earlier step of its key runs in another "
-    "queue is not woken when that step ends: it waits for its worker's poll",
-)
 def test_dwa_a_sequence_step_due_behind_a_running_one_in_another_queue_starts_when_it_ends(
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
