@@ -88,8 +88,8 @@ SELECT pg_try_advisory_xact_lock(%(namespace)s, hashtext(current_schema() || %(s
 -- The queues of available steps that came due since the last due pass (of any scanner),
 -- whose mark is moved to now. The window starts a second before the last mark: a step
 -- whose transaction committed after that pass read, with a time inside its window, is
--- still seen. With no mark yet, or one ahead of now (the clock was moved back), it is
--- the last minute. The (queue, priority) pairs of available steps are walked through
+-- still seen. With no mark yet (the first pass ever), it is all the past; with one ahead
+-- of now (the clock was moved back), the last minute. The (queue, priority) pairs of available steps are walked through
 -- idx_steps_claim (a loose index scan), each probed once for a step due in the window.
 WITH RECURSIVE moved AS (
     INSERT INTO cyclone_ext_due_wakes AS d (id, woken_until)
@@ -98,7 +98,8 @@ WITH RECURSIVE moved AS (
     RETURNING d.woken_until AS until
 ), span AS (  -- one row; the scalar subquery reads the mark as it was before the move
     SELECT m.until,
-           CASE WHEN o.last IS NULL OR o.last > m.until THEN m.until - interval '1 minute'
+           CASE WHEN o.last IS NULL THEN '-infinity'::timestamptz
+                WHEN o.last > m.until THEN m.until - interval '1 minute'
                 ELSE o.last - interval '1 second' END AS since
     FROM moved AS m
     CROSS JOIN (SELECT (SELECT d.woken_until FROM cyclone_ext_due_wakes AS d WHERE d.id)
