@@ -60,8 +60,8 @@ def reclaim(
     events.fence(tx, [(r["id"], generations[r["id"]]) for r in rows])
     # Available again or discarded, each freed any slot it held (a key's, a queue cap's).
     gates.wake_freed(tx, [(r["id"], r["queue"]) for r in rows])
-    sequences.wake_next(tx, (r for r in rows if r["state"] == StepState.DISCARDED))
     discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
+    sequences.wake_next(tx, discarded)  # one made available again keeps its place
     if discarded:
         after_discards(tx, discarded, hooks)
     if hooks.tracing is not None:
