@@ -16,6 +16,10 @@ from cyclone_dsl.dsl.flow import Concurrency, RateLimit, checked_key, key_of
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.graph.rows import SPECIAL_KINDS, GateRow, LimitRow, RunFlow, StepRow
 
+#: A run's limit: its scope and key (None: the workflow declares no limit), and the share
+#: its steps are made fair by (the workflow's scope and key: also without a limit).
+RunGate = tuple[str | None, str | None, tuple[str, str] | None]
+
 
 def step_scope(kind: str) -> str:
     return f"step:{kind}"
@@ -33,6 +37,15 @@ def queue_scope(queue: str) -> str:
     return f"queue:{queue}"
 
 
+def fair_key(*shares: tuple[str, str | None] | None) -> str | None:
+    """The key gated claims take in turn: every (scope, key) a step is limited or made
+    fair by, together (None: none). Claims pick each fair key's first steps, so steps of
+    one fair key must wait for the same slots: with the bare key value, a step of a kind
+    whose slot for tenant t is free waited behind another kind's step of t at its limit."""
+    parts = [f"{scope}\x1f{key}" for scope, key in filter(None, shares) if key is not None]
+    return "\x1e".join(parts) if parts else None
+
+
 def workflow_flow(
     workflow: str,
     concurrency: Concurrency | None,
@@ -41,14 +54,14 @@ def workflow_flow(
     run_input: object,
 ) -> RunFlow | None:
     """The gates of a workflow run; ``handlers`` maps kinds to their step definitions."""
-    run_gate: tuple[str | None, str | None, str | None] = (None, None, None)
+    run_gate: RunGate = (None, None, None)
     limits: dict[str, LimitRow] = {}
     if concurrency is not None:
         key = key_of(f"workflow {workflow!r} concurrency", concurrency.key, run_input)
         scope = run_scope(workflow) if concurrency.limit is not None else None
         if concurrency.limit is not None:
             limits[run_scope(workflow)] = LimitRow(run_scope(workflow), concurrency.limit)
-        run_gate = (scope, key if scope else None, key)
+        run_gate = (scope, key if scope else None, (run_scope(workflow), key))
     gates: list[GateRow] = []
     keys: dict[str, tuple[GateRow | None, dict[str, LimitRow]]] = {}
     for row in steps:
@@ -93,7 +106,7 @@ def _kind_gate(
     kind: str,
     definition: Any,
     run_input: object,
-    run_gate: tuple[str | None, str | None, str | None],
+    run_gate: RunGate,
     concurrency_key: str | None = None,
 ) -> tuple[GateRow | None, dict[str, LimitRow]]:
     """The gate every node of ``kind`` gets in this run (None: no limit), and its limits."""
@@ -114,14 +127,16 @@ def _kind_gate(
         rate_key = key_of(f"{kind!r} rate limit", rate.key, run_input)
         units = rate.units
         limits[rate_scope_] = LimitRow(rate_scope_, rate.limit, rate.per)
-    fair_key = step_fair if step_fair is not None else run_fair
-    if fair_key is None:
-        fair_key = rate_key
-    if fair_key is None:
+    fair = fair_key(
+        (step_scope(kind), step_fair),
+        run_fair,
+        (rate_scope_, rate_key) if rate_scope_ is not None else None,
+    )
+    if fair is None:
         return None, limits
     gate = GateRow(
         node="",
-        fair_key=fair_key,
+        fair_key=fair,
         step_scope=step_scope_,
         step_key=step_key,
         run_scope=run_scope_,

@@ -435,14 +435,6 @@ def wpa_first(job: dict[str, Any], ctx: StepContext) -> str:
     return _behave(job, ctx)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: a step of kind two with a free slot for tenant t waits (polls too) while kind"
-        " one's next step of t waits for its full slot: the gated claim picks per fair key "
-        "= the key value, not kind+key"
-    ),
-)
 def test_wpa_a_free_kind_is_not_held_behind_another_kind_s_full_slot_of_the_same_key(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
