@@ -20,6 +20,7 @@ POINTS = frozenset(
         "claim.after_gate_look",
         "claim.between_queues",
         "complete.before_commit",
+        "fail.before_commit",
         "child.after_insert",
         "fanout.after_expand",
         "schedule.after_fire_record",

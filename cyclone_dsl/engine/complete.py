@@ -90,4 +90,5 @@ def fail(tx: Tx, failures: Sequence[Failure], hooks: Hooks) -> dict[int, str]:
     discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
     if discarded:
         after_discards(tx, discarded, hooks)
+    failpoint("fail.before_commit")
     return {r["id"]: r["state"] for r in rows}

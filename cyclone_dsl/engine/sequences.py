@@ -14,9 +14,13 @@ from cyclone_dsl.sql import Q
 
 
 def wake_next(tx: Tx, stopped: Iterable[Row]) -> None:
-    """These steps (rows with ``sequence_key``) stopped running or left their key's order:
-    wake the queue of each key's next available step."""
-    keys = sorted({r["sequence_key"] for r in stopped if r.get("sequence_key") is not None})
-    if keys:
+    """These steps (rows with ``sequence_key`` and ``queue``) stopped running or left their
+    key's order: wake the queue of each key's next available step, and their own queues.
+    A next step enqueued while this transaction commits is not seen here (it did not exist
+    yet), and its own wake-up found this step still running: it is woken by its queue's
+    wake-up at this commit, when it waits in the same queue."""
+    sequenced = [r for r in stopped if r.get("sequence_key") is not None]
+    if sequenced:
+        keys = sorted({r["sequence_key"] for r in sequenced})
         rows = tx.rows(Q.queues_next_in_sequences, keys=keys)
-        notify.wake_queues(tx, (r["queue"] for r in rows))
+        notify.wake_queues(tx, [*(r["queue"] for r in rows), *(r["queue"] for r in sequenced)])

@@ -69,7 +69,7 @@ FROM unnest(%(ids)b::bigint[], %(generations)b::bigint[], %(outputs)b::text[])
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.id = c.id AND s.lease_generation = c.generation
   AND CASE WHEN s.state = 'running' THEN true ELSE false END
-RETURNING s.id, s.run_id, s.node, s.item_of, s.sequence_key,
+RETURNING s.id, s.run_id, s.node, s.item_of, s.queue, s.sequence_key,
           EXISTS (SELECT 1 FROM cyclone_deps AS d
                   WHERE d.run_id = s.run_id AND d.dep_node = s.node) AS has_downstream
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from cyclone_dsl import Client, RunState, Worker, step
+from cyclone_dsl.testing.failpoints import arm, disarm
 from tests.waiting import LONG_POLL, PROMPT, wait_idle, wait_until
 
 QA = f"sqw_qa_{os.getpid()}"  # NOTIFY is database-wide: no other process wakes these
@@ -94,3 +95,39 @@ def test_the_next_step_of_a_sequence_key_starts_when_the_running_one_stops(
     assert following.result(timeout=PROMPT) == "next"
     expected = {"returns": RunState.COMPLETED, "fails": RunState.FAILED}
     assert first.wait(timeout=PROMPT).state is expected.get(ending, RunState.CANCELLED)
+
+
+@pytest.mark.parametrize("ending", ["returns", "fails"])
+def test_the_next_step_enqueued_while_the_running_one_s_end_commits_starts(
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker], ending: str
+) -> None:
+    """The next step of the key is enqueued while the first's end is held just before its
+    commit: its own wake-up finds the first still running, and the end's look for the
+    key's next step ran before it existed. The end's commit must still wake it."""
+    worker = start_worker(sqw_first, queues=[QA], poll_interval=LONG_POLL, concurrency=2)
+    wait_idle(cyclone_dsn, worker, listeners=1)
+    point = f"{'complete' if ending == 'returns' else 'fail'}.before_commit"
+    held, go = threading.Event(), threading.Event()
+
+    def hold_once() -> None:
+        if not held.is_set():
+            held.set()
+            go.wait(PROMPT)
+
+    key = f"sqw-race-{os.getpid()}-{ending}"
+    arm(point, hold_once)
+    try:
+        first = client.enqueue(
+            sqw_first, {"name": "first", "fail": ending == "fails"}, queue=QA, sequence_key=key
+        )
+        wait_until(held.is_set, timeout=PROMPT, what="the first step's end")
+        following = client.enqueue(sqw_first, {"name": "next"}, queue=QA, sequence_key=key)
+        wait_idle(cyclone_dsn, worker, listeners=1)  # its wake-up came, and found the first
+        assert "next" not in started
+    finally:
+        go.set()
+        disarm(point)
+    first.wait(timeout=PROMPT)
+    since = time.monotonic()
+    assert following.result(timeout=STALL) == "next"
+    assert started["next"] - since <= STALL

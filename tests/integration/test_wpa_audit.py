@@ -462,14 +462,6 @@ def test_wpa_a_free_kind_is_not_held_behind_another_kind_s_full_slot_of_the_same
     assert blocked.result(timeout=PROMPT) == "done 1"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: the next step of a sequence_key enqueued while the previous one's completion "
-        "commits is not woken (sequences.wake_next reads the next step before it exists); "
-        "it waits for the poll"
-    ),
-)
 def test_wpa_a_sequence_step_enqueued_while_its_predecessor_completes_is_woken(
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
