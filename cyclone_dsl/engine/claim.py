@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 
@@ -51,6 +52,8 @@ MIN_GATE_KEYS = 16
 #: Windows of keys one claim looks at, at most, when they yield nothing (the cursor moves
 #: on from each: the next claim goes on from there).
 MAX_GATE_WINDOWS = 4
+#: Claims again of the keys that gave all a claim looked at of them, at most.
+MAX_GATE_REFILLS = 3
 
 
 def _claim_gated(
@@ -68,14 +71,15 @@ def _claim_gated(
     looked at every key, or :data:`MAX_GATE_WINDOWS` were tried."""
     origin = after = cursors.get(queue, "") if cursors is not None else ""
     window = {"queue": queue, "max_keys": max(room, MIN_GATE_KEYS)}
+    gated = {**params, "capped": capped}
     for _ in range(MAX_GATE_WINDOWS):
         got = tx.rows(
-            Q.claim_gated_steps, **params, **window, limit=room, after_key=after, capped=capped
+            Q.claim_gated_steps, **gated, **window, limit=room, after_key=after, only_keys=None
         )
         if got:
             if cursors is not None:
                 cursors[queue] = max(got, key=lambda r: (r["turn"], r["key_ord"]))["fair_key"]
-            return got
+            return got + _refill(tx, gated, window, room - len(got), got)
         end = tx.one(Q.gate_window_end, **window, after_key=after, origin=origin)
         if end is None:
             return []
@@ -85,6 +89,29 @@ def _claim_gated(
         if end["went_round"]:
             return []
     return []
+
+
+def _refill(
+    tx: Tx, gated: dict[str, object], window: dict[str, object], room: int, got: list[Row]
+) -> list[Row]:
+    """A claim shares its room among the keys of its window, also those with nothing it
+    can take (at their limit, or only running steps): a key that gave every step the claim
+    looked at may have more, and a worker with free handlers would leave them for the next
+    wake-up or poll. Such keys are claimed again, alone, while room is left."""
+    more: list[Row] = []
+    for _ in range(MAX_GATE_REFILLS):
+        taken = Counter(r["fair_key"] for r in got)
+        full = sorted(key for key, n in taken.items() if n >= got[0]["per_key"])
+        if room <= 0 or not full:
+            break
+        got = tx.rows(
+            Q.claim_gated_steps, **gated, **window, limit=room, after_key="", only_keys=full
+        )
+        if not got:
+            break
+        more += got
+        room -= len(got)
+    return more
 
 
 def claim(

@@ -127,8 +127,9 @@ WHERE c.fair_key IS NOT NULL
 
 -- name: claim_gated_steps
 -- Claim up to %(limit)s steps of one queue that limits apply to. Fair: the queue's keys are
--- taken in turn, starting after %(after_key)s (at most %(max_keys)s keys per claim), one
--- step of each key per turn, each key's due steps in priority order. A step is taken only
+-- taken in turn, starting after %(after_key)s (at most %(max_keys)s keys per claim), or the
+-- keys %(only_keys)s when given, one step of each key per turn, each key's due steps in
+-- priority order; each key's first per_key steps are looked at. A step is taken only
 -- when every slot it needs is free (its kind's key, its run's key unless the run holds a
 -- slot already, its rate budget, the queue's cap when %(capped)s); the slots go to the
 -- claimed steps in the same statement, and concurrent claimers never share one (SKIP
@@ -138,12 +139,20 @@ WITH RECURSIVE relaxed AS (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
 ),
 {{gate_key_window}},
+-- A one-time filter each: the window is not walked for a claim of given keys.
+claim_keys AS (
+    SELECT fair_key, key_ord FROM keys WHERE %(only_keys)s::text[] IS NULL
+    UNION ALL
+    SELECT u.fair_key, u.key_ord
+    FROM unnest(%(only_keys)s::text[]) WITH ORDINALITY AS u(fair_key, key_ord)
+    WHERE %(only_keys)s::text[] IS NOT NULL
+),
 per_key AS (
-    SELECT ceil(%(limit)s::float8 / greatest(count(*), 1))::int AS n FROM keys
+    SELECT ceil(%(limit)s::float8 / greatest(count(*), 1))::int AS n FROM claim_keys
 ),
 picked AS (
     SELECT c.*, k.key_ord
-    FROM keys AS k
+    FROM claim_keys AS k
     CROSS JOIN LATERAL (
         SELECT s.id, s.run_id, g.fair_key, g.priority, g.step_scope, g.step_key,
                g.run_scope, g.run_key, g.rate_scope, g.rate_key, g.rate_units
@@ -168,7 +177,7 @@ held AS (
            g.run_scope, g.run_key, g.rate_scope, g.rate_key, g.rate_units, k.key_ord
     FROM cyclone_steps AS s
     JOIN cyclone_ext_gates AS g ON g.step_id = s.id
-    JOIN keys AS k ON k.fair_key = g.fair_key
+    JOIN claim_keys AS k ON k.fair_key = g.fair_key
     WHERE s.id = ANY(ARRAY(
             SELECT hg.step_id FROM cyclone_ext_gates AS hg
             WHERE hg.run_id = ANY(ARRAY(
@@ -369,7 +378,7 @@ chosen AS (
     SELECT id FROM selected
 ),
 {{claim_update}}
-SELECT {{claim_result}}, sel.fair_key, sel.turn, sel.key_ord
+SELECT {{claim_result}}, sel.fair_key, sel.turn, sel.key_ord, (SELECT n FROM per_key) AS per_key
 FROM claimed AS c CROSS JOIN relaxed
 {{claimed_run}}
 JOIN selected AS sel ON sel.id = c.id

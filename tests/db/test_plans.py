@@ -20,6 +20,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from cyclone_dsl import Client, Concurrency, RateLimit, step, wait_signal, workflow
+from cyclone_dsl.dsl.gating import fair_key
 from cyclone_dsl.sql import Q
 
 #: The tables that grow with every run. (Small joins against cyclone_deps and
@@ -45,7 +46,11 @@ ALSO = {
 #: by walking every available step of the queue for each gated one; the main claim probes
 #: the gates per row, never as an anti-join, which reads every available step before the
 #: LIMIT can stop it.
-AVOID = {"claim_gated_steps": ("idx_steps_claim",), "claim_steps": ("Anti Join",)}
+AVOID = {
+    "claim_gated_steps": ("idx_steps_claim",),
+    "claim_gated_steps_of_keys": ("idx_steps_claim",),
+    "claim_steps": ("Anti Join",),
+}
 
 
 @step(name="plan_noop")
@@ -86,6 +91,7 @@ def gated_claim(kind: str) -> dict[str, object]:
         "after_key": "",
         "max_keys": 100,
         "capped": False,
+        "only_keys": None,
     }
 
 
@@ -172,6 +178,11 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
             {"run_ids": limited_runs(conn)},
         ),
         "claim_gated_steps_rated": (Q.claim_gated_steps, gated_claim("plan_rated")),
+        # A claim again of the keys that gave all it looked at (claim._refill).
+        "claim_gated_steps_of_keys": (
+            Q.claim_gated_steps,
+            {**gated_claim("plan_keyed"), "only_keys": [fair_key(("step:plan_keyed", "k5"))]},
+        ),
         "queues_waiting_for_step_slots": (
             Q.queues_waiting_for_step_slots,
             {"ids": keyed_steps(conn)},
@@ -332,6 +343,7 @@ HOT_STATEMENTS = [
     "claim_capped_steps",
     "claim_gated_steps",
     "claim_gated_steps_rated",
+    "claim_gated_steps_of_keys",
     "queues_waiting_for_run_slots",
     "queues_waiting_for_step_slots",
     "gated_queues",
@@ -372,7 +384,11 @@ def test_hot_statements_never_scan_a_big_table(loaded: str, name: str, mode: str
 #: millisecond at 8,000 runs), and with statistics the claim's estimate is above the JIT
 #: threshold (Cyclone's own sessions run with jit=off). Each share's slots are limited by
 #: a count only known per row, which the planner takes for a tenth of the table.
-SMALL_TABLE_EXCEPTIONS = {"claim_gated_steps", "claim_gated_steps_rated"}
+SMALL_TABLE_EXCEPTIONS = {
+    "claim_gated_steps",
+    "claim_gated_steps_rated",
+    "claim_gated_steps_of_keys",
+}
 
 
 @pytest.mark.parametrize("name", HOT_STATEMENTS)

@@ -9,6 +9,7 @@ limited by one field.)
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from cyclone_dsl import Client, Concurrency, RateLimit, StepContext, Worker, step, workflow
-from tests.waiting import PROMPT, wait_until
+from tests.waiting import LONG_POLL, PROMPT, wait_idle, wait_until
 
 #: How long a free step may take to start (the workers poll every 0.2 s).
 SOON = 5.0
@@ -49,6 +50,16 @@ def fk_work(job: dict[str, Any], ctx: StepContext) -> str:
 @workflow(name="fk_flow", concurrency=Concurrency(key="tenant", limit=1))
 def fk_flow(job):  # type: ignore[no-untyped-def]
     return fk_work(job)
+
+
+@step(name="fk_one", concurrency=Concurrency(key="tenant", limit=1))
+def fk_one(job: dict[str, Any], ctx: StepContext) -> str:
+    return _work(job)
+
+
+@step(name="fk_four", concurrency=Concurrency(key="tenant", limit=4))
+def fk_four(job: dict[str, Any], ctx: StepContext) -> str:
+    return _work(job)
 
 
 @step(
@@ -101,3 +112,43 @@ def test_a_step_is_not_held_behind_a_step_of_its_key_waiting_for_another_rate_bu
     other = client.enqueue(fk_rated, dict(job, region="r2", name="r2-a"))
     assert other.result(timeout=SOON) == "r2-a"
     assert "r1-b" not in started
+
+
+def test_one_wake_up_starts_every_free_step_of_a_key_among_keys_at_their_limit(
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    """20 tenants of ``fk_one`` (limit 1) run a step each and have another queued; then 4
+    steps of tenant ``free`` of ``fk_four`` (limit 4) are enqueued at once. The worker has
+    10 free handlers and polls (and scans) once a minute: the one wake-up of that enqueue must start
+    all 4 (a claim shares its room among the keys it looks at, here 21, most at their
+    limit; it claims again of the keys that had more)."""
+    queue = f"fk_q_{os.getpid()}"
+    worker = start_worker(
+        fk_one,
+        fk_four,
+        queues=[queue],
+        concurrency=30,
+        batch_size=30,
+        poll_interval=LONG_POLL,
+        scan_interval=LONG_POLL,  # its due pass would wake the queue: only the enqueue may
+        grace=0.5,
+    )
+    tenants = [f"t{n:02}" for n in range(20)]
+    client.enqueue_many(
+        fk_one,
+        [{"tenant": t, "name": f"{t}-{n}", "hold": True} for n in (1, 2) for t in tenants],
+        queue=queue,
+    )
+    wait_until(lambda: len(started) == 20, timeout=PROMPT, what="one step of each tenant")
+    wait_idle(cyclone_dsn, worker, listeners=1)
+    client.enqueue_many(
+        fk_four,
+        [{"tenant": "free", "name": f"free-{n}", "hold": True} for n in range(4)],
+        queue=queue,
+    )
+    wait_until(
+        lambda: {f"free-{n}" for n in range(4)} <= started,
+        timeout=SOON,
+        what="the 4 steps of the free tenant",
+    )
+    assert len(started) == 24, "a tenant at its limit started a second step"

@@ -500,14 +500,6 @@ def test_wpa_a_sequence_step_enqueued_while_its_predecessor_completes_is_woken(
     print(f"the next step ended {time.monotonic() - since:.2f}s after the first committed")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: enqueue_many of 2 steps of a key with 2 free slots and 2 free threads starts "
-        "1; the claim shares its room among keys with nothing to claim and the worker waits"
-        " for the next poll"
-    ),
-)
 def test_wpa_a_claim_takes_every_free_step_of_a_key_when_another_key_is_busy(
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
