@@ -141,11 +141,11 @@ WITH RECURSIVE relaxed AS (
 {{gate_key_window}},
 -- A one-time filter each: the window is not walked for a claim of given keys.
 claim_keys AS (
-    SELECT fair_key, key_ord FROM keys WHERE %(only_keys)s::text[] IS NULL
+    SELECT fair_key, key_ord FROM keys WHERE %(only_keys)b::text[] IS NULL
     UNION ALL
     SELECT u.fair_key, u.key_ord
-    FROM unnest(%(only_keys)s::text[]) WITH ORDINALITY AS u(fair_key, key_ord)
-    WHERE %(only_keys)s::text[] IS NOT NULL
+    FROM unnest(%(only_keys)b::text[]) WITH ORDINALITY AS u(fair_key, key_ord)
+    WHERE %(only_keys)b::text[] IS NOT NULL
 ),
 per_key AS (
     SELECT ceil(%(limit)s::float8 / greatest(count(*), 1))::int AS n FROM claim_keys
@@ -346,15 +346,16 @@ demand AS (
     FROM needs AS n JOIN cands AS c ON c.id = n.id
     WHERE n.id NOT IN (SELECT id FROM hopeless)
 ),
-selected AS (
+fitting AS (
     SELECT c.id, c.fair_key, c.turn, c.key_ord FROM cands AS c
     WHERE c.id NOT IN (SELECT id FROM hopeless)
       AND NOT EXISTS (
         SELECT 1 FROM demand AS d
         LEFT JOIN free_count AS f ON f.scope = d.scope AND f.key = d.key
         WHERE d.id = c.id AND d.upto > coalesce(f.n, 0))
-    ORDER BY c.turn, c.key_ord
-    LIMIT %(limit)s
+),
+selected AS (
+    SELECT * FROM fitting ORDER BY turn, key_ord LIMIT %(limit)s
 ),
 assigned AS (
     SELECT n.id, n.scope, n.key, n.units, n.run_id,
@@ -378,7 +379,13 @@ chosen AS (
     SELECT id FROM selected
 ),
 {{claim_update}}
-SELECT {{claim_result}}, sel.fair_key, sel.turn, sel.key_ord, (SELECT n FROM per_key) AS per_key
+-- A full claim that leaves steps it could take had it more room wakes the queue's claimers
+-- at its commit: it locked those steps and their slots, and a claimer running beside it
+-- skipped them (SKIP LOCKED), with nothing else to wake it (pg_notify sends one per payload
+-- and transaction).
+SELECT {{claim_result}}, sel.fair_key, sel.turn, sel.key_ord, (SELECT n FROM per_key) AS per_key,
+       CASE WHEN (SELECT count(*) FROM fitting) > (SELECT count(*) FROM selected)
+            THEN pg_notify('cyclone_work', %(queue)s) END AS left_behind
 FROM claimed AS c CROSS JOIN relaxed
 {{claimed_run}}
 JOIN selected AS sel ON sel.id = c.id

@@ -17,21 +17,23 @@ every obstacle is removed, one at a time; then:
   slot at the cancel", so its time counts until the cancel);
 - steps of one ``sequence_key`` never overlap and start in enqueue order.
 
-How the examples stay clear of the scanner and of the findings below:
+How the examples stay clear of the scanner and of the known gaps:
 
 - The scanner's due pass wakes the queues of steps that came due in about the last second,
   which would hide a missing wake-up: the steps are enqueued with a ``scheduled_at`` long
   past (in their order). The scanner runs every 0.2 s: it parks the gates of failed and
   cancelled steps, which claims would otherwise walk past.
 - The steps between two operations are enqueued in one transaction, and every action waits
-  until nothing moves: no step is enqueued while a step of its sequence completes (the
-  lost wake-up of ``test_wpa_a_sequence_step_enqueued_while_its_predecessor_completes_...``).
-- The limit is 1 (a claim of several free steps of one key takes one: ``test_wpa_a_claim_
-  takes_every_free_step_...``), the tenant is named after the kind (two kinds, one tenant:
-  ``test_wpa_a_free_kind_is_not_held_behind_...``), and a tenant's steps are claimed by one
-  worker only (two claimers at once: ``test_wpa_a_step_skipped_while_another_claimer_...``).
+  until nothing moves: no step is enqueued while a step of its sequence completes (in the
+  same queue it is woken, ``test_wpa_a_sequence_step_enqueued_while_its_predecessor_...``;
+  in another queue it can wait for a poll).
+- A tenant's steps are claimed by one worker only: two claimers at once can still skip
+  a step whose free slot the other's statement locked for a step it could not take (one
+  waiting for another slot too); a full claim that leaves work behind wakes the queue
+  (``test_wpa_a_step_skipped_while_another_claimer_...``), a claim that took nothing
+  does not.
 
-The tests after the property are the findings, each as a plain regression (strict xfail).
+The tests after the property are its four findings, fixed, kept as regressions.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ from cyclone_dsl import (
     Worker,
     step,
 )
+from cyclone_dsl.db.tx import ConnectionTx
+from cyclone_dsl.engine import Engine
 from cyclone_dsl.testing.failpoints import arm, disarm
 from tests.waiting import LONG_POLL, PROMPT, wait_idle, wait_until
 
@@ -284,7 +288,7 @@ def _enqueue(
         for i in range(first, upto):
             s = e.specs[i]
             side = "b" if s.queue == 2 else "a"  # a key is claimed by one worker only
-            job = {"ex": e.ex, "i": i, "tenant": f"{s.kind}-{e.ex}-{s.key}{side}"}
+            job = {"ex": e.ex, "i": i, "tenant": f"{e.ex}-{s.key}{side}"}  # kinds share keys
             job.update(hold=s.hold, fail=s.fail)
             seq = None if s.seq is None else f"wpa-{os.getpid()}-{e.ex}-{s.seq}"
             e.handles.append(
@@ -538,48 +542,58 @@ def test_wpa_a_claim_takes_every_free_step_of_a_key_when_another_key_is_busy(
                 gates.setdefault(key, threading.Event()).set()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: a step whose free slot another claimer's statement locked (SKIP LOCKED) is "
-        "not claimed, and nothing wakes its claimer after that statement commits: it waits "
-        "for the poll"
-    ),
-)
 def test_wpa_a_step_skipped_while_another_claimer_looked_at_its_slot_is_woken(
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
-    """Two workers claim at once (one wake-up, several queues): the gated claim locks the
-    free slots of every key it looks at (``FOR UPDATE SKIP LOCKED``), also of keys whose
-    steps it then does not take (its room is full). The other worker's claim skips those
-    locked slots: its step of that key is "hopeless", not claimed, and nothing wakes it
-    after the first claim's commit. Here an open transaction holding the slot's row lock
-    stands in for the other claimer's statement (the race the property test met: a step
-    left for a minute with its key's slot free and its worker idle)."""
+    """Two claimers at once (one wake-up, two workers): a gated claim with room for one step
+    looks at the first step of each key and locks it and its free slot (``FOR UPDATE SKIP
+    LOCKED``), also of the key whose step it then has no room for. The other claimer's
+    statement skips that step: it claims nothing, and must be woken once the first commits.
+    The first claimer here is the engine's claim in an open transaction; the worker's claim
+    runs while it is open (held at ``claim.after_gate_look`` until then)."""
     q = QUEUES[0]
-    job = {"ex": -4, "tenant": "k", "hold": False, "fail": False}
+    job = {"ex": -4, "hold": False, "fail": False}
     # Another tenant's step runs throughout, so that the worker's look "for limited work
     # every few seconds" (at its start) sees no change later (a change wakes it).
     client.enqueue(wpa_one, dict(job, i=2, tenant="other", hold=True), queue=q)
     worker = start_worker(
         wpa_one, queues=[q], concurrency=3, poll_interval=LONG_POLL, scan_interval=LONG_POLL
     )
-    assert q in worker._gated_queues
     wait_until(lambda: (-4, 2) in spans, timeout=PROMPT, what="the other tenant's step")
-    assert client.enqueue(wpa_one, dict(job, i=0), queue=q).result(timeout=PROMPT) == "done 0"
+    assert q in worker._gated_queues
     wait_idle(cyclone_dsn, worker, listeners=1)
-    with psycopg.connect(cyclone_dsn) as other:
-        with other.transaction():  # the other claimer's statement, locking the key's slot
-            locked = other.execute(
-                "SELECT slot FROM cyclone_ext_slots WHERE scope = 'step:wpa_one' AND key = 'k'"
-                " FOR UPDATE"
-            ).fetchall()
-            assert locked
-            waiting = client.enqueue(wpa_one, dict(job, i=1), queue=q)
-            wait_idle(cyclone_dsn, worker, listeners=1)  # woken, it claimed nothing
-            assert (-4, 1) not in spans
-        # the other claimer's statement commits, having taken nothing
-        try:
-            assert waiting.result(timeout=SOON) == "done 1"
-        finally:
-            _gate(-4, 2).set()
+    at_gate, go = threading.Event(), threading.Event()
+
+    def hold_the_worker_s_claim() -> None:
+        if not at_gate.is_set():
+            at_gate.set()
+            go.wait(PROMPT)
+
+    arm("claim.after_gate_look", hold_the_worker_s_claim)
+    try:
+        handles = client.enqueue_many(
+            wpa_one, [dict(job, i=0, tenant="k"), dict(job, i=1, tenant="k2")], queue=q
+        )
+        wait_until(at_gate.is_set, timeout=PROMPT, what="the worker's claim")
+        # (begun after the enqueue: its now() is its start, and the steps are due by then)
+        with psycopg.connect(cyclone_dsn) as conn, conn.transaction():
+            (taken,) = Engine().claim(
+                ConnectionTx(conn),
+                owner="the-other-claimer",
+                queues=[q],
+                kinds=["wpa_one"],
+                versions=[("wpa_one", "standalone")],
+                limit=1,
+                lease=timedelta(minutes=5),
+                gated=True,
+            )
+            go.set()
+            wait_idle(cyclone_dsn, worker, listeners=1)  # its claim skipped the locked step
+            left = next(h for h in handles if h.id != taken.run_id)
+            assert not left.get().state.is_terminal
+        # the other claimer commits, its room full, the locked step left behind
+        assert left.result(timeout=SOON).startswith("done")
+    finally:
+        go.set()
+        disarm("claim.after_gate_look")
+        _gate(-4, 2).set()
