@@ -40,7 +40,7 @@ SIZES = {
         "bulk": 300,
         "history": 2_000,
         "expired": 1_000,
-        "slow_jobs": 40,
+        "slow_jobs": 10,
         "repeats": 1,
     },
     "quick": {

@@ -28,7 +28,7 @@ from cyclone_dsl.errors import InvalidTransition, WorkerCrashed
 from cyclone_dsl.states import RunState, StepState
 from cyclone_dsl.worker import processes
 from cyclone_dsl.worker.processes import ENV_SPEC
-from tests.cli.runner import runner
+from tests.cli.runner import in_process, runner
 from tests.faults import mpa_handlers
 from tests.faults.conftest import ROOT, wait_for
 
@@ -144,32 +144,14 @@ def test_a_step_not_bound_to_a_module_name_is_refused_naming_it(cyclone_dsn: str
         Worker(cyclone_dsn, [local], processes=2)
 
 
-def test_a_handler_of_a_script_run_as_main_is_refused(cyclone_dsn: str) -> None:
-    script = (
-        "import sys\n"
-        "from cyclone_dsl import step, Worker, InvalidArgument\n"
-        "@step(name='mpa_script_step')\n"
-        "def s(x): return x\n"
-        "try:\n"
-        "    Worker(sys.argv[1], [s], processes=2)\n"
-        "except InvalidArgument as exc:\n"
-        "    print('REFUSED', exc)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script, cyclone_dsn],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert "REFUSED" in out.stdout and "__main__" in out.stdout, out.stdout + out.stderr
-
-
 @pytest.mark.parametrize("value", ["0", "-2", "two"])
 def test_cli_processes_flag_rejects_bad_values_as_usage_errors(
     cyclone_dsn: str, value: str
 ) -> None:
-    out = runner(cyclone_dsn)("worker", "tests.faults.mpa_handlers", "--processes", value)
+    # click refuses the option before the command runs: in this process, through the
+    # entry point's own error handling, saves an interpreter start each (the value past
+    # the maximum, refused by Worker itself, runs as a subprocess below).
+    out = in_process(cyclone_dsn)("worker", "tests.faults.mpa_handlers", "--processes", value)
     assert out.returncode == 2, out.stderr
     assert "--processes" in out.stderr
     assert "Traceback" not in out.stderr
@@ -235,26 +217,6 @@ def test_children_register_as_base_slash_index_restart_in_their_row_and_record_t
     assert all(gone(pid) for pid in pids)
 
 
-def test_children_inherit_environment_and_cwd_but_not_the_spec(
-    cyclone_dsn: str, client: Client, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The spec (the DSN, with its password) is in the child's environment only until it
-    read it: a handler, and any process a handler starts, does not see it; the
-    supervisor's own environment never holds it. A worker runs once."""
-    monkeypatch.setenv("MPA_MARKER", "set-before-start")
-    worker = Worker(cyclone_dsn, [mpa_handlers], processes=2, grace=2, **FAST)
-    with worker:
-        assert ENV_SPEC not in os.environ
-        seen = client.enqueue(mpa_handlers.env, 1).result(timeout=30)
-    assert seen["marker"] == "set-before-start"
-    assert seen["cwd"] == os.getcwd()
-    assert seen["ppid"] == os.getpid()  # the supervisor is this process
-    assert seen["spec"] is None and not seen["spec_anywhere"]
-    assert str(ROOT) in seen["sys_path"]
-    with pytest.raises(InvalidTransition):
-        worker.start()
-
-
 def test_request_stop_stops_a_multi_process_worker(cyclone_dsn: str, client: Client) -> None:
     """request_stop(): "Begin a graceful stop (as a first SIGTERM does)"."""
     base = unique()
@@ -279,15 +241,23 @@ def test_request_stop_stops_a_multi_process_worker(cyclone_dsn: str, client: Cli
             done.wait(15)
 
 
-def test_completed_count_and_settings_add_up_the_children(
-    cyclone_dsn: str, client: Client, tmp_path: Path
+def test_children_inherit_environment_and_cwd_but_not_the_spec_and_their_counts_add_up(
+    cyclone_dsn: str, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The children report every 0.2 s; the parent sums them: settings of the running
+    """The spec (the DSN, with its password) is in the child's environment only until it
+    read it: a handler, and any process a handler starts, does not see it; the
+    supervisor's own environment never holds it. A worker runs once.
+
+    The children report every 0.2 s; the parent sums them: settings of the running
     children, and completed steps, those of children that exited included (a stopped
-    worker still knows its total)."""
+    worker still knows its total).
+
+    (One test, one pair of children: each pair costs two interpreter starts.)"""
+    monkeypatch.setenv("MPA_MARKER", "set-before-start")
     spec = sleep_spec(tmp_path, "s", 1.5)
     worker = Worker(cyclone_dsn, [mpa_handlers], processes=2, concurrency=3, grace=5, **FAST)
     with worker:
+        assert ENV_SPEC not in os.environ
         wait_for(lambda: worker.settings().concurrency == 6, timeout=30)  # both reported
         idle = worker.settings()
         handle = client.enqueue(mpa_handlers.sleep, spec)
@@ -300,13 +270,23 @@ def test_completed_count_and_settings_add_up_the_children(
         )
         busy = worker.settings()
         handle.result(timeout=10)
+        seen: list[Any] = []
         for other in client.enqueue_many(mpa_handlers.env, [1, 2]):
             assert other.wait(timeout=30).state is RunState.COMPLETED
+            seen.append(other.result(timeout=30))
         wait_for(lambda: worker.completed_count == 3, timeout=5)
     assert worker.completed_count == 3
     assert (idle.concurrency, idle.max_concurrency, idle.slots_in_use) == (6, 6, 0)
     assert not idle.adaptive and idle.batch_size == worker.batch_size
     assert busy.slots_in_use == 1 and busy.threads >= 1, busy
+    for env in seen:
+        assert env["marker"] == "set-before-start"
+        assert env["cwd"] == os.getcwd()
+        assert env["ppid"] == os.getpid()  # the supervisor is this process
+        assert env["spec"] is None and not env["spec_anywhere"]
+        assert str(ROOT) in env["sys_path"]
+    with pytest.raises(InvalidTransition):
+        worker.start()
 
 
 # -- stops --------------------------------------------------------------------------------
@@ -545,13 +525,26 @@ def test_children_of_a_sigkilled_supervisor_stop_gracefully(
     assert later.get().step("mpa_env").state is StepState.AVAILABLE  # nobody claims it
 
 
-def test_a_script_that_exits_without_stop_leaves_no_orphan(cyclone_dsn: str) -> None:
-    """start() without stop(): the supervisor thread dies with the script; the children's
-    stop pipes close, so they stop rather than claim on as orphans."""
+def test_a_script_run_as_main_has_its_handlers_refused_and_leaves_no_orphan(
+    cyclone_dsn: str,
+) -> None:
+    """A handler defined in the script run as ``__main__`` is refused, naming it (children
+    could not import it by name).
+
+    start() without stop(): the supervisor thread dies with the script; the children's
+    stop pipes close, so they stop rather than claim on as orphans.
+
+    (One script for both: each costs an interpreter start.)"""
     script = (
         "import sys, time\n"
-        "from cyclone_dsl import Worker\n"
+        "from cyclone_dsl import InvalidArgument, Worker, step\n"
         "from tests.faults import mpa_handlers\n"
+        "@step(name='mpa_script_step')\n"
+        "def s(x): return x\n"
+        "try:\n"
+        "    Worker(sys.argv[1], [s], processes=2)\n"
+        "except InvalidArgument as exc:\n"
+        "    print('REFUSED', exc, flush=True)\n"
         "w = Worker(sys.argv[1], [mpa_handlers], processes=2, grace=1, poll_interval=0.1)\n"
         "w.start()\n"
         "while len(w._supervisor.pids) < 2: time.sleep(0.05)\n"
@@ -565,6 +558,8 @@ def test_a_script_that_exits_without_stop_leaves_no_orphan(cyclone_dsn: str) -> 
         text=True,
         timeout=30,
     )
-    kids = [int(p) for p in out.stdout.split()]
-    assert len(kids) == 2, out.stderr
+    refused, _, pids = out.stdout.rstrip("\n").rpartition("\n")  # the pids: the last line
+    assert "REFUSED" in refused and "__main__" in refused, out.stdout + out.stderr
+    kids = [int(p) for p in pids.split()]
+    assert len(kids) == 2, out.stdout + out.stderr
     wait_for(lambda: all(gone(pid) for pid in kids), timeout=8)

@@ -98,7 +98,10 @@ def test_the_limit_is_fixed_when_concurrency_is_given(
 def test_cpu_bound_handlers_shrink_the_limit(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
-    total = 400
+    # 20 ms of CPU each: the controller looks after 20 returns (adaptive.MIN_RETURNS), so
+    # 160 steps give it several intervals of a backlog to halve the limit in; 400 made the
+    # test wait 8 s of CPU for the last ones.
+    total = 160
     handles = client.enqueue_many(burn, list(range(total)))
     worker = start_worker(burn)
     assert worker.settings().concurrency == 10
