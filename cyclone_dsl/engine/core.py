@@ -54,7 +54,7 @@ from cyclone_dsl.engine.transitions import ChildCompiler
 from cyclone_dsl.errors import CycloneError, HandlerConflict, InvalidArgument
 from cyclone_dsl.graph.rows import CompiledRun, RunFlow, RunTemplate, ScheduleCompiler, ScheduleRow
 from cyclone_dsl.sql import Q
-from cyclone_dsl.states import RunState
+from cyclone_dsl.states import RunState, StepState
 
 #: One page of a scanner pass: (rows changed, the cursor of the next page or None).
 Page = tuple[int, int | None]
@@ -413,13 +413,22 @@ class Engine:
         done = complete.complete(tx, results, self._hooks, old_snapshot=old_snapshot)
         gates.charge_units(tx, [(r.step_id, r.extra_units) for r in results if r.extra_units])
         # A limited step's outcome names the queue to wake: those are the gated ones.
-        gates.park_completed(tx, [r.step_id for r in results if r.wake_queue and r.step_id in done])
+        gates.park(tx, [r.step_id for r in results if r.wake_queue and r.step_id in done])
         return done
 
     def fail(self, tx: Tx, failures: Sequence[Failure]) -> dict[int, str]:
         """Record failed executions; return the ids applied, each with its step's new state
         (``discarded``: failed for good; ``available`` or ``paused``: it retries)."""
-        return complete.fail(tx, failures, self._hooks)
+        states = complete.fail(tx, failures, self._hooks)
+        gates.park(
+            tx,
+            (
+                f.step_id
+                for f in failures
+                if f.wake_queue and states.get(f.step_id) == StepState.DISCARDED
+            ),
+        )
+        return states
 
     # -- step events ---------------------------------------------------------------------
 

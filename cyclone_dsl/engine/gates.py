@@ -94,12 +94,14 @@ def unpark(tx: Tx, run_id: int) -> None:
     tx.rows(Q.unpark_gates, run_id=run_id)
 
 
-def park_completed(tx: Tx, step_ids: Sequence[int]) -> None:
-    """Park the gates of these just completed steps: every gated claim walks its keys'
-    gates in order, and each gate left in the queue made every later claim walk past it
-    (the scanner's pass, :func:`park_ended`, parks the rest: failed, cancelled)."""
-    if step_ids:
-        tx.rows(Q.park_gates_of_steps, ids=sorted(step_ids))
+def park(tx: Tx, step_ids: Iterable[int]) -> None:
+    """Park the gates of these steps, which just ended (completed, failed for good,
+    cancelled): every gated claim walks its keys' gates in order, and each gate left in
+    the queue made every later claim walk past it; past about 60 such keys, work behind
+    them waited for a poll (the scanner's pass, :func:`park_ended`, parks what is left)."""
+    ids = sorted(set(step_ids))
+    if ids:
+        tx.rows(Q.park_gates_of_steps, ids=ids)
 
 
 def park_ended(tx: Tx, *, after_id: int, limit: int) -> tuple[int, int | None]:

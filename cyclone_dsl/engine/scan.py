@@ -63,6 +63,7 @@ def reclaim(
     discarded = [r for r in rows if r["state"] == StepState.DISCARDED]
     sequences.wake_next(tx, discarded)  # one made available again keeps its place
     if discarded:
+        gates.park(tx, (r["id"] for r in discarded))
         after_discards(tx, discarded, hooks)
     if hooks.tracing is not None:
         tracecontext.on_reclaim(tx, hooks.tracing, rows)

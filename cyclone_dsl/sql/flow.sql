@@ -576,7 +576,7 @@ SELECT (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM page) AS s
        (SELECT max(step_id) FROM page) AS last_id
 
 -- name: park_gates_of_steps
--- Park the gates of steps that just completed (queue '': no claim walks past them). Gate
+-- Park the gates of steps that just ended (queue '': no claim walks past them). Gate
 -- rows are locked in step id order; one another transaction holds (the scanner parking
 -- it) is skipped: that transaction parks it.
 UPDATE cyclone_ext_gates AS g SET queue = ''

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -393,6 +394,7 @@ def test_the_shifted_clock_expires_a_running_steps_lease(
 #: The failpoints docs/howto/testing.md names.
 DOCUMENTED_POINTS = {
     "complete.before_commit",
+    "fail.before_commit",
     "child.after_insert",
     "fanout.after_expand",
     "schedule.after_fire_record",
@@ -415,6 +417,8 @@ def fan_wf(x):  # type: ignore[no-untyped-def]
 
 def test_the_documented_failpoints_are_the_ones_that_exist() -> None:
     assert set(POINTS) == DOCUMENTED_POINTS
+    page = (Path(__file__).resolve().parents[2] / "docs" / "howto" / "testing.md").read_text()
+    assert {p for p in DOCUMENTED_POINTS if f"`{p}`" not in page} == set()
 
 
 def test_arm_and_disarm_by_name_and_all_at_once() -> None:
