@@ -917,9 +917,11 @@ def sa_cut_off(x):  # type: ignore[no-untyped-def]
 def test_a_signal_for_a_wait_cut_off_by_a_contained_failure_is_not_stored(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
-    start_worker(sa_echo, sa_boom, sa_pair)
     handle = client.submit(sa_cut_off, 1)
+    # Sent before any worker runs: a worker started first could fail sa_boom and cut the
+    # wait off before the signal came (then it is not stored at all).
     assert client.signal(handle.id, "sa_co_sig", "early") is Delivery.BUFFERED
+    start_worker(sa_echo, sa_boom, sa_pair)
     assert handle.result(timeout=10) == [1, 1]
     assert handle.get().step("sa_co_sig").state is StepState.CANCELLED
     with pytest.raises(AlreadyTerminal):
