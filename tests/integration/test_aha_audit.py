@@ -99,7 +99,7 @@ def test_aha_a_handler_blocking_the_loop_past_its_lease_keeps_its_lease(
 ) -> None:
     """deploy.md: leases are renewed by heartbeats while the handler runs, on their own
     connection: a loop blocked 3 s with a 0.6 s lease must not let a second worker (whose
-    scanner reclaims expired leases every 0.2 s) run the step again."""
+    scanner reclaims expired leases every 0.5 s) run the step again."""
     first = start_worker(blocker, lease=0.6)
     second = start_worker(blocker, lease=0.6)
     handle = client.enqueue(blocker, 3.0)
@@ -207,7 +207,7 @@ def test_aha_handlers_that_swallow_their_timeout_keep_their_slot_under_max_async
             ),
             what="the first handler's timeout",
         )
-        time.sleep(1.0)  # the poll interval is 0.2 s: a freed slot would be claimed by now
+        time.sleep(1.0)  # the poll interval is 0.5 s: a freed slot would be claimed by now
         assert started["stubborn"] == 1, "a second handler started beside the first"
         assert worker.settings().async_in_use == 1
     finally:

@@ -20,7 +20,7 @@ import pytest
 from cyclone_dsl import Client, Concurrency, RateLimit, StepContext, Worker, step, workflow
 from tests.waiting import LONG_POLL, PROMPT, wait_idle, wait_until
 
-#: How long a free step may take to start (the workers poll every 0.2 s).
+#: How long a free step may take to start (the workers poll every 0.5 s).
 SOON = 5.0
 
 started: set[str] = set()

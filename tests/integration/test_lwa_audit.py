@@ -216,7 +216,7 @@ def test_lwa_a_cancelled_holder_s_slot_is_free_while_its_handler_still_runs(
     """What the docs promise for a cancelled holder: its slot is free at the cancel ("a slot
     is free again when its holder stopped running (completed, failed, reclaimed or
     cancelled)"), even while its sync handler, which cannot be interrupted, still runs: the
-    next step of the key runs to its end beside it. (A worker polling every 0.2 s: the wake
+    next step of the key runs to its end beside it. (A worker polling every 0.5 s: the wake
     is the test above.)"""
     holder = client.submit(lwa_keyed_wf, {"tenant": "t", "name": "holder", "hold": "h"})
     start_worker(lwa_keyed_wf, lwa_keyed, queues=[QA], concurrency=3, grace=0.5)

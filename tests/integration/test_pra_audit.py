@@ -74,6 +74,18 @@ def called(name: str) -> None:
         CALLS[name] += 1
 
 
+@pytest.fixture
+def start_worker(start_worker: StartWorker) -> StartWorker:
+    """Workers that poll and scan every 0.2 s: ``settle`` gives them a few passes."""
+
+    def start(*objects: Any, **options: Any) -> Worker:
+        options.setdefault("poll_interval", 0.2)
+        options.setdefault("scan_interval", 0.2)
+        return start_worker(*objects, **options)
+
+    return start
+
+
 @pytest.fixture(autouse=True)
 def _fresh_gates(start_worker: StartWorker) -> Iterator[None]:
     """Set up after start_worker, so torn down before it: blocked handlers are released

@@ -25,15 +25,16 @@ How the examples stay clear of the scanner and of the known gaps:
   cancelled steps, which claims would otherwise walk past.
 - The steps between two operations are enqueued in one transaction, and every action waits
   until nothing moves: no step is enqueued while a step of its sequence completes (in the
-  same queue it is woken, ``test_wpa_a_sequence_step_enqueued_while_its_predecessor_...``;
-  in another queue it can wait for a poll).
+  same queue it is woken, test_sequence_wakes.py's ``..._end_commits_starts``; in another
+  queue it can wait for a poll).
 - A tenant's steps are claimed by one worker only: two claimers at once can still skip
   a step whose free slot the other's statement locked for a step it could not take (one
   waiting for another slot too); a full claim that leaves work behind wakes the queue
   (``test_wpa_a_step_skipped_while_another_claimer_...``), a claim that took nothing
   does not.
 
-The tests after the property are its four findings, fixed, kept as regressions.
+The tests after the property are its findings, fixed, kept as regressions (the fourth,
+a sequence step enqueued while its predecessor's end commits, is in test_sequence_wakes.py).
 """
 
 from __future__ import annotations
@@ -434,17 +435,12 @@ def test_wpa_every_step_starts_on_a_wake_up_and_limits_hold(
 # -- regressions ------------------------------------------------------------------------------
 
 
-@step(name="wpa_first", max_attempts=1)
-def wpa_first(job: dict[str, Any], ctx: StepContext) -> str:
-    return _behave(job, ctx)
-
-
 def test_wpa_a_free_kind_is_not_held_behind_another_kind_s_full_slot_of_the_same_key(
     client: Client, start_worker: Callable[..., Worker]
 ) -> None:
     """Two kinds limited by the same key field: ``one`` (limit 1) is full for tenant t, and
     its next step waits; ``two`` (limit 2) has room for t. A worker with one free thread
-    (polling every 0.2 s) must start the ``two`` step: "the slots are the kind's and key's"
+    (polling every 0.5 s) must start the ``two`` step: "the slots are the kind's and key's"
     and work over a limit waits "as soon as the limit has room"."""
     q = QUEUES[0]
     start_worker(wpa_one, wpa_two, queues=[q], concurrency=2, grace=0.5)
@@ -464,44 +460,6 @@ def test_wpa_a_free_kind_is_not_held_behind_another_kind_s_full_slot_of_the_same
     finally:
         _gate(-1, 0).set()
     assert blocked.result(timeout=PROMPT) == "done 1"
-
-
-def test_wpa_a_sequence_step_enqueued_while_its_predecessor_completes_is_woken(
-    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
-) -> None:
-    """The first step of key s completes; its completion's transaction is held just before
-    its commit (the engine's ``complete.before_commit`` point), the next step of s is
-    enqueued meanwhile (its wake-up finds the first still running), then the completion
-    commits. "However a step of a key stops (...), the claimers of the key's next step are
-    woken": it must start within seconds, not at the worker's next poll (a minute)."""
-    q = QUEUES[1]
-    worker = start_worker(
-        wpa_first, queues=[q], concurrency=2, poll_interval=LONG_POLL, scan_interval=LONG_POLL
-    )
-    wait_idle(cyclone_dsn, worker, listeners=1)
-    held, go = threading.Event(), threading.Event()
-
-    def hold_once() -> None:
-        if not held.is_set():
-            held.set()
-            go.wait(PROMPT)
-
-    key = f"wpa-race-{os.getpid()}"
-    job = {"ex": -2, "tenant": "t", "hold": False, "fail": False}
-    arm("complete.before_commit", hold_once)
-    try:
-        first = client.enqueue(wpa_first, dict(job, i=0), queue=q, sequence_key=key)
-        wait_until(held.is_set, timeout=PROMPT, what="the first step's completion")
-        following = client.enqueue(wpa_first, dict(job, i=1), queue=q, sequence_key=key)
-        wait_idle(cyclone_dsn, worker, listeners=1)  # its wake-up came, and found the first
-        assert (-2, 1) not in spans
-    finally:
-        go.set()
-        disarm("complete.before_commit")
-    assert first.result(timeout=PROMPT) == "done 0"
-    since = time.monotonic()
-    assert following.result(timeout=SOON) == "done 1"
-    print(f"the next step ended {time.monotonic() - since:.2f}s after the first committed")
 
 
 def test_wpa_a_claim_takes_every_free_step_of_a_key_when_another_key_is_busy(
