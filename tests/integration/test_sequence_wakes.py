@@ -131,3 +131,38 @@ def test_the_next_step_enqueued_while_the_running_one_s_end_commits_starts(
     since = time.monotonic()
     assert following.result(timeout=STALL) == "next"
     assert started["next"] - since <= STALL
+
+
+def test_the_next_step_enqueued_in_another_queue_as_the_running_one_ends_starts_by_the_due_pass(
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    """As above, with the next step in another queue: the end's commit wakes only its own
+    queue, and the scanner's due pass (the workers scan every second here, and poll once a
+    minute) wakes the next step's queue soon after, as the docs say. (Without a scanner
+    it waits for the poll: a known gap, docs/guarantees.md.)"""
+    first_worker = start_worker(sqw_first, queues=[QA], poll_interval=LONG_POLL, scan_interval=1.0)
+    next_worker = start_worker(sqw_next, queues=[QB], poll_interval=LONG_POLL, scan_interval=1.0)
+    wait_idle(cyclone_dsn, first_worker, listeners=2)
+    wait_idle(cyclone_dsn, next_worker, listeners=2)
+    held, go = threading.Event(), threading.Event()
+
+    def hold_once() -> None:
+        if not held.is_set():
+            held.set()
+            go.wait(PROMPT)
+
+    key = f"sqw-race-{os.getpid()}-queues"
+    arm("complete.before_commit", hold_once)
+    try:
+        first = client.enqueue(sqw_first, {"name": "first"}, queue=QA, sequence_key=key)
+        wait_until(held.is_set, timeout=PROMPT, what="the first step's end")
+        following = client.enqueue(sqw_next, {"name": "next"}, queue=QB, sequence_key=key)
+        time.sleep(0.3)  # its own wake-up came, and found the first running
+        assert "next" not in started
+    finally:
+        go.set()
+        disarm("complete.before_commit")
+    first.wait(timeout=PROMPT)
+    since = time.monotonic()
+    assert following.result(timeout=STALL) == "next"
+    print(f"the next step started {started['next'] - since:.2f}s after the first ended")
