@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -121,3 +122,21 @@ def wait_idle(dsn: str, worker: Worker, *, listeners: int) -> None:
         return seen == last
 
     wait_until(settled, interval=0.3, timeout=PROMPT, what="the worker to wait for work")
+
+
+class HoldFirst:
+    """A failpoint action (``arm(point, hold)``) that holds the first caller to reach the
+    point, in its transaction, until :meth:`release` (or ``PROMPT`` seconds); later callers
+    pass. ``reached`` is set when the first one is held."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self._go = threading.Event()
+
+    def __call__(self) -> None:
+        if not self.reached.is_set():
+            self.reached.set()
+            self._go.wait(PROMPT)
+
+    def release(self) -> None:
+        self._go.set()

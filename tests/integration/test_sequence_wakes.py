@@ -19,7 +19,7 @@ import pytest
 
 from cyclone_dsl import Client, RunState, Worker, step
 from cyclone_dsl.testing.failpoints import arm, disarm
-from tests.waiting import LONG_POLL, PROMPT, wait_idle, wait_until
+from tests.waiting import LONG_POLL, PROMPT, HoldFirst, wait_idle, wait_until
 
 QA = f"sqw_qa_{os.getpid()}"  # NOTIFY is database-wide: no other process wakes these
 QB = f"sqw_qb_{os.getpid()}"
@@ -107,25 +107,19 @@ def test_the_next_step_enqueued_while_the_running_one_s_end_commits_starts(
     worker = start_worker(sqw_first, queues=[QA], poll_interval=LONG_POLL, concurrency=2)
     wait_idle(cyclone_dsn, worker, listeners=1)
     point = f"{'complete' if ending == 'returns' else 'fail'}.before_commit"
-    held, go = threading.Event(), threading.Event()
-
-    def hold_once() -> None:
-        if not held.is_set():
-            held.set()
-            go.wait(PROMPT)
-
+    hold = HoldFirst()
     key = f"sqw-race-{os.getpid()}-{ending}"
-    arm(point, hold_once)
+    arm(point, hold)
     try:
         first = client.enqueue(
             sqw_first, {"name": "first", "fail": ending == "fails"}, queue=QA, sequence_key=key
         )
-        wait_until(held.is_set, timeout=PROMPT, what="the first step's end")
+        wait_until(hold.reached.is_set, timeout=PROMPT, what="the first step's end")
         following = client.enqueue(sqw_first, {"name": "next"}, queue=QA, sequence_key=key)
         wait_idle(cyclone_dsn, worker, listeners=1)  # its wake-up came, and found the first
         assert "next" not in started
     finally:
-        go.set()
+        hold.release()
         disarm(point)
     first.wait(timeout=PROMPT)
     since = time.monotonic()
@@ -144,23 +138,17 @@ def test_the_next_step_enqueued_in_another_queue_as_the_running_one_ends_starts_
     next_worker = start_worker(sqw_next, queues=[QB], poll_interval=LONG_POLL, scan_interval=1.0)
     wait_idle(cyclone_dsn, first_worker, listeners=2)
     wait_idle(cyclone_dsn, next_worker, listeners=2)
-    held, go = threading.Event(), threading.Event()
-
-    def hold_once() -> None:
-        if not held.is_set():
-            held.set()
-            go.wait(PROMPT)
-
+    hold = HoldFirst()
     key = f"sqw-race-{os.getpid()}-queues"
-    arm("complete.before_commit", hold_once)
+    arm("complete.before_commit", hold)
     try:
         first = client.enqueue(sqw_first, {"name": "first"}, queue=QA, sequence_key=key)
-        wait_until(held.is_set, timeout=PROMPT, what="the first step's end")
+        wait_until(hold.reached.is_set, timeout=PROMPT, what="the first step's end")
         following = client.enqueue(sqw_next, {"name": "next"}, queue=QB, sequence_key=key)
         time.sleep(0.3)  # its own wake-up came, and found the first running
         assert "next" not in started
     finally:
-        go.set()
+        hold.release()
         disarm("complete.before_commit")
     first.wait(timeout=PROMPT)
     since = time.monotonic()

@@ -66,7 +66,7 @@ from cyclone_dsl import (
 from cyclone_dsl.db.tx import ConnectionTx
 from cyclone_dsl.engine import Engine
 from cyclone_dsl.testing.failpoints import arm, disarm
-from tests.waiting import LONG_POLL, PROMPT, wait_idle, wait_until
+from tests.waiting import LONG_POLL, PROMPT, HoldFirst, wait_idle, wait_until
 
 # NOTIFY is database-wide: queue names of this process only.
 QUEUES = [f"wpa_q{n}_{os.getpid()}" for n in range(3)]
@@ -520,19 +520,13 @@ def test_wpa_a_step_skipped_while_another_claimer_looked_at_its_slot_is_woken(
     wait_until(lambda: (-4, 2) in spans, timeout=PROMPT, what="the other tenant's step")
     assert q in worker._gated_queues
     wait_idle(cyclone_dsn, worker, listeners=1)
-    at_gate, go = threading.Event(), threading.Event()
-
-    def hold_the_worker_s_claim() -> None:
-        if not at_gate.is_set():
-            at_gate.set()
-            go.wait(PROMPT)
-
-    arm("claim.after_gate_look", hold_the_worker_s_claim)
+    hold = HoldFirst()  # the worker's claim, until the other claimer has locked
+    arm("claim.after_gate_look", hold)
     try:
         handles = client.enqueue_many(
             wpa_one, [dict(job, i=0, tenant="k"), dict(job, i=1, tenant="k2")], queue=q
         )
-        wait_until(at_gate.is_set, timeout=PROMPT, what="the worker's claim")
+        wait_until(hold.reached.is_set, timeout=PROMPT, what="the worker's claim")
         # (begun after the enqueue: its now() is its start, and the steps are due by then)
         with psycopg.connect(cyclone_dsn) as conn, conn.transaction():
             (taken,) = Engine().claim(
@@ -545,13 +539,13 @@ def test_wpa_a_step_skipped_while_another_claimer_looked_at_its_slot_is_woken(
                 lease=timedelta(minutes=5),
                 gated=True,
             )
-            go.set()
+            hold.release()
             wait_idle(cyclone_dsn, worker, listeners=1)  # its claim skipped the locked step
             left = next(h for h in handles if h.id != taken.run_id)
             assert not left.get().state.is_terminal
         # the other claimer commits, its room full, the locked step left behind
         assert left.result(timeout=SOON).startswith("done")
     finally:
-        go.set()
+        hold.release()
         disarm("claim.after_gate_look")
         _gate(-4, 2).set()
