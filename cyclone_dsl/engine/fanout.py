@@ -145,8 +145,7 @@ def items_discarded(tx: Tx, items: list[Row], hooks: Hooks) -> None:
         cancelled = tx.rows(Q.cancel_items, run_id=run_id, node=node, error=f"cancelled: {error}")
         if any(c["was_running"] for c in cancelled):
             notify.steps_cancelled(tx, [run_id])
-            gates.wake_cancelled(tx, cancelled)
-        gates.park(tx, (c["id"] for c in cancelled))
+        gates.cancelled(tx, cancelled)
         nodes_cancelled(tx, run_id, cancelled, hooks)
         fan_out = tx.one(Q.fan_out_node, run_id=run_id, node=node)
         if fan_out is None:

@@ -161,10 +161,11 @@ def wake_freed(tx: Tx, freed: Iterable[tuple[int, str]], also: Iterable[str] = (
     notify.wake_queues(tx, [*also, *(q for _, q in freed), *(r["queue"] for r in waiting)])
 
 
-def wake_cancelled(tx: Tx, cancelled: Iterable[Row]) -> None:
+def cancelled(tx: Tx, rows: Sequence[Row]) -> None:
     """Steps were cancelled (rows with id, queue, was_running): those that were running
-    freed their slots (see :func:`wake_freed`)."""
-    wake_freed(tx, [(r["id"], r["queue"]) for r in cancelled if r["was_running"]])
+    freed their slots (see :func:`wake_freed`), and all leave the claims' walk (:func:`park`)."""
+    wake_freed(tx, [(r["id"], r["queue"]) for r in rows if r["was_running"]])
+    park(tx, (r["id"] for r in rows))
 
 
 def charge_units(tx: Tx, extra: Sequence[tuple[int, int]]) -> None:

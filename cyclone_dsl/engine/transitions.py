@@ -206,8 +206,7 @@ def after_discards(tx: Tx, discarded: Sequence[Row], hooks: Hooks) -> None:
         )
         if any(c["was_running"] for c in cancelled):
             notify.steps_cancelled(tx, [run_id])
-            gates.wake_cancelled(tx, cancelled)
-        gates.park(tx, (c["id"] for c in cancelled))
+        gates.cancelled(tx, cancelled)
         nodes_cancelled(tx, run_id, cancelled, hooks)
     finish_if_done(tx, contained.keys(), hooks)
     if items:
@@ -241,8 +240,7 @@ def end_runs(
             error_kind=error_kind.value,
         )
         notify.steps_cancelled(tx, (c["run_id"] for c in cancelled if c["was_running"]))
-        gates.wake_cancelled(tx, cancelled)
-        gates.park(tx, (c["id"] for c in cancelled))
+        gates.cancelled(tx, cancelled)
         sequences.wake_next(tx, cancelled)
     _runs_ended(tx, ended, state, hooks)
     return ended
