@@ -8,9 +8,10 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -467,18 +468,31 @@ def test_a_signal_to_a_waiting_wait_of_a_paused_run_is_consumed_and_downstream_w
 
 @workflow(name="sa_race")
 def sa_race(x):  # type: ignore[no-untyped-def]
-    got = wait_signal("sa_race_sig", timeout=timedelta(seconds=0.3))
+    got = wait_signal("sa_race_sig", timeout=timedelta(seconds=0.6))
     sa_echo(got, on_dep_failure="cancel_branch")
     return sa_echo(x)
 
 
+def _seconds_to_deadline(dsn: str, deadline: datetime) -> float:
+    """How long until ``deadline`` by the database's clock, which times the wait out."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT extract(epoch FROM %s - now())", [deadline]).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
 def test_a_signal_racing_its_timeout_has_exactly_one_outcome(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
+    """Signals sent around the wait's deadline, by the database clock: the first well before
+    it (it must win), the last well after it (it must lose), the others in the race."""
     start_worker(sa_echo, scan_interval=0.02)
     seen: set[StepState] = set()
-    for delay in (0.2, 0.26, 0.29, 0.3, 0.31, 0.33, 0.36, 0.45):
+    for offset in (-0.45, -0.06, -0.02, 0.0, 0.01, 0.03, 0.08, 0.2):
         handle = client.submit(sa_race, 0)
+        deadline = handle.get().step("sa_race_sig").scheduled_at
+        assert deadline is not None
+        delay = max(0.0, _seconds_to_deadline(cyclone_dsn, deadline) + offset)
         outcomes: list[object] = []
         lock = threading.Lock()
 
@@ -522,14 +536,16 @@ def test_a_signal_racing_its_timeout_has_exactly_one_outcome(
 
 
 def test_a_signal_sent_after_the_timeout_but_before_the_scanner_loses_to_the_timeout(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
     """A wait whose timeout passed but which no scanner has failed yet does not take a
     signal: the timeout came first (docs/concepts/waits.md). The signal is not stored, and
     the call fails the wait there and then: one outcome, the timeout."""
     handle = client.submit(sa_race, 5)
     wait_until(lambda: handle.get().step("sa_race_sig").scheduled_at is not None, what="the wait")
-    time.sleep(0.5)
+    deadline = handle.get().step("sa_race_sig").scheduled_at
+    assert deadline is not None
+    time.sleep(_seconds_to_deadline(cyclone_dsn, deadline) + 0.1)
     assert client.signal(handle.id, "sa_race_sig", "late") is Delivery.NOT_STORED
     assert handle.get().step("sa_race_sig").error_kind == "signal_timeout"  # no worker yet
     start_worker(sa_echo)
