@@ -21,7 +21,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -321,13 +321,24 @@ def test_priorities_hold_within_a_key_and_keys_take_turns(
     start_worker(kind, concurrency=concurrency, poll_interval=LONG_POLL)
     for handle in handles:
         handle.result(timeout=PROMPT * 2)
+    # Within a key, a step of higher priority is never claimed after one of lower priority
+    # (its started_at is its claim's now(): steps of one claim share it).
+    claimed: dict[str, list[tuple[int, datetime]]] = collections.defaultdict(list)
+    jobs = [(key, p) for key, ps in plan.items() for p in ps]
+    for (key, p), handle in zip(jobs, handles, strict=True):
+        started_at = handle.get().steps[0].started_at
+        assert started_at is not None
+        claimed[key].append((p, started_at))
+    for key, steps in claimed.items():
+        by_priority = [at for _, at in sorted(steps, key=lambda s: -s[0])]
+        assert by_priority == sorted(by_priority), (key, sorted(steps))
     order = list(board.order)
-    for key, ps in plan.items():
-        assert [n for k, n in order if k == key] == sorted(ps, reverse=True), order
-    # Rounds: the first 6 starts hold two of a and b and both of c (one per key per turn).
-    # Only with one handler: with two, the handler threads of consecutive claims may start
-    # in either order on a loaded machine (the order seen is of starts, not of claims).
+    # With one handler, starts are claims: the same order, and rounds: the first 6 starts
+    # hold two of a and b and both of c (one per key per turn). With two, the handler
+    # threads of consecutive claims may start in either order on a loaded machine.
     if concurrency == 1:
+        for key, ps in plan.items():
+            assert [n for k, n in order if k == key] == sorted(ps, reverse=True), order
         first = collections.Counter(k for k, _ in order[:6])
         assert first == {"a": 2, "b": 2, "c": 2}, order
 
