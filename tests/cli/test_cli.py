@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from cyclone_dsl import LATEST_EXTENSION_VERSION, Client, Worker
 from cyclone_dsl.cli.main import cli
 from tests.cli import flows
+from tests.cli.runner import in_process, runner
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,22 +24,19 @@ Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture
 def cyclone(cyclone_dsn: str) -> Cli:
+    """``cyclone --dsn DSN ARGS``: a ``worker`` in a subprocess (it would not end on its own
+    if it did not fail), the other commands in this process through the entry point's own
+    error handling (tests/cli/runner.py). The help test and the unreachable database start
+    the installed entry point as a user does."""
+    subprocess_run, here = runner(cyclone_dsn), in_process(cyclone_dsn)
+
     def run(*args: str, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "cyclone_dsl.cli", "--dsn", cyclone_dsn, *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            input=input_text,
-            timeout=60,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            check=False,
-        )
+        return (subprocess_run if "worker" in args else here)(*args, input_text=input_text)
 
     return run
 
 
-def test_help_on_every_command(cyclone: Cli) -> None:
+def test_help_on_every_command(cyclone_dsn: str) -> None:
     commands = [
         "migrate",
         "worker",
@@ -56,12 +54,12 @@ def test_help_on_every_command(cyclone: Cli) -> None:
         "scan",
         "demo",
     ]
-    top = cyclone("--help")  # the installed entry point, once
+    top = runner(cyclone_dsn)("--help")  # the installed entry point, once
     assert top.returncode == 0
-    runner = CliRunner()
+    click_runner = CliRunner()
     for command in commands:  # each command's help in this process: 16 starts cost 20 s
         assert command in top.stdout
-        result = runner.invoke(cli, [command, "--help"])
+        result = click_runner.invoke(cli, [command, "--help"])
         assert result.exit_code == 0, (command, result.output)
         assert result.output.startswith(f"Usage: cli {command} ")
 

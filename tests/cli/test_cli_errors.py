@@ -1,6 +1,9 @@
 """Every error of the real CLI is one line on stderr, with the fix, and never a password.
 
-Through ``python -m cyclone_dsl.cli`` in a subprocess, against the test run's PostgreSQL:
+Through ``python -m cyclone_dsl.cli`` in a subprocess, as a user runs it, for the first
+command of each test and for every ``worker``; the others run in this process through the
+entry point's own error handling (tests/cli/runner.py), which costs no interpreter start.
+Against the test run's PostgreSQL:
 a DSN with another URL scheme or a password libpq quotes back, a server that is down,
 the preconditions of ``migrate``, ``demo`` and ``scan``, click's usage errors, a role that
 may not migrate, a migration that fails, and a database error nobody planned for.
@@ -18,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from cyclone_dsl import LATEST_SCHEMA_VERSION, SCHEMA_VERSION_TABLE
 from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
-from tests.cli.runner import Cli, one_error_line, runner
+from tests.cli.runner import Cli, in_process, one_error_line, runner
 from tests.roles import limited_role
 
 #: One command of each way in: a client, the migrator, the demo, the scanner, a worker.
@@ -32,10 +35,14 @@ CONNECTING: list[tuple[str, ...]] = [
 
 
 def each_fails(dsn: str, commands: list[tuple[str, ...]], code: int) -> set[str]:
-    """Run each command on ``dsn``; each must exit ``code`` with one error line. The lines."""
+    """Run each command on ``dsn``; each must exit ``code`` with one error line. The lines.
+
+    The first command, and a worker (which would not end on its own if it did not fail),
+    run in a subprocess; the others in this process."""
     lines = set()
-    for command in commands:
-        result = runner(dsn)(*command)
+    for index, command in enumerate(commands):
+        run = runner(dsn) if index == 0 or command[0] == "worker" else in_process(dsn)
+        result = run(*command)
         assert result.returncode == code, (command, result.stderr)
         lines.add(one_error_line(result))
     return lines
@@ -169,8 +176,8 @@ def test_migrate_without_the_privilege_to_create_is_one_line(
     cyclone_admin_dsn: str, schema: str
 ) -> None:
     with limited_role(cyclone_admin_dsn, schema) as dsn:
-        for command in [("migrate",), ("demo",)]:
-            result = runner(dsn)(*command)
+        for run, command in [(runner(dsn), ("migrate",)), (in_process(dsn), ("demo",))]:
+            result = run(*command)
             assert result.returncode == 1, result.stderr
             assert one_error_line(result) == (
                 "cyclone: cannot read or create the version tables: permission denied for "
@@ -181,7 +188,7 @@ def test_migrate_without_the_privilege_to_create_is_one_line(
 
 def test_a_migration_the_role_may_not_apply_is_named(cyclone_admin_dsn: str, schema: str) -> None:
     dsn = with_search_path(cyclone_admin_dsn, schema)
-    assert runner(dsn)("migrate", "--target", "18").returncode == 0
+    assert in_process(dsn)("migrate", "--target", "18").returncode == 0
     with limited_role(cyclone_admin_dsn, schema, select=True) as limited:
         result = runner(limited)("migrate")
         assert result.returncode == 1
@@ -190,7 +197,7 @@ def test_a_migration_the_role_may_not_apply_is_named(cyclone_admin_dsn: str, sch
             "of table cyclone_runs: run the migrations as a role that owns the schema or has "
             "CREATE on it"
         )
-    assert runner(dsn)("migrate", "--status").stdout.startswith("schema version 18 ")
+    assert in_process(dsn)("migrate", "--status").stdout.startswith("schema version 18 ")
 
 
 def test_a_failed_migration_is_named_and_exit_1(cyclone_admin_dsn: str, schema: str) -> None:
@@ -226,15 +233,16 @@ def test_a_failed_migration_is_named_and_exit_1(cyclone_admin_dsn: str, schema: 
     ],
 )
 def test_a_usage_error_is_one_line_with_a_hint(
-    cyclone: Cli, args: tuple[str, ...], line: str
+    cyclone_dsn: str, args: tuple[str, ...], line: str
 ) -> None:
-    result = cyclone(*args)
+    run = runner(cyclone_dsn) if args[0] == "worker" else in_process(cyclone_dsn)
+    result = run(*args)
     assert result.returncode == 2
     assert one_error_line(result) == f"cyclone: {line}"
 
 
-def test_a_usage_error_with_v_shows_clicks_usage(cyclone: Cli) -> None:
-    result = cyclone("-v", "run", "abc")
+def test_a_usage_error_with_v_shows_clicks_usage(cyclone_dsn: str) -> None:
+    result = in_process(cyclone_dsn)("-v", "run", "abc")
     assert result.returncode == 2
     assert result.stderr.splitlines()[0] == "Usage: cyclone run [OPTIONS] RUN_ID"
     assert "'abc' is not a valid integer" in result.stderr
@@ -254,7 +262,7 @@ def test_an_unplanned_database_error_is_its_first_line_unless_v(cyclone_dsn: str
         'cyclone: the database refused the call: relation "cyclone_runs" does not exist'
         " (-v prints the traceback)"
     )
-    verbose = cyclone("-v", "runs")
+    verbose = cyclone("-v", "runs")  # the interpreter prints the traceback
     assert verbose.returncode == 1
     assert "Traceback (most recent call last)" in verbose.stderr
     assert "psycopg.errors.UndefinedTable" in verbose.stderr
