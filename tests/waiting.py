@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
@@ -59,6 +59,26 @@ async def until(predicate: Callable[[], object], *, what: str, timeout: float = 
         if asyncio.get_running_loop().time() >= deadline:
             raise AssertionError(f"waited {timeout:g}s for {what}")
         await asyncio.sleep(0.02)
+
+
+def scanner_passes(worker: Worker, n: int = 2) -> None:
+    """Until ``worker``'s scanner has ended ``n`` more passes: with 2, a whole pass began
+    after the call and saw what the test did before it (a moved clock, a new row)."""
+    scanner = worker._scanner
+    assert scanner is not None
+    target = scanner.passes + n
+    wait_until(lambda: scanner.passes >= target, timeout=PROMPT, what=f"{n} scanner passes")
+
+
+def seconds_until(dsn: str, at: datetime) -> float:
+    """How long until ``at`` by the database clock, as this process has moved it: what
+    decides when a deadline, a timer or a wait's timeout passes."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT extract(epoch FROM %s - (now() + %s))", [at, clock.current_shift()]
+        ).fetchone()
+    assert row is not None
+    return float(row[0])
 
 
 def expire_leases_until(reclaimed: Callable[[], bool], *, what: str, timeout: float = 20.0) -> None:

@@ -47,7 +47,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.cli.main import run as cli_run
-from tests.waiting import wait_until
+from tests.waiting import PROMPT, wait_until
 
 Clock = Callable[[datetime], None]
 StartWorker = Callable[..., Worker]
@@ -332,7 +332,9 @@ def test_progress_async_calls_store_the_same_events(
     ]
 
 
-@step(name="dwb_overrun", timeout=timedelta(seconds=0.5), max_attempts=1)
+# The first emit must come before the timeout (its time runs from the dispatch, not from
+# the handler's start) or it is fenced too: 1.5 s leaves room for a late handler thread.
+@step(name="dwb_overrun", timeout=timedelta(seconds=1.5), max_attempts=1)
 def dwb_overrun(value: object, ctx: StepContext) -> str:
     ctx.emit("before the timeout")
     ctx.wait_cancelled(10)
@@ -1110,8 +1112,10 @@ def test_runs_attempt_numbers_label_and_history(start_worker: StartWorker, clien
 @step(name="dwb_export", timeout=timedelta(minutes=5))
 def dwb_export(rows: list[int], ctx: StepContext) -> int:
     done = 0
+    SEEN["export_ctx"] = ctx
     for row in rows:
         if ctx.cancelled:  # timed out, cancelled, or the lease is gone
+            _gate("dwb_export_stopped").set()
             raise RuntimeError("stopped")
         _count("export_row")
         _gate("dwb_export_started").set()
@@ -1129,13 +1133,21 @@ def dwb_export_wf(rows: Ref[list[int]]) -> NodeRef[int]:
 def test_runs_export_sample_stops_soon_after_its_run_is_cancelled(
     start_worker: StartWorker, client: Client
 ) -> None:
-    start_worker(dwb_export)
+    # A lease of an hour: no heartbeat (every 20 min) looks at the step during the test, so
+    # only the cancel's NOTIFY can tell the handler to stop before its 400 rows are done.
+    start_worker(dwb_export, lease=3600)
     handle = client.submit(dwb_export_wf, list(range(400)))  # 20 s of rows
     assert _gate("dwb_export_started").wait(10)
+    ctx: StepContext = SEEN["export_ctx"]
     client.cancel(handle.id)
-    at_cancel = CALLS["export_row"]
-    time.sleep(0.5)
-    assert CALLS["export_row"] <= at_cancel + 2  # it stopped within a row or two
+    # The rows written once ctx.cancelled is set (read when it is seen set, so at least as
+    # many as when it was set, however late this thread looks).
+    told = wait_until(
+        lambda: ctx.cancelled and CALLS["export_row"], what="ctx.cancelled", timeout=PROMPT
+    )
+    assert _gate("dwb_export_stopped").wait(PROMPT)  # it raised "stopped"
+    assert CALLS["export_row"] <= told + 1  # it stopped within a row of ctx.cancelled
+    assert CALLS["export_row"] < 400  # stopped soon after the cancel: far from its 20 s
     export = client.get_run(handle.id).step("dwb_export")
     assert export.state is StepState.CANCELLED
     assert client.get_run(handle.id).state is RunState.CANCELLED

@@ -12,7 +12,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -92,7 +92,7 @@ def slow(x: int) -> int:
 def late_raise(x: int, ctx: StepContext) -> int:
     """Waits to be told to stop, then raises: a late failure must not be retried."""
     _count("late_raise")
-    seen["late_raise"] = ctx.wait_cancelled(5)
+    seen["late_raise"] = ctx.wait_cancelled(15)
     raise RuntimeError("failed after the deadline")
 
 
@@ -101,7 +101,7 @@ def tx_write(x: int, ctx: StepContext) -> int:
     """Writes a row in its transaction, then waits to be told to stop."""
     ctx.connection.execute("INSERT INTO dla_written (x) VALUES (%s)", (x,))
     _count("tx_write")
-    seen["tx_write"] = ctx.wait_cancelled(5)
+    seen["tx_write"] = ctx.wait_cancelled(15)
     return x
 
 
@@ -352,20 +352,25 @@ def test_a_child_left_for_a_worker_is_not_started_past_its_parents_deadline(
 
 
 def test_submit_tx_counts_the_deadline_from_the_submit(client: Client, cyclone_dsn: str) -> None:
+    def db_clock(conn: psycopg.Connection[Any]) -> datetime:
+        row = conn.execute("SELECT clock_timestamp()").fetchone()
+        assert row is not None and isinstance(row[0], datetime)
+        return row[0]
+
     with psycopg.connect(cyclone_dsn) as conn:
         conn.execute("SELECT pg_sleep(1.0)")  # the caller's transaction has work before
+        before = db_clock(conn)
         handle = client.submit_tx(conn, signal_then_echo, 1, deadline=timedelta(seconds=5))
+        after = db_clock(conn)
         conn.commit()
-        db_now = conn.execute("SELECT now()").fetchone()
-        conn.commit()
-    assert db_now is not None
     run = handle.get()
     assert run.deadline_at is not None
-    # Asked for 5 s from the submit: at least 4.5 s must be left at the commit, and no more
-    # than the 5 s (the transaction's age counted once).
-    left = run.deadline_at - db_now[0]
-    assert timedelta(seconds=4.5) < left <= timedelta(seconds=5), (
-        f"deadline_at {run.deadline_at} is {left} after commit"
+    # Asked for 5 s from the submit (the database's clock while submit_tx ran), not from
+    # the transaction's start a second earlier, and the transaction's age counted once.
+    five = timedelta(seconds=5)
+    assert before + five <= run.deadline_at <= after + five, (
+        f"deadline_at {run.deadline_at} is not 5 s after the submit, which ran between "
+        f"{before} and {after}"
     )
     client.cancel(handle.id)
 
@@ -407,12 +412,15 @@ def test_operations_on_a_deadline_failed_run_are_typed(
 
 
 def test_child_of_a_deadline_failed_parent_cannot_be_retried_alone(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client,
+    start_worker: Callable[..., Worker],
+    clock_shift: Callable[[timedelta], None],
 ) -> None:
     start_worker(*STEPS)
-    handle = client.submit(parent, 1, deadline=timedelta(seconds=0.6))
+    handle = client.submit(parent, 1, deadline=timedelta(hours=1))
     kids = wait_until(lambda: client.children_of(handle.id), timeout=5, what="the child run")
     assert client.get_run(kids[0]["id"]).deadline_at is None  # a child run has none
+    clock_shift(timedelta(hours=2))  # the parent's deadline passes
     failure = _deadline_failure(client, handle.id)
     assert failure.error_kind == "deadline"
     kid = client.handle(kids[0]["id"]).wait(timeout=5)
@@ -443,15 +451,19 @@ def test_fork_of_a_deadline_failed_run_runs_without_a_deadline(
 
 
 def test_a_late_failure_after_the_deadline_is_not_retried(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client,
+    start_worker: Callable[..., Worker],
+    clock_shift: Callable[[timedelta], None],
 ) -> None:
     _reset("late_raise")
     start_worker(*STEPS)
-    handle = client.submit(late_raise_wf, 1, deadline=timedelta(seconds=0.5))
+    handle = client.submit(late_raise_wf, 1, deadline=timedelta(hours=1))
+    wait_until(lambda: calls.get("late_raise") == 1, what="the handler to start")
+    clock_shift(timedelta(hours=2))  # the deadline passes while the handler runs
     failure = _deadline_failure(client, handle.id)
     assert failure.error_kind == "deadline"
     assert failure.node == "dla_late_raise"
-    wait_until(lambda: "late_raise" in seen, timeout=5, what="the handler to be told")
+    wait_until(lambda: "late_raise" in seen, timeout=20, what="the handler to be told")
     assert seen["late_raise"] is True
     time.sleep(0.5)  # time for a (wrong) retry to be claimed
     s = handle.get().step("dla_late_raise")
@@ -462,17 +474,22 @@ def test_a_late_failure_after_the_deadline_is_not_retried(
 
 
 def test_deadline_rolls_back_a_transactional_step(
-    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
+    client: Client,
+    cyclone_dsn: str,
+    start_worker: Callable[..., Worker],
+    clock_shift: Callable[[timedelta], None],
 ) -> None:
     _reset("tx_write")
     with psycopg.connect(cyclone_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS dla_written (x int)")
         conn.execute("TRUNCATE dla_written")
     start_worker(*STEPS)
-    handle = client.submit(tx_write_wf, 7, deadline=timedelta(seconds=0.6))
+    handle = client.submit(tx_write_wf, 7, deadline=timedelta(hours=1))
+    wait_until(lambda: calls.get("tx_write") == 1, what="the handler to write")
+    clock_shift(timedelta(hours=2))  # the deadline passes while the handler's write is open
     failure = _deadline_failure(client, handle.id)
     assert failure.error_kind == "deadline"
-    wait_until(lambda: "tx_write" in seen, timeout=5, what="the handler to be told")
+    wait_until(lambda: "tx_write" in seen, timeout=20, what="the handler to be told")
     assert seen["tx_write"] is True
     time.sleep(0.3)
     with psycopg.connect(cyclone_dsn) as conn:
@@ -514,7 +531,8 @@ def test_a_debounced_submit_after_the_windows_deadline_passed_does_not_revive_it
     of its key: that run ended at its deadline (first wins); the submit does not give it
     a new deadline and input, it opens a new window and run."""
     debounce = Debounce(key="doc", delay=timedelta(hours=2))
-    one, two = {"doc": "late", "v": 1}, {"doc": "late", "v": 2}
+    one: dict[str, Any] = {"doc": "late", "v": 1}
+    two: dict[str, Any] = {"doc": "late", "v": 2}
     first = client.submit(echo_wf, one, deadline=timedelta(hours=1), debounce=debounce)
     clock_shift(timedelta(hours=1, minutes=30))
     again = client.submit(echo_wf, two, deadline=timedelta(hours=1), debounce=debounce)
@@ -607,7 +625,8 @@ def test_async_client_applies_and_checks_the_deadline(
                 with pytest.raises(RunFailed) as failed:
                     await handle.result(timeout=8)
                 assert failed.value.error_kind == "deadline"
-            for bad in (timedelta(0), timedelta(seconds=-1), 1.5, timedelta.max):
+            bads: tuple[Any, ...] = (timedelta(0), timedelta(seconds=-1), 1.5, timedelta.max)
+            for bad in bads:
                 with pytest.raises(InvalidArgument):
                     await aclient.submit(signal_then_echo, 1, deadline=bad)
                 with pytest.raises(InvalidArgument):

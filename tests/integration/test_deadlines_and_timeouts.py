@@ -9,7 +9,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -35,7 +35,7 @@ from cyclone_dsl.errors import (
     RunFailed,
 )
 from cyclone_dsl.states import RunState, StepState
-from tests.waiting import wait_until
+from tests.waiting import PROMPT, scanner_passes, wait_until
 
 # -- shared state the handlers report into ------------------------------------------------
 
@@ -69,7 +69,7 @@ def echo(value: object) -> object:
 @step(name="audit_dl_hang", max_attempts=1)
 def hang(x: int, ctx: StepContext) -> int:
     _count("hang")
-    seen_cancelled["hang"] = ctx.wait_cancelled(5)
+    seen_cancelled["hang"] = ctx.wait_cancelled(15)
     return x
 
 
@@ -77,7 +77,7 @@ def hang(x: int, ctx: StepContext) -> int:
 async def async_hang(x: int) -> int:
     _count("async_hang")
     try:
-        await asyncio.sleep(5)
+        await asyncio.sleep(15)
     except asyncio.CancelledError:
         seen_cancelled["async_hang"] = True
         raise
@@ -91,11 +91,12 @@ def timeout_always(x: int, ctx: StepContext) -> int:
     return x
 
 
-@step(name="audit_dl_timeout_once", timeout=0.4, max_attempts=3)
+# 1.5 s: the retry, which returns at once, must do so within it on a loaded machine.
+@step(name="audit_dl_timeout_once", timeout=1.5, max_attempts=3)
 def timeout_once(x: int, ctx: StepContext) -> int:
     n = _count("timeout_once")
     if n == 1:
-        ctx.wait_cancelled(3)
+        ctx.wait_cancelled(10)
         return -1  # ignored: timed out
     return x * 10
 
@@ -110,10 +111,15 @@ async def async_swallow(x: int) -> str:
     return "on time"
 
 
+#: Holds the first attempt of audit_dl_fail_once until the test sets it.
+fail_once_gate = threading.Event()
+
+
 @step(name="audit_dl_fail_once", max_attempts=3)
 def fail_once(x: int) -> int:
     n = _count("fail_once")
     if n == 1:
+        fail_once_gate.wait(PROMPT)
         raise RuntimeError("first attempt fails")
     return x + 1
 
@@ -124,11 +130,12 @@ def fail_always(x: int) -> int:
     raise RuntimeError("always fails")
 
 
-@step(name="audit_dl_pause_timeout", timeout=0.5, max_attempts=2)
+# 1.5 s: the test's pause must land before the first attempt's timeout on a loaded machine.
+@step(name="audit_dl_pause_timeout", timeout=1.5, max_attempts=2)
 def pause_timeout(x: int, ctx: StepContext) -> int:
     n = _count("pause_timeout")
     if n == 1:
-        ctx.wait_cancelled(3)
+        ctx.wait_cancelled(10)
         return -1
     return x + 100
 
@@ -235,7 +242,7 @@ def parent_wf(x):  # type: ignore[no-untyped-def]
 
 @workflow(name="audit_dl_child_timer")
 def child_timer(x):  # type: ignore[no-untyped-def]
-    t = wait_timer(timedelta(seconds=1))
+    t = wait_timer(timedelta(hours=1))
     return echo(x, after=[t])
 
 
@@ -321,16 +328,18 @@ def _all_steps_terminal(client: Client, run_id: int) -> bool:
 
 
 def test_deadline_stops_a_running_sync_handler(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     _reset("hang")
     start_worker(*STEPS)
-    handle = client.submit(hang_wf, 1, deadline=timedelta(seconds=0.7))
+    handle = client.submit(hang_wf, 1, deadline=timedelta(hours=1))
+    wait_until(lambda: calls.get("hang") == 1, what="the handler to start")
     started = time.monotonic()
+    clock(datetime.now(UTC) + timedelta(hours=2))  # the deadline passes while it runs
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=8)
     assert (failed.value.state, failed.value.error_kind) == ("failed", "deadline")
-    wait_until(lambda: "hang" in seen_cancelled, timeout=5, what="the handler to return")
+    wait_until(lambda: "hang" in seen_cancelled, timeout=20, what="the handler to return")
     assert seen_cancelled["hang"] is True
     assert time.monotonic() - started < 4
     run = handle.get()
@@ -339,54 +348,61 @@ def test_deadline_stops_a_running_sync_handler(
 
 
 def test_deadline_cancels_a_running_async_handler(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     _reset("async_hang")
     start_worker(*STEPS)
-    handle = client.submit(async_hang_wf, 1, deadline=timedelta(seconds=0.7))
+    handle = client.submit(async_hang_wf, 1, deadline=timedelta(hours=1))
+    wait_until(lambda: calls.get("async_hang") == 1, what="the handler to start")
+    clock(datetime.now(UTC) + timedelta(hours=2))  # the deadline passes while it runs
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=8)
     assert failed.value.error_kind == "deadline"
-    wait_until(lambda: seen_cancelled.get("async_hang"), timeout=5, what="CancelledError")
+    wait_until(lambda: seen_cancelled.get("async_hang"), timeout=10, what="CancelledError")
 
 
 def test_pause_stops_the_deadline_clock(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
-    start_worker(*STEPS)
-    handle = client.submit(signal_wf, 1, deadline=timedelta(seconds=1.5))
+    worker = start_worker(*STEPS)
+    handle = client.submit(signal_wf, 1, deadline=timedelta(hours=1))
     before = handle.get().deadline_at
     client.pause(handle.id)
-    time.sleep(2.0)  # past the deadline as submitted
+    clock(datetime.now(UTC) + timedelta(hours=2))  # past the deadline as submitted
+    scanner_passes(worker, 2)
     assert handle.get().state is RunState.PAUSED
     client.resume(handle.id)
     run = handle.get()
     assert run.state is RunState.RUNNING
     assert before is not None and run.deadline_at is not None
-    assert run.deadline_at - before >= timedelta(seconds=1.9)
+    # moved on by the pause, which lasted the 2 hours (less the moments before the pause)
+    assert run.deadline_at - before >= timedelta(hours=1, minutes=59)
     client.signal(handle.id, "audit_dl_go", "ok")
     assert handle.result(timeout=8) == "ok"
 
 
 def test_deadline_after_resume_still_fires(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     start_worker(*STEPS)
-    handle = client.submit(signal_wf, 1, deadline=timedelta(seconds=1))
+    now = datetime.now(UTC)
+    handle = client.submit(signal_wf, 1, deadline=timedelta(hours=1))
     client.pause(handle.id)
-    time.sleep(0.5)
+    clock(now + timedelta(minutes=30))  # a pause of half an hour: the deadline moves on
     client.resume(handle.id)
+    clock(now + timedelta(hours=2))  # past the moved deadline
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=8)
     assert failed.value.error_kind == "deadline"
 
 
 def test_deadline_cancels_the_child_run(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     start_worker(*STEPS)
-    handle = client.submit(parent_wf, 1, deadline=timedelta(seconds=1))
+    handle = client.submit(parent_wf, 1, deadline=timedelta(hours=1))
     kids = wait_until(lambda: client.children_of(handle.id), timeout=5, what="the child run")
+    clock(datetime.now(UTC) + timedelta(hours=2))  # the deadline passes
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=8)
     assert failed.value.error_kind == "deadline"
@@ -396,12 +412,13 @@ def test_deadline_cancels_the_child_run(
 
 
 def test_deadline_cancels_a_child_run_paused_on_its_own(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     start_worker(*STEPS)
-    handle = client.submit(parent_wf, 1, deadline=timedelta(seconds=1))
+    handle = client.submit(parent_wf, 1, deadline=timedelta(hours=1))
     kids = wait_until(lambda: client.children_of(handle.id), timeout=5, what="the child run")
     client.pause(kids[0]["id"])
+    clock(datetime.now(UTC) + timedelta(hours=2))  # the parent's deadline passes
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=8)
     assert failed.value.error_kind == "deadline"
@@ -425,11 +442,12 @@ def test_deadline_in_a_fan_out_ends_every_item(
 
 
 def test_deadline_in_a_fan_out_over_workflows_cancels_children(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     start_worker(*STEPS)
-    handle = client.submit(fan_children, 3, deadline=timedelta(seconds=1))
-    wait_until(lambda: len(client.children_of(handle.id)) == 3, timeout=5, what="3 children")
+    handle = client.submit(fan_children, 3, deadline=timedelta(hours=1))
+    wait_until(lambda: len(client.children_of(handle.id)) == 3, what="3 children")
+    clock(datetime.now(UTC) + timedelta(hours=2))  # the deadline passes
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=8)
     assert failed.value.error_kind == "deadline"
@@ -438,19 +456,24 @@ def test_deadline_in_a_fan_out_over_workflows_cancels_children(
 
 
 def test_deadline_during_pause_resume_of_a_child_tree(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     """The parent pauses (and with it the child); the child's timer must not fire during
     the pause, and after resume the whole tree completes before the shifted deadline."""
-    start_worker(*STEPS)
-    handle = client.submit(parent_timer, 7, deadline=timedelta(seconds=3))
+    worker = start_worker(*STEPS)
+    now = datetime.now(UTC)
+    # The child's timer is due in 1 h, the deadline in 2 h.
+    handle = client.submit(parent_timer, 7, deadline=timedelta(hours=2))
     kids = wait_until(lambda: client.children_of(handle.id), timeout=5, what="the child run")
     client.pause(handle.id)
     assert client.get_run(kids[0]["id"]).state is RunState.PAUSED
-    time.sleep(1.5)
+    clock(now + timedelta(hours=3))  # a pause of 3 h: past the timer and the deadline
+    scanner_passes(worker, 2)
     assert client.get_run(kids[0]["id"]).step("timer").state is StepState.WAITING_TIMER
-    client.resume(handle.id)
+    assert handle.get().state is RunState.PAUSED
+    client.resume(handle.id)  # the timer is now due at 4 h, the deadline at 5 h
     assert client.get_run(kids[0]["id"]).state is RunState.RUNNING
+    clock(now + timedelta(hours=4, minutes=30))  # past the timer, not the deadline
     assert handle.result(timeout=8) == 7
 
 
@@ -535,20 +558,22 @@ def test_async_handler_swallowing_its_cancellation_still_times_out(
 
 
 def test_step_timeout_while_paused_waits_for_resume(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     _reset("pause_timeout")
-    start_worker(*STEPS)
+    worker = start_worker(*STEPS)
     handle = client.submit(pause_timeout_wf, 1)
-    wait_until(lambda: calls.get("pause_timeout") == 1, timeout=5, what="the first attempt")
+    wait_until(lambda: calls.get("pause_timeout") == 1, what="the first attempt")
     client.pause(handle.id)
     wait_until(
         lambda: handle.get().step("audit_dl_pause_timeout").attempt == 1,
-        timeout=5,
+        timeout=10,
         what="the timeout",
     )
     assert handle.get().step("audit_dl_pause_timeout").state is StepState.PAUSED
-    time.sleep(2.0)  # longer than any backoff of a first retry
+    clock(datetime.now(UTC) + timedelta(minutes=1))  # past any backoff of a first retry
+    scanner_passes(worker, 2)  # their due passes, and the worker's claims, find no retry
+    assert handle.get().step("audit_dl_pause_timeout").state is StepState.PAUSED
     assert calls["pause_timeout"] == 1  # no retry while paused
     client.resume(handle.id)
     assert handle.result(timeout=8) == 101
@@ -605,17 +630,27 @@ def test_enqueue_timeout_applies(client: Client, start_worker: Callable[..., Wor
 
 
 def test_pause_during_backoff_then_resume_completes(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     _reset("fail_once")
-    start_worker(*STEPS)
+    fail_once_gate.clear()
+    first = start_worker(*STEPS)
     handle = client.submit(fail_once_wf, 1)
-    wait_until(
-        lambda: handle.get().step("audit_dl_fail_once").attempt == 1, timeout=5, what="1 failure"
-    )
+    wait_until(lambda: calls.get("fail_once") == 1, what="the first attempt")
+    # The first attempt is held; its worker stops claiming, then records its failure (the
+    # retry waits out its backoff) and stops: no worker can claim the retry before the pause.
+    first.request_stop()
+    fail_once_gate.set()
+    first.stop()
+    assert handle.get().step("audit_dl_fail_once").attempt == 1
+    now = datetime.now(UTC)
+    clock(now - timedelta(hours=1))  # the pause lands well inside the backoff
     client.pause(handle.id)
     assert handle.get().step("audit_dl_fail_once").state is StepState.PAUSED
-    time.sleep(1.2)
+    clock(now + timedelta(minutes=1))  # past the backoff
+    second = start_worker(*STEPS)
+    scanner_passes(second, 2)  # their due passes, and the worker's claims, find no retry
+    assert handle.get().step("audit_dl_fail_once").state is StepState.PAUSED
     assert calls["fail_once"] == 1
     client.resume(handle.id)
     assert handle.result(timeout=8) == 2
@@ -640,12 +675,13 @@ def test_cancel_during_backoff(client: Client, start_worker: Callable[..., Worke
 
 
 def test_cancel_while_paused_past_the_deadline(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
-    start_worker(*STEPS)
-    handle = client.submit(signal_wf, 1, deadline=timedelta(seconds=0.5))
+    worker = start_worker(*STEPS)
+    handle = client.submit(signal_wf, 1, deadline=timedelta(hours=1))
     client.pause(handle.id)
-    time.sleep(1.0)
+    clock(datetime.now(UTC) + timedelta(hours=2))  # past the deadline as submitted
+    scanner_passes(worker, 2)
     client.cancel(handle.id)
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=5)
@@ -881,11 +917,12 @@ def test_step_timeout_contained_by_cancel_branch(
 
 
 def test_child_of_a_deadline_failed_parent_reports_cancelled(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     start_worker(*STEPS)
-    handle = client.submit(parent_wf, 1, deadline=timedelta(seconds=0.8))
+    handle = client.submit(parent_wf, 1, deadline=timedelta(hours=1))
     kids = wait_until(lambda: client.children_of(handle.id), timeout=5, what="the child run")
+    clock(datetime.now(UTC) + timedelta(hours=2))  # the deadline passes
     with pytest.raises(RunFailed):
         handle.result(timeout=8)
     with pytest.raises(RunFailed) as kid:

@@ -61,6 +61,9 @@ def window(seconds: float) -> Debounce:
     return Debounce(key="doc", delay=timedelta(seconds=seconds))
 
 
+HOUR_S = 3600.0
+
+
 # -- steering the held run inside its window -------------------------------------------------
 
 
@@ -217,8 +220,10 @@ def test_a_later_input_moves_the_run_to_its_concurrency_key(
     client.submit(wf, {"doc": "d", "tenant": "t1", "n": 1}, debounce=window(0.3))
     moved = client.submit(wf, {"doc": "d", "tenant": "t2", "n": 2}, debounce=window(0.3))
     assert moved.result(timeout=10) == {"doc": "d", "tenant": "t2", "n": 2}
-    # Opened on a free key, moved to the busy one: waits for t1.
-    client.submit(wf, {"doc": "e", "tenant": "t3", "n": 1}, debounce=window(0.3))
+    # Opened on a free key, moved to the busy one: waits for t1. (Opened for an hour: no
+    # claim can take it on t3 before the second submit, however late that comes; the
+    # second submit's window is its own.)
+    client.submit(wf, {"doc": "e", "tenant": "t3", "n": 1}, debounce=window(HOUR_S))
     queued = client.submit(wf, {"doc": "e", "tenant": "t1", "n": 2}, debounce=window(0.3))
     reasons = wait_until(lambda: client.why_waiting(queued.id), what="the queued run's reason")
     assert "(t1: 1/1" in next(iter(reasons.values()))
@@ -247,7 +252,8 @@ def test_a_later_input_moves_the_run_to_its_rate_key(
     client.submit(rated_wf, {"doc": "d", "tenant": "t1", "n": 1}, debounce=window(0.3))
     moved = client.submit(rated_wf, {"doc": "d", "tenant": "t2", "n": 2}, debounce=window(0.3))
     assert moved.result(timeout=10) == {"doc": "d", "tenant": "t2", "n": 2}
-    client.submit(rated_wf, {"doc": "e", "tenant": "t3", "n": 1}, debounce=window(0.3))
+    # Opened for an hour on a free key: no claim takes it before the move to t1.
+    client.submit(rated_wf, {"doc": "e", "tenant": "t3", "n": 1}, debounce=window(HOUR_S))
     limited = client.submit(rated_wf, {"doc": "e", "tenant": "t1", "n": 2}, debounce=window(0.3))
     reasons = wait_until(lambda: client.why_waiting(limited.id), what="the rate limit's reason")
     assert "t1: 1/1 in the window" in reasons["dba_rated"]
@@ -270,9 +276,11 @@ def test_the_async_client_debounces(
                 await aclient.submit(echo_wf, {"n": 9}, debounce=window(0.3))
             with pytest.raises(InvalidArgument):
                 await aclient.submit(echo_wf, {"doc": "a"}, debounce="doc")  # type: ignore[arg-type]
+            # Started once the submits are made: no claim closes the window between two
+            # of them, however slowly a loaded machine makes them.
+            await asyncio.to_thread(start_worker, echo_wf)
             return [(h.id, h.created) for h in handles], await handles[0].result(timeout=10)
 
-    start_worker(echo_wf)
     shape, result = asyncio.run(scenario())
     run_id = shape[0][0]
     assert shape == [(run_id, True), (run_id, False), (run_id, False)]

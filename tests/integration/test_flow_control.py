@@ -7,7 +7,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -465,20 +465,36 @@ def refresh_wf(job):  # type: ignore[no-untyped-def]
     return refresh(job)
 
 
+def db_now(dsn: str) -> datetime:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
 def test_debounced_submits_make_one_run_with_the_last_input(
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
-    start_worker(refresh_wf)
-    debounce = Debounce(key="doc", delay=timedelta(seconds=0.6))
+    delay = timedelta(seconds=0.6)
+    debounce = Debounce(key="doc", delay=delay)
     handles = []
     started = time.monotonic()
-    for n in range(50):
+    for n in range(49):
         handles.append(client.submit(refresh_wf, {"doc": "d1", "n": n}, debounce=debounce))
         time.sleep(0.02)
     last_submit = time.monotonic()
+    before_last = db_now(cyclone_dsn)
+    handles.append(client.submit(refresh_wf, {"doc": "d1", "n": 49}, debounce=debounce))
     other = client.submit(refresh_wf, {"doc": "d2", "n": -1}, debounce=debounce)
     assert len({h.id for h in handles}) == 1
     assert [h.created for h in handles] == [True] + [False] * 49
+    # The last submit moved the start to its delay after itself (the first submit's delay
+    # passed during the submits, which took over a second).
+    (held,) = handles[-1].get().steps
+    assert held.scheduled_at >= before_last + delay, (held.scheduled_at, before_last)
+    # The worker starts once the submits are made: no claim closes the window between two
+    # of them, however slowly a loaded machine makes them.
+    start_worker(refresh_wf)
     assert handles[-1].result(timeout=20) == 49
     assert time.monotonic() - last_submit >= 0.5, "the run started before the delay"
     assert other.result(timeout=20) == -1
@@ -487,31 +503,35 @@ def test_debounced_submits_make_one_run_with_the_last_input(
 
 
 def test_a_debounced_run_takes_the_deadline_of_its_last_submit(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     """The window moves past the first submit's deadline: the run, which starts after the
     last submit with the last input, keeps to the last submit's deadline, not the first's
-    (it failed by a deadline that passed before it could start)."""
+    (it failed by a deadline that passed before it could start). Time moves on the
+    database clock: deadlines and windows of an hour, passed by moving the clock."""
+    hour = timedelta(hours=1)
     debounce = Debounce(key="doc", delay=timedelta(seconds=0.5))
-    deadline = timedelta(seconds=1.5)
+    base = datetime.now(UTC)
     handles = []
-    for n in range(8):  # 2 s of submits, 0.25 s apart: the window stays open
+    for n in range(8):  # 70 minutes of submits, 10 apart: the window stays open
+        clock(base + n * timedelta(minutes=10))
         handles.append(
-            client.submit(refresh_wf, {"doc": "d4", "n": n}, debounce=debounce, deadline=deadline)
+            client.submit(refresh_wf, {"doc": "d4", "n": n}, debounce=debounce, deadline=hour)
         )
-        time.sleep(0.25)
     assert len({h.id for h in handles}) == 1
-    start_worker(refresh_wf)
+    deadline_at = handles[-1].get().deadline_at
+    assert deadline_at is not None and deadline_at >= base + timedelta(minutes=70) + hour
+    start_worker(refresh_wf)  # 70 minutes on: past the first submit's deadline
     assert handles[-1].result(timeout=20) == 7
-    # The last submit without a deadline leaves the run without one. (A window of 3 s: the
-    # second submit joins it however loaded the machine is; the first's 0.2 s deadline
-    # passes long before the run starts.)
-    wide = Debounce(key="doc", delay=timedelta(seconds=3))
-    first = client.submit(
-        refresh_wf, {"doc": "d5", "n": 1}, debounce=wide, deadline=timedelta(seconds=0.2)
-    )
+    # The last submit without a deadline leaves the run without one. (A window of an hour:
+    # the second submit joins it however loaded the machine is; the clock then passes both
+    # the window and the first submit's deadline.)
+    wide = Debounce(key="doc", delay=hour)
+    first = client.submit(refresh_wf, {"doc": "d5", "n": 1}, debounce=wide, deadline=hour)
     last = client.submit(refresh_wf, {"doc": "d5", "n": 2}, debounce=wide)
     assert last.id == first.id
+    assert last.get().deadline_at is None
+    clock(datetime.now(UTC) + timedelta(hours=4))
     assert last.result(timeout=20) == 2
 
 

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -522,11 +523,17 @@ def test_a_node_override_of_max_attempts_is_honoured_and_run_failed_names_the_no
 # -- timeouts -------------------------------------------------------------------------------
 
 
+# A timeout of 0.3 s, for attempts that overrun it; a test whose attempt must return within
+# it enqueues with a longer one (a handler thread may start late on a loaded machine).
+ON_TIME = 1.5
+
+
 @step(name="oa_slow_sync", max_attempts=2, timeout=0.3)
 def slow_sync(n: int, *, ctx: StepContext) -> str:
     _called("slow-sync", ctx)
     if ctx.attempt == 1 or n == 1:
-        time.sleep(0.8)  # ignores ctx.cancelled
+        ctx.wait_cancelled(30)  # past its timeout (whatever it is), then returns all the same
+        time.sleep(0.1)
         NOTES[f"returned-{ctx.attempt}"] = True
         return "late"
     return "on time"
@@ -546,11 +553,17 @@ async def slow_async(n: int, *, ctx: StepContext) -> str:
 
 @pytest.mark.parametrize(("handler", "tag"), [(slow_sync, "slow-sync"), (slow_async, "slow-async")])
 def test_a_timed_out_attempt_is_retried_and_its_late_value_is_not_kept(
-    client: Client, start_worker: Callable[..., Worker], handler: Any, tag: str
+    client: Client,
+    start_worker: Callable[..., Worker],
+    clock: Callable[[datetime], None],
+    handler: Any,
+    tag: str,
 ) -> None:
     start_worker(handler)
-    handle = client.enqueue(handler, 0)
-    assert handle.result(timeout=10) == "on time"
+    handle = client.enqueue(handler, 0, timeout=ON_TIME)  # attempt 2 returns within it
+    wait_until(lambda: handle.get().steps[0].attempt == 1, timeout=15, what="attempt 1 to fail")
+    clock(datetime.now(UTC) + timedelta(seconds=5))  # past the retry's backoff: no wait for it
+    assert handle.result(timeout=15) == "on time"
     row = handle.get().steps[0]
     assert SEEN[tag] == [1, 2]
     assert [(a.number, a.outcome, a.error_kind) for a in row.attempts] == [
@@ -560,10 +573,16 @@ def test_a_timed_out_attempt_is_retried_and_its_late_value_is_not_kept(
 
 @pytest.mark.parametrize(("handler", "tag"), [(slow_sync, "slow-sync"), (slow_async, "slow-async")])
 def test_a_timeout_on_the_last_attempt_fails_the_run_even_if_the_handler_returns_later(
-    client: Client, start_worker: Callable[..., Worker], handler: Any, tag: str
+    client: Client,
+    start_worker: Callable[..., Worker],
+    clock: Callable[[datetime], None],
+    handler: Any,
+    tag: str,
 ) -> None:
     start_worker(handler)
     handle = client.enqueue(handler, 1)
+    wait_until(lambda: handle.get().steps[0].attempt == 1, timeout=15, what="attempt 1 to fail")
+    clock(datetime.now(UTC) + timedelta(seconds=5))  # past the retry's backoff: no wait for it
     error, row = failed_row(handle)
     assert error.error_kind == "timeout" == row.error_kind
     assert [(a.number, a.outcome, a.error_kind) for a in row.attempts] == [

@@ -8,11 +8,12 @@ The others pin behaviour that is already right.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -41,7 +42,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.testing import set_clock_shift
-from tests.waiting import expire_leases_until, wait_until
+from tests.waiting import PROMPT, expire_leases_until, scanner_passes, seconds_until, wait_until
 
 # -- handler controls -------------------------------------------------------------------------
 
@@ -124,14 +125,6 @@ def fail_then_ok(value: int, ctx: StepContext) -> int:
     return value + 1
 
 
-@step(name="pa_quick_fail", max_attempts=3)
-def quick_fail(value: int, ctx: StepContext) -> int:
-    called("pa_quick_fail")
-    if ctx.attempt == 1:
-        raise RuntimeError("pa first attempt fails at once")
-    return value + 2
-
-
 @step(name="pa_reclaimed")
 def reclaimed_step(value: int) -> int:
     called("pa_reclaimed")
@@ -142,9 +135,10 @@ def reclaimed_step(value: int) -> int:
     return value * 3
 
 
-@step(name="pa_slow_timeout", timeout=0.5, max_attempts=1)
+@step(name="pa_slow_timeout", timeout=2.0, max_attempts=1)
 def slow_timeout(value: int, ctx: StepContext) -> int:
     called("pa_slow_timeout")
+    gate("slow_timeout_started").set()
     ctx.wait_cancelled(5)
     return value
 
@@ -211,7 +205,7 @@ def grandparent(x):  # type: ignore[no-untyped-def]
 
 @workflow(name="pa_votes")
 def votes(x):  # type: ignore[no-untyped-def]
-    return echo(wait_n("pa_vote", 3, timeout=timedelta(seconds=1.5)))
+    return echo(wait_n("pa_vote", 3, timeout=timedelta(hours=1)))
 
 
 @workflow(name="pa_late_wait")
@@ -222,13 +216,13 @@ def late_wait(x):  # type: ignore[no-untyped-def]
 
 @workflow(name="pa_timer")
 def timer_wf(x):  # type: ignore[no-untyped-def]
-    t = wait_timer(timedelta(seconds=1))
+    t = wait_timer(timedelta(hours=1))
     return echo(x, after=[t])
 
 
 @workflow(name="pa_sig_timeout")
 def sig_timeout(x):  # type: ignore[no-untyped-def]
-    return echo(wait_signal("pa_ok", timeout=timedelta(seconds=1)))
+    return echo(wait_signal("pa_ok", timeout=timedelta(hours=1)))
 
 
 @workflow(name="pa_fail_wf")
@@ -264,7 +258,6 @@ ALL_STEPS = (
     kid_step,
     fail_hold,
     fail_then_ok,
-    quick_fail,
     reclaimed_step,
     slow_timeout,
     seq_step,
@@ -430,20 +423,34 @@ def test_a_step_failing_with_attempts_left_while_paused_waits_for_the_resume(
 
 
 def test_a_retry_backoff_that_passed_during_the_pause_runs_at_once_on_resume(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client,
+    cyclone_dsn: str,
+    clock: Callable[[datetime], None],
+    start_worker: Callable[..., Worker],
 ) -> None:
-    start_worker(*ALL_STEPS)
-    handle = client.enqueue(quick_fail, 5)
-    wait_until(lambda: handle.get().step("pa_quick_fail").attempt == 1, what="first failure")
+    worker = start_worker(*ALL_STEPS)
+    handle = client.enqueue(fail_then_ok, 5)
+    wait_until(
+        lambda: handle.get().step("pa_fail_then_ok").state is StepState.RUNNING,
+        what="pa_fail_then_ok runs",
+    )
     client.pause(handle.id)
-    assert handle.get().step("pa_quick_fail").state is StepState.PAUSED
-    time.sleep(1.3)  # the backoff (at most 1 s) passes inside the pause
-    assert CALLS["pa_quick_fail"] == 1
+    gate("fail_once").set()  # the first attempt fails inside the pause: its retry backs off
+    wait_until(
+        lambda: handle.get().step("pa_fail_then_ok").attempt == 1,
+        what="the first attempt to fail",
+    )
+    backoff_ends = handle.get().step("pa_fail_then_ok").scheduled_at
+    clock(datetime.now(UTC) + timedelta(hours=1))  # the backoff passes inside the pause
+    assert seconds_until(cyclone_dsn, backoff_ends) < 0
+    scanner_passes(worker)  # and a poll or more: nothing of the paused run is claimed
+    assert handle.get().step("pa_fail_then_ok").state is StepState.PAUSED
+    assert CALLS["pa_fail_then_ok"] == 1
     client.resume(handle.id)
-    started = time.monotonic()
-    assert handle.result(timeout=10) == 7
-    assert time.monotonic() - started < 1.0
-    assert CALLS["pa_quick_fail"] == 2
+    # Due at once: its start is not moved by the pause (an hour) nor a backoff served again.
+    assert seconds_until(cyclone_dsn, handle.get().step("pa_fail_then_ok").scheduled_at) <= 0
+    assert handle.result(timeout=PROMPT) == 6
+    assert CALLS["pa_fail_then_ok"] == 2
 
 
 def test_a_step_timeout_runs_across_the_pause(
@@ -451,11 +458,8 @@ def test_a_step_timeout_runs_across_the_pause(
 ) -> None:
     start_worker(*ALL_STEPS)
     handle = client.submit(timeout_wf, 1)
-    wait_until(
-        lambda: handle.get().step("pa_slow_timeout").state is StepState.RUNNING,
-        what="pa_slow_timeout runs",
-    )
-    client.pause(handle.id)
+    assert gate("slow_timeout_started").wait(PROMPT), "pa_slow_timeout did not start"
+    client.pause(handle.id)  # its 2 s timeout started before: it runs on inside the pause
     with pytest.raises(RunFailed):
         handle.result(timeout=10)
     run = handle.get()
@@ -636,18 +640,22 @@ def test_pause_then_cancel_ends_the_tree_and_fences_the_running_step(
 
 
 def test_a_partial_quorum_keeps_its_votes_and_its_timeout_stops_during_the_pause(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, clock: Callable[[datetime], None], start_worker: Callable[..., Worker]
 ) -> None:
-    start_worker(*ALL_STEPS)
+    worker = start_worker(*ALL_STEPS)
     handle = client.submit(votes, 0)
+    due = handle.get().step("pa_vote").scheduled_at
     assert client.signal(handle.id, "pa_vote", "a") is Delivery.CONSUMED
     client.pause(handle.id)
+    clock(datetime.now(UTC) + timedelta(hours=2))  # the 1 h timeout would have passed
     assert client.signal(handle.id, "pa_vote", "b") is Delivery.CONSUMED
-    time.sleep(2.0)  # the 1.5 s timeout would have passed: it stands still
+    scanner_passes(worker)  # it stands still
     run = handle.get()
     assert run.state is RunState.PAUSED
     assert run.step("pa_vote").state is StepState.WAITING_SIGNAL
     client.resume(handle.id)
+    moved = handle.get().step("pa_vote").scheduled_at
+    assert timedelta(hours=2) <= moved - due < timedelta(hours=2, minutes=1)  # by the pause
     assert client.signal(handle.id, "pa_vote", "c") is Delivery.CONSUMED
     assert handle.result(timeout=10) == ["a", "b", "c"]
 
@@ -673,35 +681,41 @@ def test_signals_buffered_for_a_paused_wait_are_consumed_on_resume(
 
 
 def test_a_timer_does_not_fire_while_paused_and_is_moved_by_the_pause(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, clock: Callable[[datetime], None], start_worker: Callable[..., Worker]
 ) -> None:
-    start_worker(*ALL_STEPS)
+    worker = start_worker(*ALL_STEPS)
     handle = client.submit(timer_wf, 9)
+    due = handle.get().step("timer").scheduled_at
     client.pause(handle.id)
-    time.sleep(1.4)  # the 1 s timer would be due
+    clock(datetime.now(UTC) + timedelta(hours=2))  # the 1 h timer would be due
+    scanner_passes(worker)
     run = handle.get()
     assert run.step("timer").state is StepState.WAITING_TIMER
     assert run.state is RunState.PAUSED
     client.resume(handle.id)
-    resumed = time.monotonic()
-    time.sleep(0.3)
+    moved = handle.get().step("timer").scheduled_at
+    assert timedelta(hours=2) <= moved - due < timedelta(hours=2, minutes=1)  # by the pause
+    scanner_passes(worker)  # not due yet: an hour is left, as at the pause
     assert handle.get().step("timer").state is StepState.WAITING_TIMER
-    assert handle.result(timeout=10) == 9
-    assert time.monotonic() - resumed >= 0.7
+    clock(moved + timedelta(minutes=1))  # past the moved time: it fires
+    assert handle.result(timeout=PROMPT) == 9
 
 
 def test_a_signal_timeout_is_moved_by_the_pause(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, clock: Callable[[datetime], None], start_worker: Callable[..., Worker]
 ) -> None:
-    start_worker(*ALL_STEPS)
+    worker = start_worker(*ALL_STEPS)
     handle = client.submit(sig_timeout, 0)
+    due = handle.get().step("pa_ok").scheduled_at
     client.pause(handle.id)
-    time.sleep(1.4)  # the 1 s timeout would have passed
+    clock(datetime.now(UTC) + timedelta(hours=2))  # the 1 h timeout would have passed
     client.resume(handle.id)
-    time.sleep(0.3)  # a scanner pass or more
+    moved = handle.get().step("pa_ok").scheduled_at
+    assert timedelta(hours=2) <= moved - due < timedelta(hours=2, minutes=1)  # by the pause
+    scanner_passes(worker)  # a scanner pass or more
     assert handle.get().step("pa_ok").state is StepState.WAITING_SIGNAL
     assert client.signal(handle.id, "pa_ok", "yes") is Delivery.CONSUMED
-    assert handle.result(timeout=10) == "yes"
+    assert handle.result(timeout=PROMPT) == "yes"
 
 
 # -- sequence_key -----------------------------------------------------------------------------
@@ -730,7 +744,7 @@ def test_a_paused_step_does_not_hold_the_earlier_steps_of_its_sequence(
     client.pause(second.id)  # the later one: it keeps its place, after the first
     start_worker(*ALL_STEPS)
     try:
-        assert first.result(timeout=3) == "x"
+        assert first.result(timeout=PROMPT) == "x"
     finally:
         client.resume(second.id)
     assert second.result(timeout=10) == "y"
@@ -775,12 +789,12 @@ def test_a_paused_run_keeps_its_run_slot_until_it_is_cancelled(
 
 
 def test_a_pause_after_the_deadline_passed_does_not_save_the_run(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, clock: Callable[[datetime], None], start_worker: Callable[..., Worker]
 ) -> None:
     start_worker(*ALL_STEPS, scan_interval=60.0)  # the deadline scanner is late
-    handle = client.submit(single, 1, deadline=timedelta(seconds=0.6))
+    handle = client.submit(single, 1, deadline=timedelta(hours=1))
     wait_until(lambda: handle.get().step("pa_hold").state is StepState.RUNNING, what="pa_hold runs")
-    time.sleep(1.0)  # the deadline passed; no scanner pass since
+    clock(datetime.now(UTC) + timedelta(hours=2))  # the deadline passed; no scanner pass since
     with pytest.raises(AlreadyTerminal, match="passed its deadline"):
         client.pause(handle.id)
     gate("hold").set()
@@ -815,13 +829,13 @@ def test_a_deferred_child_run_does_not_run_while_its_parent_is_paused(
 
 
 def test_without_a_pause_a_completion_after_the_deadline_fails_the_run(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, clock: Callable[[datetime], None], start_worker: Callable[..., Worker]
 ) -> None:
     """The control of the finding above: the same run, not paused, fails with deadline."""
     start_worker(*ALL_STEPS, scan_interval=60.0)
-    handle = client.submit(single, 1, deadline=timedelta(seconds=0.6))
+    handle = client.submit(single, 1, deadline=timedelta(hours=1))
     wait_until(lambda: handle.get().step("pa_hold").state is StepState.RUNNING, what="pa_hold runs")
-    time.sleep(1.0)
+    clock(datetime.now(UTC) + timedelta(hours=2))  # the deadline passed; no scanner pass since
     gate("hold").set()
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=10)
@@ -905,7 +919,7 @@ def test_async_resume_many_resumes_a_paused_tree(
 ) -> None:
     handles = [client.submit(parent, 0), client.submit(parent, 1)]
     for h in handles:
-        wait_until(lambda h=h: client.children_of(h.id), what="the child run")
+        wait_until(functools.partial(client.children_of, h.id), what="the child run")
         client.pause(h.id)
     start_worker(*ALL_STEPS, *ALL_WORKFLOWS)
     gate("kids").set()
@@ -958,7 +972,7 @@ def test_a_child_run_created_during_its_parents_pause_is_not_updated_before_it_w
     finally:
         conn.close()
     below = client.list_runs(parent_run_id=handle.id)
-    runs = [client.get_run(r.id) for r in [handle, *below]]
+    runs = [client.get_run(run_id) for run_id in [handle.id, *(r.id for r in below)]]
     want = RunState.PAUSED if call == "pause" else RunState.CANCELLED
     assert [r.state for r in runs] == [want, want]
     for run in runs:

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -29,7 +29,7 @@ from cyclone_dsl import (
     wait_signal,
     workflow,
 )
-from tests.waiting import wait_until
+from tests.waiting import PROMPT, scanner_passes, wait_until
 
 gate = threading.Event()
 failing = threading.Event()
@@ -180,6 +180,15 @@ def start(start_worker: Callable[..., Worker], *extra: object, **options: object
 
 def run_ids(client: Client) -> set[int]:
     return {r.id for r in client.list_runs(limit=1000)}
+
+
+HOUR = timedelta(hours=1)
+Clock = Callable[[datetime], None]
+
+
+def later(clock: Clock, by: timedelta) -> None:
+    """Move this process's database clock ``by`` on from the real time."""
+    clock(datetime.now(UTC) + by)
 
 
 def purge_all(client: Client, count: int, batch_size: int = 1000) -> None:
@@ -551,29 +560,35 @@ def test_purge_frees_a_submit_key(client: Client, start_worker: Callable[..., Wo
 
 
 def test_retention_keeps_the_child_of_a_running_parent_then_takes_both(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
 ) -> None:
-    start(start_worker, parent_ok_child, retention=timedelta(seconds=1))
+    # A retention of an hour, passed by moving the clock (one of seconds could take the
+    # parent before its result is read); a lease longer than the moves keeps the parent's
+    # running step its own.
+    worker = start(start_worker, parent_ok_child, retention=HOUR, lease=4 * 3600.0)
     handle = client.submit(parent_ok_child, 5)
     kid = wait_until(lambda: client.children_of(handle.id), what="the child run")[0]["id"]
     wait_until(
         lambda: client.get_run(kid).state is RunState.COMPLETED, what="the child to complete"
     )
-    time.sleep(2.0)  # past the retention, several scanner passes
+    later(clock, 2 * HOUR)  # past the child's retention
+    scanner_passes(worker, 2)
     assert client.get_run(kid).state is RunState.COMPLETED
     gate.set()
     assert handle.result(timeout=20) == [5, 5]
+    later(clock, 4 * HOUR)  # past the parent's retention too
     wait_until(lambda: run_ids(client) == set(), timeout=15, what="retention to take both runs")
 
 
 def test_retention_takes_a_failed_chain_over_its_passes(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
 ) -> None:
-    start(start_worker, top, retention=timedelta(seconds=0.5))
+    start(start_worker, top, retention=HOUR)
     failing.set()
     handle = client.submit(top, 1)
     with pytest.raises(RunFailed):
         handle.result(timeout=20)
+    later(clock, 2 * HOUR)
     wait_until(lambda: run_ids(client) == set(), timeout=15, what="retention to take the chain")
 
 
@@ -638,13 +653,17 @@ def test_worker_refuses_a_retention_that_is_not_a_duration(
 
 
 def test_worker_retention_in_seconds_applies(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
 ) -> None:
     """lease=, poll_interval= and a step's retention= take seconds: so does a worker's."""
-    start(start_worker, retention=0.5)
+    worker = start(start_worker, retention=3600.0)  # an hour, passed by moving the clock
     handle = client.submit(child_ok, 1)
     assert handle.result(timeout=20) == 1
-    wait_until(lambda: run_ids(client) == set(), timeout=5, what="retention to take the run")
+    later(clock, timedelta(minutes=30))  # kept: not past 3600 seconds
+    scanner_passes(worker, 2)
+    assert run_ids(client) == {handle.id}
+    later(clock, 2 * HOUR)
+    wait_until(lambda: run_ids(client) == set(), timeout=PROMPT, what="retention to take the run")
 
 
 @pytest.mark.parametrize(

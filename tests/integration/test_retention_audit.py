@@ -42,7 +42,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.cli.main import run as cyclone
-from tests.waiting import wait_until
+from tests.waiting import PROMPT, wait_until
 
 HOUR = timedelta(hours=1)
 gate = threading.Event()
@@ -791,15 +791,19 @@ def test_a_purge_frees_the_limit_slots_its_runs_held(
     holder that ended is free at once; so must be the slot of one that was purged (it was
     held until the scanner's slow pass, while stats() showed it free)."""
     client.set_queue_limit("rna_capped_q", 1)  # before the worker starts: it reads caps then
-    start(
+    worker = start(
         start_worker,
         rna_limited,
         rna_capped,
         rna_one_at_a_time,
         retention=None,
         queues=("default", "rna_capped_q"),
-        scan_interval=5.0,  # its slow pass (which frees lost slots) runs at start only
+        # Its slow pass (which frees lost slots) runs at start only: a slot the purge left
+        # held would stay held for the rest of the test, however long the waits below.
+        scan_interval=3600.0,
     )
+    scanner = worker._scanner
+    assert scanner is not None
     submits: dict[str, Callable[[int], RunHandle]] = {
         "step concurrency": lambda x: client.enqueue(rna_limited, x),
         "run concurrency": lambda x: client.submit(rna_one_at_a_time, x),
@@ -807,7 +811,9 @@ def test_a_purge_frees_the_limit_slots_its_runs_held(
     }
     for submit in submits.values():
         assert submit(1).result(timeout=10) == 1
-        assert submit(2).result(timeout=3) == 2  # the slot of an ended holder is free
+        assert submit(2).result(timeout=PROMPT) == 2  # the slot of an ended holder is free
+    # The start's pass is over before the purge: only the purge can free the slots now.
+    wait_until(lambda: scanner.passes >= 1, timeout=PROMPT, what="the scanner's first pass")
     assert client.purge() == 6
     after = {name: submit(3) for name, submit in submits.items()}
 
@@ -815,7 +821,7 @@ def test_a_purge_frees_the_limit_slots_its_runs_held(
         return [name for name, h in after.items() if not client.get_run(h.id).is_terminal]
 
     try:
-        wait_until(lambda: not stuck(), timeout=0.6, what="the steps after the purge to run")
+        wait_until(lambda: not stuck(), timeout=PROMPT, what="the steps after the purge to run")
     except AssertionError:
         pytest.fail(f"still waiting for a slot nobody holds: {stuck()}")
 

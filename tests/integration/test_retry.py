@@ -142,7 +142,7 @@ def outer_two(tag):  # type: ignore[no-untyped-def]
 
 @workflow(name="ry_wait")
 def waits(tag):  # type: ignore[no-untyped-def]
-    return after(wait_signal("approve", timeout=timedelta(seconds=1)))
+    return after(wait_signal("approve", timeout=timedelta(hours=1)))
 
 
 @workflow(name="ry_chain")
@@ -412,17 +412,24 @@ def test_a_child_run_cancelled_with_its_parent_runs_again(
 
 
 def test_a_timed_out_signal_wait_waits_again(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     start_worker(*HANDLERS)
     handle = client.submit(waits, "x")
+    wait_until(
+        lambda: client.get_run(handle.id).step("approve").state is StepState.WAITING_SIGNAL,
+        what="the wait",
+    )
+    moved = datetime.now(UTC) + timedelta(hours=2)
+    clock(moved)  # past its hour-long timeout: the scanner times it out
     run = settled(client, handle.id)
     assert run.state is RunState.FAILED
     assert run.step("approve").error_kind == "signal_timeout"
     client.retry(handle.id, "approve")
     wait = client.get_run(handle.id).step("approve")
     assert wait.state is StepState.WAITING_SIGNAL
-    assert wait.scheduled_at > datetime.now(UTC)  # a fresh timeout, from now
+    # A fresh timeout, from now (the moved clock), not from when the wait first started.
+    assert wait.scheduled_at > moved + timedelta(minutes=59)
     client.signal(handle.id, "approve", "yes")
     assert handle.result(timeout=20) == "after yes"
 

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from click.testing import CliRunner
@@ -42,6 +42,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.cli.main import cli
+from cyclone_dsl.db import clock as db_clock
 from tests.waiting import wait_until
 
 FAILING: set[str] = set()
@@ -68,6 +69,20 @@ def _reset() -> None:
     SEEN_ATTEMPTS.clear()
     VALUES.clear()
     gate.set()
+    slow_release.clear()
+
+
+def time_out(clock: Callable[[datetime], None], client: Client, run_id: int, node: str) -> None:
+    """Time out the hour-long wait ``node`` of the run: once it waits (its timeout counts
+    from then), move the database clock two hours on; the workers' scanner fails it.
+
+    A retried wait's fresh hour counts from the moved clock, so a signal after a retry
+    never races its timeout, on a machine however loaded."""
+    wait_until(
+        lambda: client.get_run(run_id).step(node).state is StepState.WAITING_SIGNAL,
+        what=f"{node} to wait",
+    )
+    clock(datetime.now(UTC) + db_clock.current_shift() + timedelta(hours=2))
 
 
 def settled(client: Client, run_id: int, timeout: float = 15) -> Run:
@@ -142,14 +157,18 @@ def ra_budget(tag: str, ctx: StepContext) -> str:
 
 
 gate = threading.Event()
+#: What a timed-out ``ra_slow`` waits for before it returns, late (the test sets it).
+slow_release = threading.Event()
 
 
-@step(name="ra_slow", timeout=timedelta(seconds=0.5), max_attempts=1)
+@step(name="ra_slow", timeout=timedelta(seconds=2), max_attempts=1)
 def ra_slow(tag: str, ctx: StepContext) -> str:
-    """Overstays its timeout while its tag is in FAILING (a sync handler: it keeps running)."""
+    """Overstays its timeout while its tag is in FAILING (a sync handler: it keeps running
+    until the test sets ``slow_release``). The timeout leaves an attempt that returns at once
+    room to do so on a loaded machine (the worker times it from its dispatch)."""
     _count(tag)
     if tag in FAILING:
-        time.sleep(1.0)
+        slow_release.wait(10)
         return "too late"
     return f"{tag} in time"
 
@@ -221,17 +240,17 @@ def ra_contained(tag):  # type: ignore[no-untyped-def]
 
 @workflow(name="ra_sig")
 def ra_sig(tag):  # type: ignore[no-untyped-def]
-    return ra_after(wait_signal("ra_go", timeout=timedelta(seconds=0.5)))
+    return ra_after(wait_signal("ra_go", timeout=timedelta(hours=1)))
 
 
 @workflow(name="ra_any")
 def ra_any(tag):  # type: ignore[no-untyped-def]
-    return ra_after(wait_any(["ra_yes", "ra_no"], timeout=timedelta(seconds=0.5)))
+    return ra_after(wait_any(["ra_yes", "ra_no"], timeout=timedelta(hours=1)))
 
 
 @workflow(name="ra_quorum")
 def ra_quorum(tag):  # type: ignore[no-untyped-def]
-    return ra_after(wait_n("ra_vote", 2, timeout=timedelta(seconds=1)))
+    return ra_after(wait_n("ra_vote", 2, timeout=timedelta(hours=1)))
 
 
 @workflow(name="ra_timeout")
@@ -424,10 +443,11 @@ def test_contained_failure_retry_reopens_and_completes_the_run_again(
 
 
 def test_wait_any_timeout_retry_waits_again(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     start_worker(*HANDLERS)
     handle = client.submit(ra_any, "x")
+    time_out(clock, client, handle.id, "any_ra_yes_ra_no")
     run = settled(client, handle.id)
     assert run.state is RunState.FAILED
     assert run.step("any_ra_yes_ra_no").error_kind == "signal_timeout"
@@ -440,7 +460,7 @@ def test_wait_any_timeout_retry_waits_again(
 
 
 def test_wait_n_quorum_starts_again_after_a_retry(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     start_worker(*HANDLERS)
     handle = client.submit(ra_quorum, "x")
@@ -449,6 +469,7 @@ def test_wait_n_quorum_starts_again_after_a_retry(
         what="the quorum to wait",
     )
     client.signal(handle.id, "ra_vote", "old")
+    time_out(clock, client, handle.id, "ra_vote")
     run = settled(client, handle.id)
     assert run.state is RunState.FAILED
     assert run.step("ra_vote").error_kind == "signal_timeout"
@@ -461,12 +482,14 @@ def test_wait_n_quorum_starts_again_after_a_retry(
 
 
 def test_signal_timeout_retry_then_a_second_timeout_fails_again(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     start_worker(*HANDLERS)
     handle = client.submit(ra_sig, "x")
+    time_out(clock, client, handle.id, "ra_go")
     assert settled(client, handle.id).state is RunState.FAILED
     client.retry(handle.id, "ra_go")
+    time_out(clock, client, handle.id, "ra_go")
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=15)
     assert failed.value.node == "ra_go"
@@ -487,6 +510,7 @@ def test_step_timeout_retry_runs_the_step_again(
     handle = client.submit(ra_timeout, "slow")
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=15)
+    slow_release.set()  # the timed-out handler returns: too late, it is not kept
     assert failed.value.error_kind == "timeout"
     FAILING.clear()
     client.retry(handle.id, "ra_slow")
@@ -787,16 +811,21 @@ def test_a_signal_buffered_before_the_failure_is_consumed_after_the_retry(
 
 @workflow(name="ra_contained_wait")
 def ra_contained_wait(tag):  # type: ignore[no-untyped-def]
-    w = wait_signal("ra_cw", timeout=timedelta(seconds=0.5))
+    w = wait_signal("ra_cw", timeout=timedelta(hours=1))
     ra_after(w, on_dep_failure="cancel_branch").named("branch")
     return ra_task("cw-main").named("main")
 
 
 def test_a_contained_signal_timeout_waits_again_after_a_retry(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     start_worker(*HANDLERS)
     handle = client.submit(ra_contained_wait, "x")
+    wait_until(
+        lambda: client.get_run(handle.id).step("main").state is StepState.COMPLETED,
+        what="the main branch (before the clock moves: no lease of it expires by the move)",
+    )
+    time_out(clock, client, handle.id, "ra_cw")
     run = settled(client, handle.id)
     assert run.state is RunState.COMPLETED
     assert run.step("ra_cw").error_kind == "signal_timeout"
@@ -880,6 +909,7 @@ def test_timeout_with_attempts_left_then_operator_retry(
     handle = client.submit(ra_timeout, "t2")
     with pytest.raises(RunFailed):
         handle.result(timeout=15)
+    slow_release.set()  # the timed-out handler returns: too late, it is not kept
     s = client.get_run(handle.id).step("ra_slow")
     assert s.error_kind == "timeout" and s.attempt == 1
     FAILING.clear()
@@ -1038,13 +1068,16 @@ def test_a_retried_run_waits_for_its_workflow_concurrency_slot(
     assert a.result(timeout=15) == "after conc-a"
 
 
-def test_retry_many_by_error_kind(client: Client, start_worker: Callable[..., Worker]) -> None:
+def test_retry_many_by_error_kind(
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
+) -> None:
     FAILING.add("ek")
     start_worker(*HANDLERS)
     waits = client.submit(ra_sig, "x")
     fails = client.submit(ra_budget_wf, "ek")
+    settled(client, fails.id)  # before the clock moves: no lease of it expires by the move
+    time_out(clock, client, waits.id, "ra_go")
     settled(client, waits.id)
-    settled(client, fails.id)
     result = client.retry_many(
         RunFilter(error_kinds="signal_timeout", workflows=["ra_sig", "ra_budget_wf"])
     )

@@ -8,10 +8,9 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -41,7 +40,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.cli.main import cli
-from tests.waiting import wait_until
+from tests.waiting import seconds_until, wait_until
 
 gate = threading.Event()
 
@@ -473,14 +472,6 @@ def sa_race(x):  # type: ignore[no-untyped-def]
     return sa_echo(x)
 
 
-def _seconds_to_deadline(dsn: str, deadline: datetime) -> float:
-    """How long until ``deadline`` by the database's clock, which times the wait out."""
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT extract(epoch FROM %s - now())", [deadline]).fetchone()
-    assert row is not None
-    return float(row[0])
-
-
 def test_a_signal_racing_its_timeout_has_exactly_one_outcome(
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
@@ -492,7 +483,7 @@ def test_a_signal_racing_its_timeout_has_exactly_one_outcome(
         handle = client.submit(sa_race, 0)
         deadline = handle.get().step("sa_race_sig").scheduled_at
         assert deadline is not None
-        delay = max(0.0, _seconds_to_deadline(cyclone_dsn, deadline) + offset)
+        delay = max(0.0, seconds_until(cyclone_dsn, deadline) + offset)
         outcomes: list[object] = []
         lock = threading.Lock()
 
@@ -545,7 +536,7 @@ def test_a_signal_sent_after_the_timeout_but_before_the_scanner_loses_to_the_tim
     wait_until(lambda: handle.get().step("sa_race_sig").scheduled_at is not None, what="the wait")
     deadline = handle.get().step("sa_race_sig").scheduled_at
     assert deadline is not None
-    time.sleep(_seconds_to_deadline(cyclone_dsn, deadline) + 0.1)
+    time.sleep(seconds_until(cyclone_dsn, deadline) + 0.1)
     assert client.signal(handle.id, "sa_race_sig", "late") is Delivery.NOT_STORED
     assert handle.get().step("sa_race_sig").error_kind == "signal_timeout"  # no worker yet
     start_worker(sa_echo)
@@ -556,16 +547,17 @@ def test_a_signal_sent_after_the_timeout_but_before_the_scanner_loses_to_the_tim
 
 @workflow(name="sa_n_timeout")
 def sa_n_timeout(x):  # type: ignore[no-untyped-def]
-    got = wait_n("sa_nt_sig", 3, timeout=timedelta(seconds=0.4))
+    got = wait_n("sa_nt_sig", 3, timeout=timedelta(hours=1))
     return sa_echo(got, on_dep_failure="cancel_branch")
 
 
 def test_a_partial_quorum_times_out_and_later_signals_are_not_stored(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     start_worker(sa_echo)
     handle = client.submit(sa_n_timeout, 0)
     assert client.signal(handle.id, "sa_nt_sig", "a") is Delivery.CONSUMED
+    clock(datetime.now(UTC) + timedelta(hours=2))  # past the hour-long timeout
     run = handle.wait(timeout=10)
     wait = run.step("sa_nt_sig")
     assert wait.state is StepState.DISCARDED and wait.error_kind == "signal_timeout"
@@ -684,23 +676,30 @@ def test_a_signal_to_the_child_of_a_parent_past_its_deadline_is_refused(
 
 @workflow(name="sa_timer_and_signal")
 def sa_timer_and_signal(x):  # type: ignore[no-untyped-def]
-    t = wait_timer(timedelta(seconds=0.4)).named("sa_tas_timer")
+    t = wait_timer(timedelta(hours=1)).named("sa_tas_timer")
     s = wait_signal("sa_tas_sig")
     return sa_pair(t, s)
 
 
 def test_a_timer_and_a_signal_in_parallel_branches_join(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     start_worker(sa_pair)
-    started = time.monotonic()
     handle = client.submit(sa_timer_and_signal, 0)
     assert client.signal(handle.id, "sa_tas_sig", {"v": 1}) is Delivery.CONSUMED
     assert handle.get().step("sa_pair").state is StepState.PENDING
+    clock(datetime.now(UTC) + timedelta(hours=2))  # past the hour-long timer: it fires
     assert handle.result(timeout=10) == [None, {"v": 1}]
-    assert time.monotonic() - started >= 0.4
+    run = handle.get()
+    joined, timer = run.step("sa_pair"), run.step("sa_tas_timer")
+    assert joined.started_at is not None and joined.started_at >= timer.scheduled_at
     # and the other way round: the timer first, the signal later
     handle = client.submit(sa_timer_and_signal, 1)
+    wait_until(
+        lambda: handle.get().step("sa_tas_timer").state is StepState.WAITING_TIMER,
+        what="the timer to wait",
+    )
+    clock(datetime.now(UTC) + timedelta(hours=4))  # past this run's timer, an hour after the last
     wait_until(
         lambda: handle.get().step("sa_tas_timer").state is StepState.COMPLETED, what="the timer"
     )
@@ -897,15 +896,17 @@ def test_a_signal_name_with_brackets_needs_a_node_id(
 
 @workflow(name="sa_retry_quorum")
 def sa_retry_quorum(x):  # type: ignore[no-untyped-def]
-    return sa_echo(wait_n("sa_rq_sig", 2, timeout=timedelta(seconds=0.3)))
+    return sa_echo(wait_n("sa_rq_sig", 2, timeout=timedelta(hours=1)))
 
 
 def test_an_operator_retry_of_a_timed_out_quorum_starts_it_afresh(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
 ) -> None:
     start_worker(sa_echo)
     handle = client.submit(sa_retry_quorum, 0)
     assert client.signal(handle.id, "sa_rq_sig", "old") is Delivery.CONSUMED
+    # Past its hour-long timeout; the retried wait's fresh hour counts from the moved clock.
+    clock(datetime.now(UTC) + timedelta(hours=2))
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=10)
     assert failed.value.error_kind == "dep_failed" or failed.value.node == "sa_rq_sig"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -30,7 +31,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.client.model import Step
-from tests.waiting import wait_until
+from tests.waiting import PROMPT, wait_until
 
 StartWorker = Callable[..., Worker]
 Rows = Callable[[], list[tuple[Any, ...]]]
@@ -276,7 +277,9 @@ def tsa_pause_flow(tag):  # type: ignore[no-untyped-def]
     return tsa_write.named("after")(tsa_gated(tag))
 
 
-@step(name="tsa_locker", transactional=True, max_attempts=1, timeout=0.3)
+# An hour-long timeout, which the test makes pass once the lock is held and waited for
+# (see time_out_now): a short one could pass before the handler took the lock.
+@step(name="tsa_locker", transactional=True, max_attempts=1, timeout=3600)
 def tsa_locker(x: int, ctx: StepContext) -> int:
     ctx.connection.execute("UPDATE counter SET v = v + 100")
     gate("locked").set()
@@ -284,10 +287,31 @@ def tsa_locker(x: int, ctx: StepContext) -> int:
     return x
 
 
+BUMP = "UPDATE counter SET v = v + 1"
+
+
 @step(name="tsa_bumper", transactional=True, max_attempts=1, timeout=10)
 def tsa_bumper(x: int, ctx: StepContext) -> int:
-    ctx.connection.execute("UPDATE counter SET v = v + 1")
+    ctx.connection.execute(BUMP)
     return x
+
+
+def waiting_for_a_lock(dsn: str, text: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = %s AND wait_event_type = 'Lock'",
+            (text,),
+        ).fetchone()
+        return bool(row and row[0])
+
+
+def time_out_now(worker: Worker, run_id: int) -> None:
+    """Make the timeout of the handler running in ``run_id`` pass now: its worker's own
+    timeout (the heartbeat loop's look, every 0.1 s) fails the step and stops the handler,
+    as when its monotonic deadline passes."""
+    with worker._inflight_lock:
+        (entry,) = [e for e in worker._running.values() if e.step.run_id == run_id]
+        entry.deadline = time.monotonic()
 
 
 WAIT_S = 0.4
@@ -497,15 +521,18 @@ def test_a_serializable_step_that_emits_completes_on_its_first_attempt(
 
 
 def test_a_deadline_that_passes_mid_statement_ends_the_run_and_rolls_back(
-    client: Client, start_worker: StartWorker, ledger: Rows, cyclone_dsn: str
+    client: Client, start_worker: StartWorker, ledger: Rows, cyclone_dsn: str, clock: Clock
 ) -> None:
     start_worker(tsa_sleeper, tsa_deadline_flow)
-    run = client.submit(tsa_deadline_flow, 30, deadline=timedelta(seconds=0.3))
+    # A deadline the claim cannot miss on a loaded machine (nothing starts in a run past
+    # its deadline), passed by moving the clock once the statement runs.
+    run = client.submit(tsa_deadline_flow, 30, deadline=timedelta(hours=1))
     wait_until(lambda: statement_running(cyclone_dsn, SLEEP), timeout=10, what="the statement")
-    assert ended(client, run.id, timeout=5) == RunState.FAILED
+    clock(datetime.now(UTC) + timedelta(hours=2))
+    assert ended(client, run.id, timeout=PROMPT) == RunState.FAILED
     wait_until(
         lambda: not statement_running(cyclone_dsn, SLEEP),
-        timeout=5,
+        timeout=PROMPT,
         what="the statement to be interrupted",
     )
     assert run.get().step("tsa_sleeper").error_kind == "deadline"
@@ -595,11 +622,17 @@ def test_a_timed_out_handler_that_holds_a_lock_releases_it_for_the_next_step(
     with psycopg.connect(cyclone_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE counter (v int)")
         conn.execute("INSERT INTO counter VALUES (0)")
-    start_worker(tsa_locker, tsa_bumper, concurrency=2)
+    worker = start_worker(tsa_locker, tsa_bumper, concurrency=2)
     locker = client.enqueue(tsa_locker, 1)
     assert gate("locked").wait(10)
-    bumper = client.enqueue(tsa_bumper, 2)  # waits for the locker's row lock
-    assert bumper.result(timeout=10) == 2
+    bumper = client.enqueue(tsa_bumper, 2)
+    wait_until(
+        lambda: waiting_for_a_lock(cyclone_dsn, BUMP),
+        timeout=PROMPT,
+        what="the next step to wait for the locker's row lock",
+    )
+    time_out_now(worker, locker.id)
+    assert bumper.result(timeout=PROMPT) == 2
     assert ended(client, locker.id) == RunState.FAILED
     assert only_step(client, locker.id).error_kind == "timeout"
     with psycopg.connect(cyclone_dsn, autocommit=True) as conn:

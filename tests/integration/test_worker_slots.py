@@ -34,7 +34,7 @@ def stuck(x: int) -> int:
     return x
 
 
-@step(name="ws_quick", timeout=0.5, max_attempts=1)
+@step(name="ws_quick", timeout=2.0, max_attempts=1)
 def quick(x: int) -> int:
     return x
 
@@ -53,13 +53,18 @@ def test_a_hung_sync_handler_keeps_its_slot_until_it_returns(
         time.sleep(0.05)
     assert client.get_run(hung.id).steps[0].error_kind == "timeout"
     waiting = [client.enqueue(quick, i) for i in range(3)]
-    timer = threading.Timer(1.5, release.set)  # the hung handler returns 1.5 s later
-    timer.start()
     try:
+        # For 1.5 s the hung handler holds the only slot: nothing is claimed behind it (its
+        # timeout would then run out while it waits; 2 s, for a loaded machine's sake).
+        hung_until = time.monotonic() + 1.5
+        while time.monotonic() < hung_until:
+            states = [client.get_run(h.id).steps[0].state for h in waiting]
+            assert states == [StepState.AVAILABLE] * 3, f"claimed behind the hung one: {states}"
+            time.sleep(0.05)
+        release.set()  # the hung handler returns
         for number, handle in enumerate(waiting):
             assert handle.result(timeout=20) == number
     finally:
-        timer.cancel()
         release.set()
     for handle in waiting:
         row = client.get_run(handle.id).steps[0]
