@@ -42,7 +42,7 @@ from cyclone_dsl.errors import (
 )
 from cyclone_dsl.states import RunState, StepState
 from cyclone_dsl.testing import set_clock_shift
-from tests.waiting import wait_until
+from tests.waiting import PROMPT, wait_until
 
 # -- shared state the handlers report into ------------------------------------------------
 
@@ -312,14 +312,20 @@ def parent_of_slow(x):  # type: ignore[no-untyped-def]
 
 
 def test_a_child_step_ending_after_its_parents_deadline_ends_the_parent(
-    client: Client, start_worker: Callable[..., Worker]
+    client: Client,
+    start_worker: Callable[..., Worker],
+    clock_shift: Callable[[timedelta], None],
 ) -> None:
     """The child run has no deadline of its own; its step's end locks the parent, finds it
     past its deadline, fails it, and the child run is cancelled with it."""
     _reset("slow", "echo")
     start_worker(*STEPS, scan_interval=30)  # one scan at start, then none in this test
     time.sleep(0.3)
-    handle = client.submit(parent_of_slow, 7, deadline=timedelta(seconds=0.3))
+    handle = client.submit(parent_of_slow, 7, deadline=timedelta(hours=1))
+    # The deadline passes while the child's step runs (by the clock, not by waiting for it:
+    # on a loaded machine the child may start late).
+    wait_until(lambda: calls.get("slow", 0) >= 1, timeout=PROMPT, what="the child's step")
+    clock_shift(timedelta(hours=2))
     failure = _deadline_failure(client, handle.id)
     assert (failure.state, failure.error_kind) == ("failed", "deadline")
     (kid,) = client.children_of(handle.id)
