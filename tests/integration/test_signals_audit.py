@@ -467,7 +467,7 @@ def test_a_signal_to_a_waiting_wait_of_a_paused_run_is_consumed_and_downstream_w
 
 @workflow(name="sa_race")
 def sa_race(x):  # type: ignore[no-untyped-def]
-    got = wait_signal("sa_race_sig", timeout=timedelta(seconds=0.6))
+    got = wait_signal("sa_race_sig", timeout=timedelta(seconds=1))
     sa_echo(got, on_dep_failure="cancel_branch")
     return sa_echo(x)
 
@@ -479,7 +479,7 @@ def test_a_signal_racing_its_timeout_has_exactly_one_outcome(
     it (it must win), the last well after it (it must lose), the others in the race."""
     start_worker(sa_echo, scan_interval=0.02)
     seen: set[StepState] = set()
-    for offset in (-0.45, -0.06, -0.02, 0.0, 0.01, 0.03, 0.08, 0.2):
+    for offset in (-0.8, -0.06, -0.02, 0.0, 0.01, 0.03, 0.08, 0.2):
         handle = client.submit(sa_race, 0)
         deadline = handle.get().step("sa_race_sig").scheduled_at
         assert deadline is not None
