@@ -37,7 +37,7 @@ from cyclone_dsl.engine.notify import (
     names_run,
     run_ids_of,
 )
-from cyclone_dsl.engine.scan import TIMEOUT_GRACE
+from cyclone_dsl.engine.scan import PROBED_PASSES, TIMEOUT_GRACE
 from cyclone_dsl.engine.schedules import CatchUp
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import Submitted, TemplateRun, template_fits
@@ -54,6 +54,7 @@ __all__ = [
     "EVENT_KINDS",
     "LIVE_FOR",
     "MAX_BATCH_SIZE",
+    "PROBED_PASSES",
     "RUN_DONE_CHANNEL",
     "TIMEOUT_GRACE",
     "WORK_CHANNEL",

@@ -448,6 +448,12 @@ class Engine:
 
     # -- scanner passes: each call handles one page, in the caller's transaction --------
 
+    def scan_passes_with_work(
+        self, tx: Tx, *, grace: timedelta = scan.TIMEOUT_GRACE
+    ) -> frozenset[str]:
+        """Which of the probed scanner passes (:data:`scan.PROBED_PASSES`) have work now."""
+        return scan.probe(tx, grace=grace)
+
     def is_scan_leader(self, tx: Tx, scanner: str) -> bool:
         """Take this transaction's lock on one scanner pass (False: another process has it)."""
         return scan.is_leader(tx, scanner)

@@ -27,6 +27,28 @@ def is_leader(tx: Tx, scanner: str) -> bool:
 #: The scanner's default grace past a step's timeout (its worker fails it first).
 TIMEOUT_GRACE = timedelta(seconds=5)
 
+#: The passes :func:`probe` looks for work of, by the scanner's names for them.
+PROBED_PASSES = frozenset(
+    (
+        "leases",
+        "timeouts",
+        "timers",
+        "signal_timeouts",
+        "deadlines",
+        "children",
+        "gates",
+        "schedules",
+    )
+)
+
+
+def probe(tx: Tx, *, grace: timedelta = TIMEOUT_GRACE) -> frozenset[str]:
+    """The passes of :data:`PROBED_PASSES` that have something to do now: one statement,
+    no locks (its conditions are those of the passes' page queries)."""
+    row = tx.one(Q.scan_probe, grace=grace)
+    assert row is not None
+    return frozenset(name for name in PROBED_PASSES if row[name])
+
 
 def expired_page(
     tx: Tx, *, after_id: int, limit: int, grace: timedelta = TIMEOUT_GRACE

@@ -159,6 +159,7 @@ class _Queries:
     expired_leases: LiteralString
     reclaim_steps: LiteralString
     timed_out_steps: LiteralString
+    scan_probe: LiteralString
     try_scan_leader: LiteralString
     wake_due_steps: LiteralString
     # schedules.sql

@@ -73,11 +73,13 @@ ORDER BY s.id
 SELECT c.id, c.state, c.parent_run_id, c.parent_node_id
 FROM cyclone_steps AS s
 JOIN cyclone_runs AS c ON c.parent_run_id = s.run_id AND c.parent_node_id = s.node
-WHERE s.state = 'waiting_child' AND s.kind = '@child'
-  AND c.state IN ('completed', 'failed', 'cancelled')
-  AND s.id > %(after_id)s
+WHERE {{ended_child_of_waiting_node}} AND s.id > %(after_id)s
 ORDER BY s.id
 LIMIT %(limit)s
+
+-- fragment: ended_child_of_waiting_node
+-- A child node s whose child run c has ended (scan_probe looks for one).
+s.state = 'waiting_child' AND s.kind = '@child' AND c.state IN ('completed', 'failed', 'cancelled')
 
 -- name: open_child_runs_of_nodes
 -- The child runs, not ended, of some child nodes of a run, in id order.

@@ -563,7 +563,7 @@ WITH page AS (
     SELECT s.id FROM cyclone_steps AS s
     WHERE s.id = ANY(ARRAY(SELECT p.step_id FROM page AS p
                            WHERE p.state IN ('completed', 'discarded', 'cancelled')))
-      AND s.state IN ('completed', 'discarded', 'cancelled')
+      AND {{ended_gate_step}}
     ORDER BY s.id
     FOR SHARE OF s
 ), parked AS (
@@ -574,6 +574,10 @@ WITH page AS (
 )
 SELECT (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM page) AS seen,
        (SELECT max(step_id) FROM page) AS last_id
+
+-- fragment: ended_gate_step
+-- The step s of a gate that park_ended_gates parks (scan_probe looks for one).
+s.state IN ('completed', 'discarded', 'cancelled')
 
 -- name: park_gates_of_steps
 -- Park the gates of steps that just ended (queue '': no claim walks past them). Gate

@@ -4,11 +4,14 @@
 -- the timeouts pass fails it, as a prompt scanner would have.
 SELECT s.id, s.run_id, s.lease_generation, s.kind
 FROM cyclone_steps AS s
-WHERE s.state = 'running' AND s.lease_expiry < now() + %(shift)s::interval
-  AND NOT coalesce(s.lease_expiry - s.started_at > s.timeout + %(grace)s::interval, false)
-  AND s.id > %(after_id)s
+WHERE {{expired_lease}} AND s.id > %(after_id)s
 ORDER BY s.id
 LIMIT %(limit)s
+
+-- fragment: expired_lease
+-- A step s of the expired_leases pass (scan_probe looks for one).
+s.state = 'running' AND s.lease_expiry < now() + %(shift)s::interval
+AND NOT coalesce(s.lease_expiry - s.started_at > s.timeout + %(grace)s::interval, false)
 
 -- name: reclaim_steps
 -- Take expired leases back (guarded by state, generation and expiry): available, or discarded
@@ -73,11 +76,38 @@ FROM reclaimed
 -- past the last timestamp (a row another implementation wrote), and would fail the pass.
 SELECT s.id, s.run_id, s.lease_generation, s.attempt, s.queue
 FROM cyclone_steps AS s
-WHERE s.state = 'running' AND s.timeout IS NOT NULL
-  AND now() + %(shift)s::interval - s.started_at > s.timeout + %(grace)s::interval
-  AND s.id > %(after_id)s
+WHERE {{timed_out_step}} AND s.id > %(after_id)s
 ORDER BY s.id
 LIMIT %(limit)s
+
+-- fragment: timed_out_step
+-- A step s of the timed_out_steps pass (scan_probe looks for one).
+s.state = 'running' AND s.timeout IS NOT NULL
+AND now() + %(shift)s::interval - s.started_at > s.timeout + %(grace)s::interval
+
+-- name: scan_probe
+-- Which scanner passes have anything to do, in one statement without locks: each column is
+-- the condition of its pass's page query (the same fragments), or, for gates, a live gate
+-- whose step has ended. The scanner runs only the passes found, and every pass now and
+-- then whatever this says. The due pass and retention are not probed.
+SELECT
+    EXISTS (SELECT 1 FROM cyclone_steps AS s WHERE {{expired_lease}}) AS leases,
+    EXISTS (SELECT 1 FROM cyclone_steps AS s WHERE {{timed_out_step}}) AS timeouts,
+    EXISTS (SELECT 1 FROM cyclone_steps AS s JOIN cyclone_runs AS r ON r.id = s.run_id
+            WHERE {{due_timer}}) AS timers,
+    EXISTS (SELECT 1 FROM cyclone_steps AS s JOIN cyclone_runs AS r ON r.id = s.run_id
+            WHERE {{expired_signal_wait}}) AS signal_timeouts,
+    EXISTS (SELECT 1 FROM cyclone_runs AS r WHERE {{expired_deadline}}) AS deadlines,
+    EXISTS (SELECT 1 FROM cyclone_steps AS s
+            JOIN cyclone_runs AS c ON c.parent_run_id = s.run_id AND c.parent_node_id = s.node
+            WHERE {{ended_child_of_waiting_node}}) AS children,
+    -- From the live gates to their steps by key (OFFSET 0 keeps it so): never a scan of
+    -- the ended steps, which are most of cyclone_steps.
+    EXISTS (SELECT 1 FROM cyclone_ext_gates AS g
+            CROSS JOIN LATERAL (SELECT s.state FROM cyclone_steps AS s WHERE s.id = g.step_id
+                                OFFSET 0) AS s
+            WHERE g.queue <> '' AND {{ended_gate_step}}) AS gates,
+    EXISTS (SELECT 1 FROM cyclone_schedules WHERE {{due_schedule}}) AS schedules
 
 -- name: try_scan_leader
 -- Only one scanner pass per schema at a time (transaction-level advisory lock).

@@ -47,8 +47,7 @@ FROM cyclone_schedules ORDER BY id
 -- Lease due schedules (one scanner fires each); an expired lease can be taken over.
 WITH due AS (
     SELECT id FROM cyclone_schedules
-    WHERE enabled AND next_run_at <= now() + %(shift)s::interval
-      AND (lease_expiry IS NULL OR lease_expiry < now() + %(shift)s::interval)
+    WHERE {{due_schedule}}
     ORDER BY next_run_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -61,6 +60,11 @@ RETURNING s.id, s.kind, s.input, s.cron_spec, s.location, s.next_run_at, s.max_a
           extract(epoch FROM s.timeout)::float8 AS timeout_s, s.queue, s.priority,
           extract(epoch FROM s.retention)::float8 AS retention_s, s.def_version,
           now() + %(shift)s::interval AS now
+
+-- fragment: due_schedule
+-- A schedule of lease_due_schedules (scan_probe looks for one).
+enabled AND next_run_at <= now() + %(shift)s::interval
+AND (lease_expiry IS NULL OR lease_expiry < now() + %(shift)s::interval)
 
 -- name: lock_leased_schedule
 -- The schedule this scanner leased, read again and locked for its fire (None: deleted,

@@ -3,21 +3,28 @@
 SELECT s.id, s.run_id
 FROM cyclone_steps AS s
 JOIN cyclone_runs AS r ON r.id = s.run_id
-WHERE s.state = 'waiting_timer' AND s.scheduled_at <= now() + %(shift)s::interval
-  AND r.state = 'running' AND s.id > %(after_id)s
+WHERE {{due_timer}} AND s.id > %(after_id)s
 ORDER BY s.id
 LIMIT %(limit)s
+
+-- fragment: due_timer
+-- A step s (of run r) of the due_timers pass (scan_probe looks for one).
+s.state = 'waiting_timer' AND s.scheduled_at <= now() + %(shift)s::interval
+AND r.state = 'running'
 
 -- name: expired_signal_waits
 -- Signal waits whose timeout passed in running runs (a page after the cursor).
 SELECT s.id, s.run_id, s.node
 FROM cyclone_steps AS s
 JOIN cyclone_runs AS r ON r.id = s.run_id
-WHERE s.state = 'waiting_signal' AND s.wait_for IS NOT NULL
-  AND s.scheduled_at <= now() + %(shift)s::interval
-  AND r.state = 'running' AND s.id > %(after_id)s
+WHERE {{expired_signal_wait}} AND s.id > %(after_id)s
 ORDER BY s.id
 LIMIT %(limit)s
+
+-- fragment: expired_signal_wait
+-- A step s (of run r) of the expired_signal_waits pass (scan_probe looks for one).
+s.state = 'waiting_signal' AND s.wait_for IS NOT NULL
+AND s.scheduled_at <= now() + %(shift)s::interval AND r.state = 'running'
 
 -- name: due_in_tree
 -- Whether a wait came due (and no scanner has applied it) in a run, the runs below it or
@@ -90,10 +97,13 @@ RETURNING s.id, s.run_id, s.node, s.item_of, s.error
 -- name: expired_deadlines
 -- Running runs past their deadline (a page after the cursor).
 SELECT r.id FROM cyclone_runs AS r
-WHERE r.state = 'running' AND r.deadline_at IS NOT NULL
-  AND r.deadline_at < now() + %(shift)s::interval AND r.id > %(after_id)s
+WHERE {{expired_deadline}} AND r.id > %(after_id)s
 ORDER BY r.id
 LIMIT %(limit)s
+
+-- fragment: expired_deadline
+-- A run r of the expired_deadlines pass (scan_probe looks for one).
+r.state = 'running' AND r.deadline_at IS NOT NULL AND r.deadline_at < now() + %(shift)s::interval
 
 -- name: pause_run
 -- Pause a running run and its ready or pending work. A descendant is paused in a later

@@ -1,7 +1,9 @@
 """The maintenance scanner: periodic, paginated passes, one leader per pass via advisory lock.
 
 Each pass is a call of the :class:`~cyclone_dsl.engine.Engine`, one page per
-transaction; the leader lock of a pass is taken in the same transaction.
+transaction; the leader lock of a pass is taken in the same transaction. A probe (one
+statement) first says which passes have work; the others are skipped, but for one pass in
+:data:`FULL_PASS_EVERY` (the first among them), which runs them all.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from datetime import timedelta
 from cyclone_dsl.db.connect import Pool
 from cyclone_dsl.db.errors import DatabaseError
 from cyclone_dsl.db.tx import Row, Tx, in_transaction
-from cyclone_dsl.engine import TIMEOUT_GRACE, CatchUp, Engine, Page
+from cyclone_dsl.engine import PROBED_PASSES, TIMEOUT_GRACE, CatchUp, Engine, Page
 
 log = logging.getLogger("cyclone.scanner")
 
@@ -23,6 +25,9 @@ RETENTION_BATCH = 1000
 SCHEDULE_LEASE = timedelta(seconds=30)
 #: Passes over whole small tables (workers, limit slots) run once every this many passes.
 SLOW_PASS_EVERY = 30
+#: Once every this many passes, every pass runs whatever the probe found: a bound on how
+#: long work the probe would miss could wait (none should: its conditions are the passes').
+FULL_PASS_EVERY = 10
 
 
 class Scanner:
@@ -82,7 +87,11 @@ class Scanner:
                 errors.append(exc)
                 return 0
 
+        found = self._passes_with_work(errors)
+
         def paged(name: str, page_fn: Callable[[Tx, int], Page]) -> int:
+            if name in PROBED_PASSES and name not in found:
+                return 0
             return guarded(lambda: self._paginate(name, page_fn))
 
         reclaimed = paged(
@@ -125,7 +134,7 @@ class Scanner:
         if settled:
             log.warning("settled %d parent nodes whose child run had ended", settled)
         changed += settled
-        if engine.fires_schedules:
+        if engine.fires_schedules and "schedules" in found:
             changed += guarded(self.fire_schedules)
         if self.retention is not None:
             changed += guarded(self.expire_runs)
@@ -139,6 +148,20 @@ class Scanner:
         if errors:
             raise errors[0]
         return changed
+
+    def _passes_with_work(self, errors: list[Exception]) -> frozenset[str]:
+        """The probed passes to run: all of them once every :data:`FULL_PASS_EVERY` passes
+        and when the probe fails, else those the probe found work for."""
+        if self.passes % FULL_PASS_EVERY == 0:
+            return PROBED_PASSES
+        try:
+            return in_transaction(
+                self.pool,
+                lambda tx: self.engine.scan_passes_with_work(tx, grace=self.timeout_grace),
+            )
+        except Exception as exc:  # noqa: BLE001 - raised after the passes, which all run
+            errors.append(exc)
+            return PROBED_PASSES
 
     def _paginate(self, name: str, page_fn: Callable[[Tx, int], Page]) -> int:
         """Run ``page_fn`` page after page, each in its own transaction under the leader lock."""

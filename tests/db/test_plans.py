@@ -189,6 +189,7 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
         ),
         "gated_queues": (Q.gated_queues, {}),
         # Scanner passes: each runs every second on the pass's leader.
+        "scan_probe": (Q.scan_probe, {"grace": timedelta(seconds=5)}),
         "expired_leases": (
             Q.expired_leases,
             {"after_id": 0, "limit": 500, "grace": timedelta(seconds=5)},
@@ -348,6 +349,7 @@ HOT_STATEMENTS = [
     "queues_waiting_for_step_slots",
     "gated_queues",
     "gate_window_end",
+    "scan_probe",
     "expired_leases",
     "wake_due_steps",
     "timed_out_steps",
