@@ -68,12 +68,12 @@ def start_worker(cyclone_dsn: str) -> Iterator[Callable[..., Worker]]:
 
 
 @pytest.fixture
-def clock() -> Iterator[Callable[[datetime], None]]:
-    """``clock(at)`` moves this process's database clock so that now() is about ``at``;
-    moved back at the end of the test."""
+def clock() -> Iterator[Callable[[datetime | timedelta], None]]:
+    """``clock(at)`` moves this process's database clock so that now() is about ``at``, or
+    ``at`` (a timedelta) on from the real time; moved back at the end of the test."""
 
-    def move(at: datetime) -> None:
-        set_clock_shift(at - datetime.now(UTC))
+    def move(at: datetime | timedelta) -> None:
+        set_clock_shift(at if isinstance(at, timedelta) else at - datetime.now(UTC))
 
     yield move
     set_clock_shift(timedelta(0))

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -183,12 +183,7 @@ def run_ids(client: Client) -> set[int]:
 
 
 HOUR = timedelta(hours=1)
-Clock = Callable[[datetime], None]
-
-
-def later(clock: Clock, by: timedelta) -> None:
-    """Move this process's database clock ``by`` on from the real time."""
-    clock(datetime.now(UTC) + by)
+Clock = Callable[[datetime | timedelta], None]
 
 
 def purge_all(client: Client, count: int, batch_size: int = 1000) -> None:
@@ -571,12 +566,12 @@ def test_retention_keeps_the_child_of_a_running_parent_then_takes_both(
     wait_until(
         lambda: client.get_run(kid).state is RunState.COMPLETED, what="the child to complete"
     )
-    later(clock, 2 * HOUR)  # past the child's retention
+    clock(2 * HOUR)  # past the child's retention
     scanner_passes(worker, 2)
     assert client.get_run(kid).state is RunState.COMPLETED
     gate.set()
     assert handle.result(timeout=20) == [5, 5]
-    later(clock, 4 * HOUR)  # past the parent's retention too
+    clock(4 * HOUR)  # past the parent's retention too
     wait_until(lambda: run_ids(client) == set(), timeout=15, what="retention to take both runs")
 
 
@@ -588,7 +583,7 @@ def test_retention_takes_a_failed_chain_over_its_passes(
     handle = client.submit(top, 1)
     with pytest.raises(RunFailed):
         handle.result(timeout=20)
-    later(clock, 2 * HOUR)
+    clock(2 * HOUR)
     wait_until(lambda: run_ids(client) == set(), timeout=15, what="retention to take the chain")
 
 
@@ -659,10 +654,10 @@ def test_worker_retention_in_seconds_applies(
     worker = start(start_worker, retention=3600.0)  # an hour, passed by moving the clock
     handle = client.submit(child_ok, 1)
     assert handle.result(timeout=20) == 1
-    later(clock, timedelta(minutes=30))  # kept: not past 3600 seconds
+    clock(timedelta(minutes=30))  # kept: not past 3600 seconds
     scanner_passes(worker, 2)
     assert run_ids(client) == {handle.id}
-    later(clock, 2 * HOUR)
+    clock(2 * HOUR)
     wait_until(lambda: run_ids(client) == set(), timeout=PROMPT, what="retention to take the run")
 
 

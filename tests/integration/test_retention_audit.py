@@ -49,6 +49,8 @@ gate = threading.Event()
 entered = threading.Event()
 failing = threading.Event()
 
+Clock = Callable[[datetime | timedelta], None]
+
 
 @pytest.fixture(autouse=True)
 def _reset() -> Iterator[None]:
@@ -245,10 +247,6 @@ def ids(client: Client) -> set[int]:
     return {r.id for r in client.list_runs(limit=1000)}
 
 
-def later(clock: Callable[[datetime], None], by: timedelta) -> None:
-    clock(datetime.now(UTC) + by)
-
-
 def canary(client: Client) -> int:
     """An ended run that a retention pass deletes once the clock is 10 minutes on."""
     handle = client.enqueue(rna_canary, "canary")
@@ -310,21 +308,21 @@ def race(action: Callable[[], object], purge: Callable[[], int]) -> tuple[object
 
 
 def test_the_scanner_deletes_a_run_only_once_its_retention_passed(
-    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
 ) -> None:
     start(start_worker)
     kept = client.enqueue(rna_echo, 1)
     assert kept.result(timeout=10) == 1
     first = canary(client)
-    later(clock, timedelta(minutes=30))
+    clock(timedelta(minutes=30))
     until_gone(client, first, "the canary to go")
     assert client.get_run(kept.id).state is RunState.COMPLETED  # 30 min < 1 h
-    later(clock, timedelta(minutes=61))
+    clock(timedelta(minutes=61))
     until_gone(client, kept.id, "the run to go past its retention")
 
 
 def test_the_longest_step_retention_wins_and_a_short_one_beats_the_default(
-    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
 ) -> None:
     """A run with a 2 h step and a 1 min step is kept 2 h, past the worker's 1 h; a run
     whose only step keeps 1 min goes after 1 min, before the worker's 1 h; and
@@ -336,18 +334,18 @@ def test_the_longest_step_retention_wins_and_a_short_one_beats_the_default(
     assert short.result(timeout=10) == 2
     long = client.enqueue(rna_keep_1m, 3, retention=3 * HOUR)
     assert long.result(timeout=10) == 3
-    later(clock, timedelta(minutes=90))
+    clock(timedelta(minutes=90))
     until_gone(client, short.id, "the 1 min run to go")
     assert ids(client) == {mixed.id, long.id}
-    later(clock, timedelta(minutes=121))
+    clock(timedelta(minutes=121))
     until_gone(client, mixed.id, "the 2 h run to go")
     assert ids(client) == {long.id}
-    later(clock, timedelta(minutes=181))
+    clock(timedelta(minutes=181))
     until_gone(client, long.id, "the 3 h run to go")
 
 
 def test_no_run_that_has_not_ended_is_deleted_however_old(
-    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
 ) -> None:
     """Ten years on, a run waiting for a signal, a paused run and a running parent with a
     completed child run are all kept (the child too: its parent has not completed)."""
@@ -360,7 +358,7 @@ def test_no_run_that_has_not_ended_is_deleted_however_old(
     wait_until(lambda: paused.get().step("go").state is StepState.WAITING_SIGNAL, what="the wait")
     client.pause(paused.id)
     first = canary(client)
-    later(clock, timedelta(days=3650))
+    clock(timedelta(days=3650))
     until_gone(client, first, "the canary to go")
     assert client.get_run(waiting.id).state is RunState.RUNNING
     assert client.get_run(paused.id).state is RunState.PAUSED
@@ -376,7 +374,7 @@ def test_no_run_that_has_not_ended_is_deleted_however_old(
 
 
 def test_retention_counts_from_the_last_end_of_a_retried_run(
-    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
 ) -> None:
     """A run cancelled two hours ago, retried and completed just now, is kept four hours
     after its first end: its 3 h retention counts from its last."""
@@ -384,18 +382,18 @@ def test_retention_counts_from_the_last_end_of_a_retried_run(
     handle = client.submit(rna_gated_wf, 1)
     client.cancel(handle.id)
     wait_until(lambda: client.get_run(handle.id).is_terminal, what="the cancel")
-    later(clock, 2 * HOUR)
+    clock(2 * HOUR)
     gate.set()
     client.retry(handle.id, "rna_gate")
     assert handle.result(timeout=10) == 1
     first = canary(client)
-    later(clock, 4 * HOUR)
+    clock(4 * HOUR)
     until_gone(client, first, "the canary to go")
     assert client.get_run(handle.id).state is RunState.COMPLETED
 
 
 def test_worker_retention_none_keeps_ended_runs_for_ever(
-    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
 ) -> None:
     """``retention=None`` turns the retention pass off, step retentions included; the
     scanner still runs (timers fire: two timer canaries show two later passes)."""
@@ -405,10 +403,10 @@ def test_worker_retention_none_keeps_ended_runs_for_ever(
     plain = client.enqueue(rna_echo, 2)
     assert plain.result(timeout=10) == 2
     first = client.submit(rna_timer_wf, "t1")
-    later(clock, timedelta(days=3650))
+    clock(timedelta(days=3650))
     assert first.result(timeout=10) == "t1"
     second = client.submit(rna_timer_wf, "t2")
-    later(clock, timedelta(days=3650) + 2 * HOUR)
+    clock(timedelta(days=3650) + 2 * HOUR)
     assert second.result(timeout=10) == "t2"
     assert {short.id, plain.id} <= ids(client)
 
@@ -419,7 +417,7 @@ def last_run(client: Client) -> int:
 
 
 def test_a_schedule_retention_keeps_its_runs_and_a_purge_clears_last_run_id(
-    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
 ) -> None:
     base = datetime(2031, 7, 1, 12, 0, 30, tzinfo=UTC)
     clock(base)
@@ -449,7 +447,7 @@ def test_a_schedule_retention_keeps_its_runs_and_a_purge_clears_last_run_id(
 
 
 def test_a_child_of_a_failed_parent_outlives_it_by_its_own_retention_then_goes(
-    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
 ) -> None:
     start(start_worker, rna_failing_parent)
     parent = client.submit(rna_failing_parent, 1)
@@ -458,20 +456,20 @@ def test_a_child_of_a_failed_parent_outlives_it_by_its_own_retention_then_goes(
     kid = child_of(client, parent.id)
     assert client.get_run(kid).state is RunState.COMPLETED
     assert client.count_purgeable() == 2  # a purge takes both
-    later(clock, 2 * HOUR)
+    clock(2 * HOUR)
     until_gone(client, parent.id, "the failed parent to go past its 1 h")
     # The child was kept while its failed parent existed (a retry of the parent reopens
     # it); with the parent gone, its own retention (a step's 1 d) applies, as to any run.
     first = canary(client)
-    later(clock, 2 * HOUR + timedelta(minutes=30))
+    clock(2 * HOUR + timedelta(minutes=30))
     until_gone(client, first, "the canary to go")
     assert exists(client, kid), "deleted before its own retention passed"
-    later(clock, timedelta(days=1, hours=3))
+    clock(timedelta(days=1, hours=3))
     until_gone(client, kid, "the child run to go past its own 1 d")
 
 
 def test_a_completed_parent_keeps_on_once_its_child_run_expired_and_replays_it(
-    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
 ) -> None:
     """The parent completed (its own step keeps it 2 h): its child run goes after the
     worker's 1 h, the parent stays readable, and a replay of its child node starts a
@@ -480,7 +478,7 @@ def test_a_completed_parent_keeps_on_once_its_child_run_expired_and_replays_it(
     parent = client.submit(rna_kept_parent, 1)
     assert parent.result(timeout=10) == 1
     kid = child_of(client, parent.id)
-    later(clock, timedelta(minutes=90))
+    clock(timedelta(minutes=90))
     until_gone(client, kid, "the child run to go")
     assert client.children_of(parent.id) == []
     assert parent.get().step("rna_kid").state is StepState.COMPLETED
@@ -526,14 +524,14 @@ def test_purge_racing_a_retry_of_a_contained_child_node(
 
 
 def test_purge_older_than_follows_the_database_clock(
-    client: Client, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
 ) -> None:
     start(start_worker, retention=None)
     handle = client.enqueue(rna_echo, 1)
     assert handle.result(timeout=10) == 1
     assert client.count_purgeable(older_than=HOUR) == 0
     assert client.purge(older_than=HOUR) == 0
-    later(clock, 2 * HOUR)
+    clock(2 * HOUR)
     assert client.count_purgeable(older_than=HOUR) == 1
     assert client.purge(older_than=3 * HOUR) == 0
     assert client.purge(older_than=HOUR) == 1
@@ -886,7 +884,7 @@ def test_cyclone_purge_dry_run_and_purge_follow_the_clock(
     client: Client,
     cyclone_dsn: str,
     start_worker: Callable[..., Worker],
-    clock: Callable[[datetime], None],
+    clock: Clock,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     start(start_worker, retention=None)
@@ -895,7 +893,7 @@ def test_cyclone_purge_dry_run_and_purge_follow_the_clock(
     purge = ["--dsn", cyclone_dsn, "purge", "--older-than", "1h", "--json"]
     assert cyclone([*purge, "--dry-run"]) == 0
     assert '"would_delete": 0' in capsys.readouterr().out
-    later(clock, 2 * HOUR)
+    clock(2 * HOUR)
     assert cyclone([*purge, "--dry-run"]) == 0
     assert '"would_delete": 1' in capsys.readouterr().out
     assert cyclone([*purge, "--state", "failed", "--yes"]) == 0
@@ -927,12 +925,12 @@ def test_cyclone_scan_with_retention_none_keeps_ended_runs(
     client: Client,
     cyclone_dsn: str,
     start_worker: Callable[..., Worker],
-    clock: Callable[[datetime], None],
+    clock: Clock,
 ) -> None:
     start(start_worker, scanners=False)
     short = client.enqueue(rna_keep_1m, 1)
     assert short.result(timeout=10) == 1
-    later(clock, timedelta(days=3650))
+    clock(timedelta(days=3650))
     assert cyclone(["--dsn", cyclone_dsn, "scan", "--once", "--retention", "none"]) == 0
     assert ids(client) == {short.id}
     assert cyclone(["--dsn", cyclone_dsn, "scan", "--once", "--retention", "7d"]) == 0

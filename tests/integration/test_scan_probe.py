@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import psycopg
 import pytest
@@ -32,7 +32,7 @@ from cyclone_dsl.engine import PROBED_PASSES, Engine
 from cyclone_dsl.worker import scanner
 from tests.waiting import PROMPT, expire_leases_until, scanner_passes, wait_until
 
-Clock = Callable[[datetime], None]
+Clock = Callable[[datetime | timedelta], None]
 StartWorker = Callable[..., Worker]
 
 release = threading.Event()
@@ -44,10 +44,6 @@ def _probed_passes_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     release.clear()
     yield
     release.set()
-
-
-def later(hours: float) -> datetime:
-    return datetime.now(UTC) + timedelta(hours=hours)
 
 
 def probing_worker(start_worker: StartWorker, *objects: object, **options: object) -> Worker:
@@ -99,7 +95,7 @@ def test_a_timer_due_after_the_full_pass_fires(
     wait_until(
         lambda: handle.get().step("timer").state is StepState.WAITING_TIMER, what="the timer"
     )
-    clock(later(2))
+    clock(timedelta(hours=2))
     assert handle.result(timeout=PROMPT) == 3
 
 
@@ -109,7 +105,7 @@ def test_a_signal_wait_timing_out_after_the_full_pass_is_timed_out(
     probing_worker(start_worker, spr_signal_timeout)
     handle = client.submit(spr_signal_timeout, 4)
     wait_until(lambda: handle.get().step("spr_sig").scheduled_at is not None, what="the wait")
-    clock(later(2))
+    clock(timedelta(hours=2))
     assert handle.result(timeout=PROMPT) == 4
     assert handle.get().step("spr_sig").error_kind == "signal_timeout"
 
@@ -120,7 +116,7 @@ def test_a_deadline_passing_after_the_full_pass_fails_the_run(
     probing_worker(start_worker, spr_waits)
     handle = client.submit(spr_waits, 5, deadline=timedelta(hours=1))
     wait_until(lambda: handle.get().step("spr_never").state.value != "pending", what="the wait")
-    clock(later(2))
+    clock(timedelta(hours=2))
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=PROMPT)
     assert failed.value.error_kind == "deadline"
@@ -146,7 +142,7 @@ def test_a_step_past_its_timeout_after_the_full_pass_is_failed_by_the_scanner(
     probing_worker(start_worker, spr_echo)
     handle = client.enqueue(spr_hold, 7, timeout=3600)
     wait_until(lambda: handle.get().steps[0].state is StepState.RUNNING, what="the step")
-    clock(later(1.5))
+    clock(timedelta(hours=1.5))
     with pytest.raises(RunFailed) as failed:
         handle.result(timeout=PROMPT)
     assert failed.value.error_kind == "timeout"
@@ -216,7 +212,7 @@ def test_a_schedule_due_after_the_full_pass_fires(
     client.schedule(spr_scheduled, "0 3 * * *", id="spr_nightly", location="UTC", input=9)
     scanner_passes(worker, 2)
     assert client.list_runs() == []  # not due yet
-    clock(later(25))
+    clock(timedelta(hours=25))
     runs = wait_until(client.list_runs, timeout=PROMPT, what="the schedule to fire")
     assert client.handle(runs[0].id).result(timeout=PROMPT) == 9
 
