@@ -99,6 +99,24 @@ def test_a_timer_due_after_the_full_pass_fires(
     assert handle.result(timeout=PROMPT) == 3
 
 
+def test_a_probe_that_fails_lets_every_pass_run(
+    client: Client, start_worker: StartWorker, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look whose probe raises runs every pass (and the look reports the error)."""
+
+    def broken(self: Engine, tx: ConnectionTx, *, grace: timedelta) -> frozenset[str]:
+        raise RuntimeError("the probe failed")
+
+    monkeypatch.setattr(Engine, "scan_passes_with_work", broken)
+    probing_worker(start_worker, spr_timer)
+    handle = client.submit(spr_timer, 3)
+    wait_until(
+        lambda: handle.get().step("timer").state is StepState.WAITING_TIMER, what="the timer"
+    )
+    clock(timedelta(hours=2))
+    assert handle.result(timeout=PROMPT) == 3
+
+
 def test_a_signal_wait_timing_out_after_the_full_pass_is_timed_out(
     client: Client, start_worker: StartWorker, clock: Clock
 ) -> None:
