@@ -40,6 +40,7 @@ SIZES = {
         "bulk": 300,
         "history": 2_000,
         "expired": 1_000,
+        "idle_looks": 5,
         "slow_jobs": 10,
         "repeats": 1,
     },
@@ -54,6 +55,7 @@ SIZES = {
         "bulk": 2000,
         "history": 20_000,
         "expired": 10_000,
+        "idle_looks": 30,
         "slow_jobs": 1000,
         "repeats": 3,
     },
@@ -68,6 +70,7 @@ SIZES = {
         "bulk": 20000,
         "history": 1_000_000,
         "expired": 200_000,
+        "idle_looks": 30,
         "slow_jobs": 5000,
         "repeats": 3,
     },
@@ -280,6 +283,17 @@ def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[st
         noop,
         ">= 1x (keeps up)",
     )
+    idle = cy.idle_look_cost(admin, size["expired"], size["idle_looks"])
+    if idle is not None:
+        add(
+            f"idle scanner look, {size['expired']:,} kept runs",
+            idle[0],
+            "ms server",
+            "retention at every look",
+            idle[1],
+            ">= 5x",
+            lower_is_better=True,
+        )
     scaling(admin, size, add)
     return rows
 

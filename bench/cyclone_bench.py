@@ -208,6 +208,40 @@ def retention_rate(admin: str, expired: int) -> float:
         return deleted / elapsed
 
 
+def idle_look_cost(admin: str, kept: int, looks: int) -> tuple[float, float] | None:
+    """Server CPU milliseconds per look of an idle scanner with ``kept`` ended runs kept
+    (none past its retention): retention once a minute for all scanners (this build),
+    and at every look (the walk of every kept run each look ran before). ``None`` when
+    the server's CPU cannot be read (not a local server)."""
+    with fresh(admin) as dsn:
+        _preload(dsn, kept)
+        meter = Meter(dsn)
+        if meter.postmaster is None:
+            return None
+        with make_pool(dsn, name="bench-idle-look") as pool:
+            scanner = Scanner(
+                pool,
+                Engine(),
+                interval=1.0,
+                max_reclaims={},
+                default_max_reclaims=3,
+                stopping=threading.Event(),
+                retention=timedelta(days=7),
+            )
+            scanner.scan_once()  # the first look: every pass, retention's walk included
+            figures = []
+            for every in (None, timedelta(0)):  # this build's span, then none
+                if every is not None:
+                    scanner._retention_every = every
+                meter.start()
+                for _ in range(looks):
+                    scanner.scan_once()
+                meter.stop()
+                assert meter.server_s is not None
+                figures.append(meter.server_s * 1000 / looks)
+        return figures[0], figures[1]
+
+
 def workflow_throughput(
     admin: str, workflow: object, runs: int, steps_per_run: int, meter: Meter | None = None
 ) -> float:

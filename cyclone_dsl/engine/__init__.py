@@ -37,7 +37,12 @@ from cyclone_dsl.engine.notify import (
     names_run,
     run_ids_of,
 )
-from cyclone_dsl.engine.scan import PROBED_PASSES, TIMEOUT_GRACE
+from cyclone_dsl.engine.scan import (
+    PROBED_PASSES,
+    RETENTION_LOOK_EVERY,
+    TIMEOUT_GRACE,
+    retention_look_every,
+)
 from cyclone_dsl.engine.schedules import CatchUp
 from cyclone_dsl.engine.signals import Delivery
 from cyclone_dsl.engine.submit import Submitted, TemplateRun, template_fits
@@ -55,6 +60,7 @@ __all__ = [
     "LIVE_FOR",
     "MAX_BATCH_SIZE",
     "PROBED_PASSES",
+    "RETENTION_LOOK_EVERY",
     "RUN_DONE_CHANNEL",
     "TIMEOUT_GRACE",
     "WORK_CHANNEL",
@@ -79,6 +85,7 @@ __all__ = [
     "TraceHook",
     "backoff_seconds",
     "names_run",
+    "retention_look_every",
     "run_ids_of",
     "template_fits",
 ]

@@ -449,10 +449,19 @@ class Engine:
     # -- scanner passes: each call handles one page, in the caller's transaction --------
 
     def scan_passes_with_work(
-        self, tx: Tx, *, grace: timedelta = scan.TIMEOUT_GRACE
+        self,
+        tx: Tx,
+        *,
+        grace: timedelta = scan.TIMEOUT_GRACE,
+        retention_every: timedelta = scan.RETENTION_LOOK_EVERY,
     ) -> frozenset[str]:
         """Which of the probed scanner passes (:data:`scan.PROBED_PASSES`) have work now."""
-        return scan.probe(tx, grace=grace)
+        return scan.probe(tx, grace=grace, retention_every=retention_every)
+
+    def take_retention_look(self, tx: Tx, *, every: timedelta) -> bool:
+        """Whether this scanner runs the retention pass now (no scanner ran it within
+        ``every``); the pass's mark moves to now when it does."""
+        return scan.take_retention_look(tx, every=every)
 
     def is_scan_leader(self, tx: Tx, scanner: str) -> bool:
         """Take this transaction's lock on one scanner pass (False: another process has it)."""

@@ -38,16 +38,35 @@ PROBED_PASSES = frozenset(
         "children",
         "gates",
         "schedules",
+        "retention",
     )
 )
 
+#: The retention pass walks every kept run (no index serves its condition), so it runs
+#: once in this span for all scanners, or once per retention when that is shorter.
+RETENTION_LOOK_EVERY = timedelta(minutes=1)
 
-def probe(tx: Tx, *, grace: timedelta = TIMEOUT_GRACE) -> frozenset[str]:
+
+def retention_look_every(retention: timedelta) -> timedelta:
+    """How long after any scanner's retention pass the next one may run."""
+    return min(RETENTION_LOOK_EVERY, retention)
+
+
+def probe(
+    tx: Tx, *, grace: timedelta = TIMEOUT_GRACE, retention_every: timedelta = RETENTION_LOOK_EVERY
+) -> frozenset[str]:
     """The passes of :data:`PROBED_PASSES` that have something to do now: one statement,
-    no locks (its conditions are those of the passes' page queries)."""
-    row = tx.one(Q.scan_probe, grace=grace)
+    no locks (its conditions are those of the passes' page queries; retention's, that no
+    scanner ran it within ``retention_every``)."""
+    row = tx.one(Q.scan_probe, grace=grace, retention_every=retention_every)
     assert row is not None
     return frozenset(name for name in PROBED_PASSES if row[name])
+
+
+def take_retention_look(tx: Tx, *, every: timedelta) -> bool:
+    """Mark the retention pass as run now, unless any scanner ran it within ``every``:
+    True when this scanner is the one to run it."""
+    return tx.one(Q.take_retention_look, retention_every=every) is not None
 
 
 def expired_page(

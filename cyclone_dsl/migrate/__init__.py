@@ -26,7 +26,7 @@ from cyclone_dsl.migrate.runner import (
 LATEST_SCHEMA_VERSION = 19
 """The core version a full :func:`migrate` of this build records."""
 
-LATEST_EXTENSION_VERSION = 11
+LATEST_EXTENSION_VERSION = 12
 """The extension-track version a full :func:`migrate` of this build records."""
 
 MAX_LOCK_TIMEOUT_S = 2_147_483

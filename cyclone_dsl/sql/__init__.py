@@ -152,6 +152,7 @@ class _Queries:
     purge_runs: LiteralString
     purge_left: LiteralString
     expire_runs: LiteralString
+    take_retention_look: LiteralString
     queue_stats: LiteralString
     kind_stats: LiteralString
     count_purgeable: LiteralString

@@ -89,7 +89,8 @@ AND now() + %(shift)s::interval - s.started_at > s.timeout + %(grace)s::interval
 -- Which scanner passes have anything to do, in one statement without locks: each column is
 -- the condition of its pass's page query (the same fragments), or, for gates, a live gate
 -- whose step has ended. The scanner runs only the passes found, and every pass now and
--- then whatever this says. The due pass and retention are not probed.
+-- then whatever this says. Retention has work when its last look (any scanner's) is not
+-- recent; the due pass is not probed.
 SELECT
     EXISTS (SELECT 1 FROM cyclone_steps AS s WHERE {{expired_lease}}) AS leases,
     EXISTS (SELECT 1 FROM cyclone_steps AS s WHERE {{timed_out_step}}) AS timeouts,
@@ -107,7 +108,9 @@ SELECT
             CROSS JOIN LATERAL (SELECT s.state FROM cyclone_steps AS s WHERE s.id = g.step_id
                                 OFFSET 0) AS s
             WHERE g.queue <> '' AND {{ended_gate_step}}) AS gates,
-    EXISTS (SELECT 1 FROM cyclone_schedules WHERE {{due_schedule}}) AS schedules
+    EXISTS (SELECT 1 FROM cyclone_schedules WHERE {{due_schedule}}) AS schedules,
+    NOT EXISTS (SELECT 1 FROM cyclone_ext_scan_marks AS m
+                WHERE {{recent_retention_look}}) AS retention
 
 -- name: try_scan_leader
 -- Only one scanner pass per schema at a time (transaction-level advisory lock).

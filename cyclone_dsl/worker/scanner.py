@@ -3,7 +3,9 @@
 Each pass is a call of the :class:`~cyclone_dsl.engine.Engine`, one page per
 transaction; the leader lock of a pass is taken in the same transaction. A probe (one
 statement) first says which passes have work; the others are skipped, but for one pass in
-:data:`FULL_PASS_EVERY` (the first among them), which runs them all.
+:data:`FULL_PASS_EVERY` (the first among them), which runs them all. Retention runs once
+a minute (or once per retention, when shorter) for all scanners: the first look past
+that span takes it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ from datetime import timedelta
 from cyclone_dsl.db.connect import Pool
 from cyclone_dsl.db.errors import DatabaseError
 from cyclone_dsl.db.tx import Row, Tx, in_transaction
-from cyclone_dsl.engine import PROBED_PASSES, TIMEOUT_GRACE, CatchUp, Engine, Page
+from cyclone_dsl.engine import (
+    PROBED_PASSES,
+    RETENTION_LOOK_EVERY,
+    TIMEOUT_GRACE,
+    CatchUp,
+    Engine,
+    Page,
+    retention_look_every,
+)
 
 log = logging.getLogger("cyclone.scanner")
 
@@ -58,6 +68,9 @@ class Scanner:
         self.owner = owner
         self.catch_up: CatchUp = catch_up
         self.retention = retention
+        self._retention_every = (
+            RETENTION_LOOK_EVERY if retention is None else retention_look_every(retention)
+        )
         self.on_reclaimed = on_reclaimed
         self.passes = 0
 
@@ -136,7 +149,7 @@ class Scanner:
         changed += settled
         if engine.fires_schedules and "schedules" in found:
             changed += guarded(self.fire_schedules)
-        if self.retention is not None:
+        if self.retention is not None and "retention" in found:
             changed += guarded(self.expire_runs)
         changed += paged(
             "gates", lambda tx, after: engine.park_ended_gates(tx, after_id=after, limit=PAGE)
@@ -157,7 +170,9 @@ class Scanner:
         try:
             return in_transaction(
                 self.pool,
-                lambda tx: self.engine.scan_passes_with_work(tx, grace=self.timeout_grace),
+                lambda tx: self.engine.scan_passes_with_work(
+                    tx, grace=self.timeout_grace, retention_every=self._retention_every
+                ),
             )
         except Exception as exc:  # noqa: BLE001 - raised after the passes, which all run
             errors.append(exc)
@@ -208,9 +223,16 @@ class Scanner:
 
     def expire_runs(self) -> int:
         """Delete terminal runs past their retention, a batch per transaction, until a
-        batch deletes none (one that deleted a parent frees its ended child runs)."""
+        batch deletes none (one that deleted a parent frees its ended child runs). Only
+        when no scanner did so within the span of :func:`retention_look_every`: the
+        batches walk every kept run."""
         retention = self.retention
         assert retention is not None
+        every = self._retention_every
+        if not in_transaction(
+            self.pool, lambda tx: self.engine.take_retention_look(tx, every=every)
+        ):
+            return 0
         total = 0
         while not self.stopping.is_set():
             deleted = in_transaction(

@@ -32,6 +32,7 @@ def test_bench_quick_writes_a_report(tmp_path: Path, cyclone_admin_dsn: str) -> 
     assert "wake-up latency, median" in scenarios
     assert "untuned worker, async 10 ms sleep steps" in scenarios
     assert any(s.startswith("retention:") for s in scenarios)
+    assert any(s.startswith("idle scanner look") for s in scenarios)
     assert any(s.startswith("standalone with") for s in scenarios)
     assert all(row["cyclone"] > 0 for row in report["results"])
     # Every result() and events() of a client waits on its one connection.

@@ -189,7 +189,10 @@ def hot_queries(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, dict[str,
         ),
         "gated_queues": (Q.gated_queues, {}),
         # Scanner passes: each runs every second on the pass's leader.
-        "scan_probe": (Q.scan_probe, {"grace": timedelta(seconds=5)}),
+        "scan_probe": (
+            Q.scan_probe,
+            {"grace": timedelta(seconds=5), "retention_every": timedelta(minutes=1)},
+        ),
         "expired_leases": (
             Q.expired_leases,
             {"after_id": 0, "limit": 500, "grace": timedelta(seconds=5)},

@@ -42,7 +42,8 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.cli.main import run as cyclone
-from tests.waiting import PROMPT, wait_until
+from cyclone_dsl.worker.scanner import FULL_PASS_EVERY
+from tests.waiting import PROMPT, scanner_passes, wait_until
 
 HOUR = timedelta(hours=1)
 gate = threading.Event()
@@ -319,6 +320,45 @@ def test_the_scanner_deletes_a_run_only_once_its_retention_passed(
     assert client.get_run(kept.id).state is RunState.COMPLETED  # 30 min < 1 h
     clock(timedelta(minutes=61))
     until_gone(client, kept.id, "the run to go past its retention")
+
+
+def test_one_retention_pass_a_minute_serves_every_scanner(
+    client: Client, start_worker: Callable[..., Worker], clock: Clock
+) -> None:
+    """The retention pass walks every kept run, so it runs once a minute (by the database
+    clock) for all scanners together: a run that expires less than a minute after the last
+    pass of any scanner waits for the next minute's."""
+    workers = [start(start_worker), start(start_worker)]
+    kept = client.enqueue(rna_keep_2h, 1)
+    assert kept.result(timeout=10) == 1
+    first = canary(client)
+    clock(2 * HOUR - timedelta(seconds=20))  # past the canary's 10 min, not kept's 2 h
+    until_gone(client, first, "the canary to go")
+    clock(2 * HOUR + timedelta(seconds=1))  # past kept's 2 h, 21 s after that pass
+    for worker in workers:
+        scanner_passes(worker, FULL_PASS_EVERY + 2)  # a look that runs every pass among them
+    assert exists(client, kept.id), "a second retention pass within the minute"
+    clock(2 * HOUR + timedelta(seconds=90))
+    until_gone(client, kept.id, "the next minute's retention pass")
+
+
+def test_a_retention_mark_ahead_of_the_clock_does_not_hold_the_pass_back(
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker], clock: Clock
+) -> None:
+    """A last pass marked ahead of the database clock (the clock was moved back since) is
+    not a recent one: retention runs."""
+    worker = start(start_worker)
+    ended = client.enqueue(rna_echo, 1)
+    assert ended.result(timeout=10) == 1
+    scanner_passes(worker)  # its first look, with its retention pass, is over
+    with psycopg.connect(cyclone_dsn) as conn:
+        conn.execute(
+            "INSERT INTO cyclone_ext_scan_marks (pass, marked_at)"
+            " VALUES ('retention', now() + interval '1 day')"
+            " ON CONFLICT (pass) DO UPDATE SET marked_at = EXCLUDED.marked_at"
+        )
+    clock(2 * HOUR)
+    until_gone(client, ended.id, "the run to go past its retention")
 
 
 def test_the_longest_step_retention_wins_and_a_short_one_beats_the_default(

@@ -82,9 +82,9 @@ def spr_waits(x):  # type: ignore[no-untyped-def]
     return spr_echo(wait_signal("spr_never"))
 
 
-def test_an_empty_schema_has_no_pass_to_run(cyclone_dsn: str) -> None:
+def test_an_empty_schema_has_only_its_first_retention_pass_to_run(cyclone_dsn: str) -> None:
     with psycopg.connect(cyclone_dsn, autocommit=True) as conn:
-        assert Engine().scan_passes_with_work(ConnectionTx(conn)) == frozenset()
+        assert Engine().scan_passes_with_work(ConnectionTx(conn)) == {"retention"}
 
 
 def test_a_timer_due_after_the_full_pass_fires(
@@ -104,7 +104,7 @@ def test_a_probe_that_fails_lets_every_pass_run(
 ) -> None:
     """A look whose probe raises runs every pass (and the look reports the error)."""
 
-    def broken(self: Engine, tx: ConnectionTx, *, grace: timedelta) -> frozenset[str]:
+    def broken(self: Engine, tx: ConnectionTx, **_: object) -> frozenset[str]:
         raise RuntimeError("the probe failed")
 
     monkeypatch.setattr(Engine, "scan_passes_with_work", broken)
@@ -235,6 +235,16 @@ def test_a_schedule_due_after_the_full_pass_fires(
     assert client.handle(runs[0].id).result(timeout=PROMPT) == 9
 
 
+def test_retention_due_after_the_full_pass_runs(
+    client: Client, start_worker: StartWorker, clock: Clock
+) -> None:
+    probing_worker(start_worker, spr_echo, retention=timedelta(hours=1))
+    handle = client.enqueue(spr_echo, 10)
+    assert handle.result(timeout=PROMPT) == 10
+    clock(timedelta(hours=2))
+    wait_until(lambda: client.list_runs() == [], timeout=PROMPT, what="retention")
+
+
 def test_the_probed_passes_are_those_tested_here() -> None:
     assert {
         "leases",
@@ -245,4 +255,5 @@ def test_the_probed_passes_are_those_tested_here() -> None:
         "children",
         "gates",
         "schedules",
+        "retention",
     } == PROBED_PASSES

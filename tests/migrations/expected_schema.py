@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATEST = 19
-EXT_LATEST = 11
+EXT_LATEST = 12
 TS = "timestamp with time zone"
 
 
@@ -736,6 +736,14 @@ EXT_TABLES: dict[str, Table] = {
             Constraint("cyclone_ext_due_wakes_id_check", "c", "id"),
         ],
         since=11,
+    ),
+    "cyclone_ext_scan_marks": Table(
+        columns=[
+            Column("pass", "text", False),
+            Column("marked_at", "timestamp with time zone", False),
+        ],
+        constraints=[Constraint("cyclone_ext_scan_marks_pkey", "p", "PRIMARY KEY (pass)")],
+        since=12,
     ),
 }
 

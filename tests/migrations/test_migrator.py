@@ -246,6 +246,7 @@ EXT_TABLES = (
     "cyclone_ext_event_counts",
     "cyclone_ext_trace_context",
     "cyclone_ext_due_wakes",
+    "cyclone_ext_scan_marks",
 )
 
 
@@ -305,6 +306,7 @@ def test_extension_version_moves_only_the_extension_track(
         "cyclone_ext_event_counts": False,
         "cyclone_ext_trace_context": False,
         "cyclone_ext_due_wakes": False,
+        "cyclone_ext_scan_marks": False,
     }
     caplog.set_level(logging.INFO, logger="cyclone.migrate")
     assert migrate_versions(dsn) == (19, LATEST_EXTENSION_VERSION)
@@ -321,6 +323,8 @@ def test_extension_version_moves_only_the_extension_track(
         "extension migration 009_run_slot_waits up",
         "extension migration 010_step_slot_waits up",
         "extension migration 011_due_wakes up",
+        "extension migration 012_scan_marks up",
+        "extension migration 012_scan_marks down",
         "extension migration 011_due_wakes down",
         "extension migration 010_step_slot_waits down",
         "extension migration 009_run_slot_waits down",
