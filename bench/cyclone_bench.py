@@ -219,20 +219,19 @@ def idle_look_cost(admin: str, kept: int, looks: int) -> tuple[float, float] | N
         if meter.postmaster is None:
             return None
         with make_pool(dsn, name="bench-idle-look") as pool:
-            scanner = Scanner(
-                pool,
-                Engine(),
-                interval=1.0,
-                max_reclaims={},
-                default_max_reclaims=3,
-                stopping=threading.Event(),
-                retention=timedelta(days=7),
-            )
-            scanner.scan_once()  # the first look: every pass, retention's walk included
             figures = []
             for every in (None, timedelta(0)):  # this build's span, then none
-                if every is not None:
-                    scanner._retention_every = every
+                scanner = Scanner(
+                    pool,
+                    Engine(),
+                    interval=1.0,
+                    max_reclaims={},
+                    default_max_reclaims=3,
+                    stopping=threading.Event(),
+                    retention=timedelta(days=7),
+                    retention_every=every,
+                )
+                scanner.scan_once()  # the first look: every pass, retention's walk included
                 meter.start()
                 for _ in range(looks):
                     scanner.scan_once()

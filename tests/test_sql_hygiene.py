@@ -148,6 +148,14 @@ def test_comments_and_indentation_are_not_sent_but_quoted_text_is() -> None:
     assert _compact(body) == "SELECT 'a --  b', \"odd--name\",\n'it''s -- kept' AS x\nFROM t"
 
 
+@pytest.mark.parametrize("body", ["SELECT 'open", 'SELECT "open', "SELECT 'a''"])
+def test_a_quote_left_open_is_refused(body: str) -> None:
+    from cyclone_dsl.sql._loader import _compact
+
+    with pytest.raises(RuntimeError, match="unterminated quote"):
+        _compact(body)
+
+
 #: psycopg converts a query's text once and caches it only up to this length (its
 #: MAX_CACHED_STATEMENT_LENGTH): a longer statement is parsed again in Python on every
 #: execution. The claims of flow-controlled queues are the statements over it.

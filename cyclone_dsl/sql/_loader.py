@@ -57,29 +57,26 @@ def _compact(body: str) -> str:
     return "\n".join(lines)
 
 
+#: What :func:`_strip_comments` looks at, leftmost first: a quoted string or identifier
+#: (kept whole; a doubled quote inside it is one character), a comment, a quote left
+#: open, a run of spaces.
+_LEXEME = re.compile(r"""('(?:[^']|'')*'|"(?:[^"]|"")*")|(--[^\n]*)|(['"])|(  +)""")
+
+
 def _strip_comments(body: str) -> str:
     """``body`` with each ``--`` comment removed up to its line's end and each run of spaces
     made one (not inside quotes)."""
-    out: list[str] = []
-    i, n = 0, len(body)
-    while i < n:
-        char = body[i]
-        if char in "'\"":
-            end = body.find(char, i + 1)
-            while end != -1 and body[end + 1 : end + 2] == char:  # a doubled quote
-                end = body.find(char, end + 2)
-            if end == -1:
-                raise RuntimeError(f"unterminated quote in query: {body[i : i + 40]!r}")
-            out.append(body[i : end + 1])
-            i = end + 1
-        elif body.startswith("--", i):
-            end = body.find("\n", i)
-            i = n if end == -1 else end
-        else:
-            if not (char == " " and out and out[-1].endswith(" ")):  # one space for many
-                out.append(char)
-            i += 1
-    return "".join(out)
+
+    def replace(match: re.Match[str]) -> str:
+        quoted, comment, open_quote, _spaces = match.groups()
+        if quoted is not None:
+            return quoted
+        if open_quote is not None:
+            at = match.start()
+            raise RuntimeError(f"unterminated quote in query: {body[at : at + 40]!r}")
+        return "" if comment is not None else " "
+
+    return _LEXEME.sub(replace, body)
 
 
 def _include(body: str, fragments: dict[str, str], depth: int = 0) -> str:

@@ -48,16 +48,17 @@ DELETE FROM cyclone_runs AS r USING doomed WHERE r.id = doomed.id
 RETURNING r.id
 
 -- fragment: recent_retention_look
--- The retention pass's mark m is recent: set within the last %(retention_every)s by the database
--- clock (a mark ahead of now, the clock moved back, is not recent).
+-- The retention pass's mark m is recent: set within the last %(retention_every)s by
+-- the database clock (a mark ahead of now, the clock moved back, is not recent).
 m.pass = 'retention'
 AND m.marked_at > now() + %(shift)s::interval - %(retention_every)s::interval
 AND m.marked_at <= now() + %(shift)s::interval
 
 -- name: take_retention_look
 -- Take the retention pass of this moment for this scanner, unless any scanner took it
--- less than %(retention_every)s ago: a row comes back only when the mark moved. A scanner that
--- finds the row locked waits for that transaction, then sees its mark as recent.
+-- less than %(retention_every)s ago: a row comes back only when the mark moved. A
+-- scanner that finds the row locked waits for that transaction, then sees its mark as
+-- recent.
 INSERT INTO cyclone_ext_scan_marks AS m (pass, marked_at)
 VALUES ('retention', now() + %(shift)s::interval)
 ON CONFLICT (pass) DO UPDATE SET marked_at = EXCLUDED.marked_at

@@ -56,6 +56,7 @@ class Scanner:
         owner: str = "scanner",
         catch_up: CatchUp = "latest",
         retention: timedelta | None = None,
+        retention_every: timedelta | None = None,
         on_reclaimed: Callable[[int], None] | None = None,
     ) -> None:
         self.pool = pool
@@ -68,9 +69,12 @@ class Scanner:
         self.owner = owner
         self.catch_up: CatchUp = catch_up
         self.retention = retention
-        self._retention_every = (
-            RETENTION_LOOK_EVERY if retention is None else retention_look_every(retention)
-        )
+        if retention_every is None:
+            retention_every = (
+                RETENTION_LOOK_EVERY if retention is None else retention_look_every(retention)
+            )
+        #: The least time between two retention passes of any scanners.
+        self.retention_every = retention_every
         self.on_reclaimed = on_reclaimed
         self.passes = 0
 
@@ -171,7 +175,7 @@ class Scanner:
             return in_transaction(
                 self.pool,
                 lambda tx: self.engine.scan_passes_with_work(
-                    tx, grace=self.timeout_grace, retention_every=self._retention_every
+                    tx, grace=self.timeout_grace, retention_every=self.retention_every
                 ),
             )
         except Exception as exc:  # noqa: BLE001 - raised after the passes, which all run
@@ -228,7 +232,7 @@ class Scanner:
         batches walk every kept run."""
         retention = self.retention
         assert retention is not None
-        every = self._retention_every
+        every = self.retention_every
         if not in_transaction(
             self.pool, lambda tx: self.engine.take_retention_look(tx, every=every)
         ):
