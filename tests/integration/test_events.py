@@ -450,3 +450,42 @@ def test_events_of_a_handler_that_outlives_its_workers_stop_are_kept(
         ("before the stop", True),
         ("after the stop", True),
     ]
+
+
+straggler_started = threading.Event()
+straggler_gate = threading.Event()
+straggler_outcome: list[object] = []
+
+
+@step(name="ev_straggler")
+def straggler(x: int, ctx: StepContext) -> str:
+    ctx.emit("before the cancel")
+    straggler_started.set()
+    straggler_gate.wait(20)  # a sync handler that does not check ctx.cancelled
+    try:
+        ctx.emit("after the run ended")
+        straggler_outcome.append("stored")
+    except Exception as exc:
+        straggler_outcome.append(exc)
+    return "late"
+
+
+def test_events_stored_after_the_run_ended_are_read_with_after(
+    client: Client, start_worker: Callable[..., Worker]
+) -> None:
+    """A follower ends with the run; an event its handler stores later (fenced) is read by
+    events(after=the last seq seen), as the docs say."""
+    for flag in (straggler_started, straggler_gate):
+        flag.clear()
+    straggler_outcome.clear()
+    start_worker(straggler)
+    handle = client.enqueue(straggler, 1)
+    assert straggler_started.wait(20)
+    client.cancel(handle.id)
+    followed = list(handle.events(timeout=10))
+    assert [(e.seq, e.data) for e in followed] == [(1, "before the cancel")]
+    straggler_gate.set()
+    wait_until(lambda: straggler_outcome, timeout=10, what="the handler's late emit")
+    assert straggler_outcome == ["stored"]
+    late = list(handle.events(after=followed[-1].seq, timeout=10))
+    assert [(e.seq, e.data, e.fenced) for e in late] == [(2, "after the run ended", True)]
