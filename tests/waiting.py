@@ -32,33 +32,52 @@ LONG_POLL = 60.0
 PROMPT = 8.0
 
 
+#: The first pause of :func:`wait_until` between two looks, and the longest: the pauses
+#: grow from one to the other. Each look is a query or more, and the suite is CPU-bound:
+#: a look every 20 ms cost a waiting test about a tenth of a core, taken from the work it
+#: waited for.
+FIRST_PAUSE = 0.005
+LONGEST_PAUSE = 0.1
+
+
 def wait_until(
-    predicate: Callable[[], T], *, timeout: float = 20.0, what: str, interval: float = 0.02
+    predicate: Callable[[], T],
+    *,
+    timeout: float = 20.0,
+    what: str,
+    interval: float | None = None,
 ) -> T:
     """Call ``predicate`` until it returns a truthy value, and return that value.
 
     Raises AssertionError naming ``what`` (and the last value seen) if it is
     still falsy after ``timeout`` seconds. Exceptions from ``predicate`` are
     not swallowed: a broken condition fails at once, not at the deadline.
+    ``interval``: a fixed pause between looks (by default, pauses that grow from
+    :data:`FIRST_PAUSE` to :data:`LONGEST_PAUSE`).
     """
     deadline = time.monotonic() + timeout
+    pause = FIRST_PAUSE if interval is None else interval
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"waited {timeout:g}s for {what}; last seen: {value!r}")
-        time.sleep(interval)
+        time.sleep(pause)
+        if interval is None:
+            pause = min(pause * 1.5, LONGEST_PAUSE)
 
 
 async def until(predicate: Callable[[], object], *, what: str, timeout: float = 20.0) -> None:
     """:func:`wait_until` for a coroutine: polls without blocking the event loop (the loop
     must run for asyncgen finalizers and closing tasks)."""
     deadline = asyncio.get_running_loop().time() + timeout
+    pause = FIRST_PAUSE
     while not predicate():
         if asyncio.get_running_loop().time() >= deadline:
             raise AssertionError(f"waited {timeout:g}s for {what}")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(pause)
+        pause = min(pause * 1.5, LONGEST_PAUSE)
 
 
 def scanner_passes(worker: Worker, n: int = 2) -> None:

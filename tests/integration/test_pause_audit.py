@@ -791,9 +791,13 @@ def test_a_paused_run_keeps_its_run_slot_until_it_is_cancelled(
 def test_a_pause_after_the_deadline_passed_does_not_save_the_run(
     client: Client, clock: Callable[[datetime], None], start_worker: Callable[..., Worker]
 ) -> None:
-    start_worker(*ALL_STEPS, scan_interval=60.0)  # the deadline scanner is late
+    worker = start_worker(*ALL_STEPS, scan_interval=60.0)  # the deadline scanner is late
     handle = client.submit(single, 1, deadline=timedelta(hours=1))
     wait_until(lambda: handle.get().step("pa_hold").state is StepState.RUNNING, what="pa_hold runs")
+    scanner = worker._scanner
+    assert scanner is not None
+    # Its first look, at start, must not see the moved clock.
+    wait_until(lambda: scanner.passes >= 1, what="the scanner's first look")
     clock(datetime.now(UTC) + timedelta(hours=2))  # the deadline passed; no scanner pass since
     with pytest.raises(AlreadyTerminal, match="passed its deadline"):
         client.pause(handle.id)
