@@ -17,7 +17,7 @@ import psycopg
 from bench import flows
 from bench.cpu import Meter
 from cyclone_dsl import AsyncClient, Client, Worker
-from cyclone_dsl.db.connect import make_pool
+from cyclone_dsl.db.connect import Pool, make_pool
 from cyclone_dsl.engine import WORK_CHANNEL, Engine
 from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
 from cyclone_dsl.worker.adaptive import WorkerSettings
@@ -186,20 +186,27 @@ def noop_throughput_with_history(admin: str, jobs: int, history: int) -> float:
         return jobs / _drain(_worker(dsn), jobs)
 
 
+def _retention_scanner(pool: Pool, every: timedelta | None = None) -> Scanner:
+    """A scanner with the default 7-day retention (``every``: the span between its
+    retention passes, by default the build's)."""
+    return Scanner(
+        pool,
+        Engine(),
+        interval=1.0,
+        max_reclaims={},
+        default_max_reclaims=3,
+        stopping=threading.Event(),
+        retention=timedelta(days=7),
+        retention_every=every,
+    )
+
+
 def retention_rate(admin: str, expired: int) -> float:
     """Runs per second the retention pass deletes, ``expired`` runs past a 7-day retention."""
     with fresh(admin) as dsn:
         _preload(dsn, expired, age=timedelta(days=8))
         with make_pool(dsn, name="bench-retention") as pool:
-            scanner = Scanner(
-                pool,
-                Engine(),
-                interval=1.0,
-                max_reclaims={},
-                default_max_reclaims=3,
-                stopping=threading.Event(),
-                retention=timedelta(days=7),
-            )
+            scanner = _retention_scanner(pool)
             started = time.perf_counter()
             deleted = scanner.expire_runs()
             elapsed = time.perf_counter() - started
@@ -221,16 +228,7 @@ def idle_look_cost(admin: str, kept: int, looks: int) -> tuple[float, float] | N
         with make_pool(dsn, name="bench-idle-look") as pool:
             figures = []
             for every in (None, timedelta(0)):  # this build's span, then none
-                scanner = Scanner(
-                    pool,
-                    Engine(),
-                    interval=1.0,
-                    max_reclaims={},
-                    default_max_reclaims=3,
-                    stopping=threading.Event(),
-                    retention=timedelta(days=7),
-                    retention_every=every,
-                )
+                scanner = _retention_scanner(pool, every)
                 scanner.scan_once()  # the first look: every pass, retention's walk included
                 meter.start()
                 for _ in range(looks):

@@ -19,6 +19,7 @@ from cyclone_dsl import (
     InvalidArgument,
     InvalidPayload,
     PayloadTooLarge,
+    RunHandle,
     RunNotFound,
     RunState,
     StepContext,
@@ -417,17 +418,38 @@ late_gate = threading.Event()
 late_outcome: list[object] = []
 
 
-@step(name="ev_outlives_stop")
-def outlives_stop(x: int, ctx: StepContext) -> str:
-    ctx.emit("before the stop")
+@step(name="ev_late_emitter")
+def late_emitter(x: int, ctx: StepContext) -> str:
+    """Emits "first", then waits for late_gate (a sync handler that does not check
+    ctx.cancelled: its lease may end meanwhile), then emits "late"."""
+    ctx.emit("first")
     late_started.set()
-    late_gate.wait(30)  # the worker stops meanwhile: its lease is released
+    late_gate.wait(30)
     try:
-        ctx.emit("after the stop")
+        ctx.emit("late")
         late_outcome.append("stored")
     except Exception as exc:
         late_outcome.append(exc)
     return "late"
+
+
+def _late_emitter_started(
+    client: Client, start_worker: Callable[..., Worker]
+) -> tuple[RunHandle, Worker]:
+    """A run of late_emitter whose handler emitted "first" and waits for late_gate."""
+    for flag in (late_started, late_gate):
+        flag.clear()
+    late_outcome.clear()
+    worker = start_worker(late_emitter, grace=0.2)
+    handle = client.enqueue(late_emitter, 1)
+    assert late_started.wait(20)
+    return handle, worker
+
+
+def _late_emit_stored() -> None:
+    late_gate.set()
+    wait_until(lambda: late_outcome, timeout=10, what="the handler's late emit")
+    assert late_outcome == ["stored"]
 
 
 def test_events_of_a_handler_that_outlives_its_workers_stop_are_kept(
@@ -436,38 +458,13 @@ def test_events_of_a_handler_that_outlives_its_workers_stop_are_kept(
     """A handler that outlived its worker's stop (past the grace period) and then emitted
     got ClientClosed: the stop had closed the events pool, and the event was lost. The docs
     keep such events, fenced."""
-    late_outcome.clear()
-    late_started.clear()
-    late_gate.clear()
-    worker = start_worker(outlives_stop, grace=0.2)
-    handle = client.enqueue(outlives_stop, 1)
-    assert late_started.wait(20)
+    handle, worker = _late_emitter_started(client, start_worker)
     worker.stop()  # releases the lease after the grace period; the handler goes on
-    late_gate.set()
-    wait_until(lambda: late_outcome, timeout=10, what="the handler's late emit")
-    assert late_outcome == ["stored"]
+    _late_emit_stored()
     assert [(e.data, e.fenced) for e in client.events_of(handle.id)] == [
-        ("before the stop", True),
-        ("after the stop", True),
+        ("first", True),
+        ("late", True),
     ]
-
-
-straggler_started = threading.Event()
-straggler_gate = threading.Event()
-straggler_outcome: list[object] = []
-
-
-@step(name="ev_straggler")
-def straggler(x: int, ctx: StepContext) -> str:
-    ctx.emit("before the cancel")
-    straggler_started.set()
-    straggler_gate.wait(20)  # a sync handler that does not check ctx.cancelled
-    try:
-        ctx.emit("after the run ended")
-        straggler_outcome.append("stored")
-    except Exception as exc:
-        straggler_outcome.append(exc)
-    return "late"
 
 
 def test_events_stored_after_the_run_ended_are_read_with_after(
@@ -475,17 +472,10 @@ def test_events_stored_after_the_run_ended_are_read_with_after(
 ) -> None:
     """A follower ends with the run; an event its handler stores later (fenced) is read by
     events(after=the last seq seen), as the docs say."""
-    for flag in (straggler_started, straggler_gate):
-        flag.clear()
-    straggler_outcome.clear()
-    start_worker(straggler)
-    handle = client.enqueue(straggler, 1)
-    assert straggler_started.wait(20)
+    handle, _ = _late_emitter_started(client, start_worker)
     client.cancel(handle.id)
     followed = list(handle.events(timeout=10))
-    assert [(e.seq, e.data) for e in followed] == [(1, "before the cancel")]
-    straggler_gate.set()
-    wait_until(lambda: straggler_outcome, timeout=10, what="the handler's late emit")
-    assert straggler_outcome == ["stored"]
+    assert [(e.seq, e.data) for e in followed] == [(1, "first")]
+    _late_emit_stored()
     late = list(handle.events(after=followed[-1].seq, timeout=10))
-    assert [(e.seq, e.data, e.fenced) for e in late] == [(2, "after the run ended", True)]
+    assert [(e.seq, e.data, e.fenced) for e in late] == [(2, "late", True)]
