@@ -65,17 +65,45 @@ ON CONFLICT (pass) DO UPDATE SET marked_at = EXCLUDED.marked_at
 WHERE NOT ({{recent_retention_look}})
 RETURNING m.marked_at
 
+-- fragment: open_step_of_open_run
+-- An open step s of an open run r (joined by s.run_id = r.id): a step is open only while
+-- its run is, so the open steps are found through the open runs (idx_runs_state_id), never
+-- by a walk of the ended steps, which a retention of days keeps by the million.
+r.state IN ('running', 'paused') AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+
 -- name: queue_stats
--- Per-queue counts from the view.
-SELECT queue, available, running, waiting,
-       extract(epoch FROM oldest_available_age)::float8 AS oldest_available_s, expired_leases
-FROM cyclone_v_queues ORDER BY queue
+-- Per-queue counts of the open steps, as the view cyclone_v_queues has them, through the
+-- open runs (the view's filter has no index: it walked every step). An open dashboard page
+-- reads this every 2 s.
+SELECT s.queue,
+       count(*) FILTER (WHERE s.state = 'available') AS available,
+       count(*) FILTER (WHERE s.state = 'running') AS running,
+       count(*) FILTER (WHERE s.state NOT IN ('available', 'running')) AS waiting,
+       extract(epoch FROM now() + %(shift)s::interval
+                          - min(s.scheduled_at) FILTER (WHERE s.state = 'available')
+       )::float8 AS oldest_available_s,
+       count(*) FILTER (WHERE s.state = 'running'
+                          AND s.lease_expiry < now() + %(shift)s::interval) AS expired_leases
+FROM cyclone_runs AS r
+JOIN cyclone_steps AS s ON s.run_id = r.id
+WHERE {{open_step_of_open_run}}
+GROUP BY s.queue
+ORDER BY s.queue
 
 -- name: kind_stats
--- Per-kind counts from the view.
-SELECT kind, state, count, extract(epoch FROM oldest_available_age)::float8 AS oldest_available_s,
-       expired_leases
-FROM cyclone_v_kinds ORDER BY kind, state
+-- Per-kind and state counts of the open steps, as the view cyclone_v_kinds has them,
+-- through the open runs (see queue_stats).
+SELECT s.kind, s.state, count(*) AS count,
+       extract(epoch FROM now() + %(shift)s::interval
+                          - min(s.scheduled_at) FILTER (WHERE s.state = 'available')
+       )::float8 AS oldest_available_s,
+       count(*) FILTER (WHERE s.state = 'running'
+                          AND s.lease_expiry < now() + %(shift)s::interval) AS expired_leases
+FROM cyclone_runs AS r
+JOIN cyclone_steps AS s ON s.run_id = r.id
+WHERE {{open_step_of_open_run}}
+GROUP BY s.kind, s.state
+ORDER BY s.kind, s.state
 
 -- name: count_purgeable
 -- How many runs a purge with these states and cutoff would delete now (a dry run): those

@@ -45,6 +45,7 @@ from cyclone_dsl.ui import bulk, fleet, humane, timeline
 from cyclone_dsl.ui.chart import queue_chart
 from cyclone_dsl.ui.graph import draw
 from cyclone_dsl.ui.replica import Reading, Reads, ReplicaUnavailable
+from cyclone_dsl.ui.throttle import Throttled
 
 CSRF_COOKIE = "cyclone_csrf"
 PAGE = 50
@@ -111,6 +112,8 @@ def create_app(
 
     def reader(request: Request) -> Client:
         return reading(request).client
+
+    polled_counts: Throttled[dict[str, int]] = Throttled(lambda client: client.run_counts())
 
     env = Environment(
         loader=PackageLoader("cyclone_dsl.ui", "templates"),
@@ -295,7 +298,8 @@ def create_app(
         return back("/schedules", message="enabled" if enabled else "disabled")
 
     def api_counts(request: Request) -> JSONResponse:
-        return JSONResponse(reader(request).run_counts())
+        # Polled by every open page every 2 s: shared (a page render reads its own).
+        return JSONResponse(polled_counts.get(reader(request)))
 
     def api_stats(request: Request) -> JSONResponse:
         return JSONResponse(json.loads(_json(reader(request).stats())))

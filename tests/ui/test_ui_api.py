@@ -231,3 +231,30 @@ def test_the_pages_say_what_limits_hold_back(
     finally:
         held_back.set()
     assert second.result(timeout=20) == "t7"
+
+
+def test_open_pages_polling_the_counts_share_one_read(
+    web: TestClient, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every open page asks /api/counts every 2 s, and counting walks every kept run: the
+    polls of one dashboard share a read, done again once it is a second old (or twenty
+    times what it took)."""
+    reads: list[dict[str, int]] = []
+    count = client.run_counts
+
+    def counted() -> dict[str, int]:
+        reads.append(count())
+        return reads[-1]
+
+    monkeypatch.setattr(client, "run_counts", counted)
+    client.submit(waits, 1)
+    polls = [web.get("/api/counts").json() for _ in range(20)]
+    assert polls == [{"running": 1}] * 20
+    assert len(reads) == 1
+    client.submit(waits, 2)
+    wait_until(
+        lambda: web.get("/api/counts").json() == {"running": 2}, timeout=5, what="new counts"
+    )
+    assert len(reads) >= 2
+    page = web.get("/runs").text  # a page shows its own read
+    assert re.search(r'data-count="running">2<', page)
