@@ -10,7 +10,7 @@ WITH open_runs AS MATERIALIZED (
     SELECT s.run_id, s.queue, s.state, s.scheduled_at
     FROM open_runs AS r
     JOIN cyclone_steps AS s ON s.run_id = r.id
-    WHERE {{open_step_of_open_run}}
+    WHERE s.state NOT IN ('completed', 'discarded', 'cancelled')
 )
 SELECT 'steps' AS gauge, o.queue, o.state, count(*)::bigint AS value,
        extract(epoch FROM now() + %(shift)s::interval - min(o.scheduled_at) FILTER (

@@ -65,11 +65,19 @@ ON CONFLICT (pass) DO UPDATE SET marked_at = EXCLUDED.marked_at
 WHERE NOT ({{recent_retention_look}})
 RETURNING m.marked_at
 
--- fragment: open_step_of_open_run
--- An open step s of an open run r (joined by s.run_id = r.id): a step is open only while
--- its run is, so the open steps are found through the open runs (idx_runs_state_id), never
--- by a walk of the ended steps, which a retention of days keeps by the million.
-r.state IN ('running', 'paused') AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+-- fragment: open_steps_of_open_runs
+-- FROM and WHERE: each open step s of an open run r. A step is open only while its run is,
+-- so the open steps are found through the open runs (idx_runs_state_id), each run's probed
+-- by key (OFFSET 0 keeps it so): the cost follows the work in flight, never the ended
+-- steps a retention of days keeps by the million. (A join let the planner hash a scan of
+-- every step with 10,000 runs open beside 1,000,000 ended: 163 ms, against 46 ms probed.)
+FROM cyclone_runs AS r
+CROSS JOIN LATERAL (
+    SELECT s.* FROM cyclone_steps AS s
+    WHERE s.run_id = r.id AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+    OFFSET 0
+) AS s
+WHERE r.state IN ('running', 'paused')
 
 -- name: queue_stats
 -- Per-queue counts of the open steps, as the view cyclone_v_queues has them, through the
@@ -84,9 +92,7 @@ SELECT s.queue,
        )::float8 AS oldest_available_s,
        count(*) FILTER (WHERE s.state = 'running'
                           AND s.lease_expiry < now() + %(shift)s::interval) AS expired_leases
-FROM cyclone_runs AS r
-JOIN cyclone_steps AS s ON s.run_id = r.id
-WHERE {{open_step_of_open_run}}
+{{open_steps_of_open_runs}}
 GROUP BY s.queue
 ORDER BY s.queue
 
@@ -99,9 +105,7 @@ SELECT s.kind, s.state, count(*) AS count,
        )::float8 AS oldest_available_s,
        count(*) FILTER (WHERE s.state = 'running'
                           AND s.lease_expiry < now() + %(shift)s::interval) AS expired_leases
-FROM cyclone_runs AS r
-JOIN cyclone_steps AS s ON s.run_id = r.id
-WHERE {{open_step_of_open_run}}
+{{open_steps_of_open_runs}}
 GROUP BY s.kind, s.state
 ORDER BY s.kind, s.state
 

@@ -114,6 +114,7 @@ def create_app(
         return reading(request).client
 
     polled_counts: Throttled[dict[str, int]] = Throttled(lambda client: client.run_counts())
+    polled_stats: Throttled[dict[str, Any]] = Throttled(lambda client: client.stats())
 
     env = Environment(
         loader=PackageLoader("cyclone_dsl.ui", "templates"),
@@ -302,7 +303,8 @@ def create_app(
         return JSONResponse(polled_counts.get(reader(request)))
 
     def api_stats(request: Request) -> JSONResponse:
-        return JSONResponse(json.loads(_json(reader(request).stats())))
+        # Polled every 2 s by each open queues page (its chart): shared, as the counts.
+        return JSONResponse(json.loads(_json(polled_stats.get(reader(request)))))
 
     def api_runs(request: Request) -> JSONResponse:
         found = reader(request).list_runs(limit=PAGE, **_run_filters(request))
