@@ -2,15 +2,13 @@
 -- The database-wide gauges of /metrics in one statement: open steps per queue and state
 -- (with the age of each queue's oldest due available step), open runs per state, and the
 -- runs waiting on a signal, a timer or a child run. Open steps are found through the open
--- runs (a step is open only while its run is: the (run_id, node) key), never by scanning
--- the history of ended steps.
+-- runs, each run's probed by key (see open_steps_of_open_runs): a join let the planner
+-- hash a scan of every step, the history of ended steps included.
 WITH open_runs AS MATERIALIZED (
     SELECT r.id, r.state FROM cyclone_runs AS r WHERE r.state IN ('running', 'paused')
 ), open_steps AS MATERIALIZED (
     SELECT s.run_id, s.queue, s.state, s.scheduled_at
-    FROM open_runs AS r
-    JOIN cyclone_steps AS s ON s.run_id = r.id
-    WHERE s.state NOT IN ('completed', 'discarded', 'cancelled')
+    {{open_steps_of_open_runs}}
 )
 SELECT 'steps' AS gauge, o.queue, o.state, count(*)::bigint AS value,
        extract(epoch FROM now() + %(shift)s::interval - min(o.scheduled_at) FILTER (

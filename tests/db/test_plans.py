@@ -577,28 +577,13 @@ def test_hot_statements_never_walk_the_ended_history(work_after_history: str, na
     assert scans == [], plan
 
 
-def fill_little_after_history(client: Client) -> None:
-    add_history(client)
-    client.enqueue_many(noop, list(range(50)))
-    client.submit_many(chain, list(range(20)))
-
-
-@pytest.fixture(scope="module")
-def little_after_history(cyclone_admin_dsn: str) -> Iterator[str]:
-    """A few dozen open runs after 20,000 ended ones, analyzed: the polled reads join the
-    open runs to their steps, and the planner probes the steps by key only when the open
-    runs are few beside the history (as with a retention of days)."""
-    with filled_schema(cyclone_admin_dsn, fill_little_after_history, analyzed=True) as dsn:
-        yield dsn
-
-
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 @pytest.mark.parametrize("name", sorted(POLLED_READS))
 def test_polled_reads_never_walk_the_ended_history(
-    little_after_history: str, name: str, mode: str
+    work_after_history: str, name: str, mode: str
 ) -> None:
     query, params = POLLED_READS[name]
-    with psycopg.connect(little_after_history, row_factory=dict_row) as conn:
+    with psycopg.connect(work_after_history, row_factory=dict_row) as conn:
         rows = explained(conn, query, params, mode)
     plan = "\n".join(r["QUERY PLAN"] for r in rows)
     scans = [t for t in BIG_TABLES if f"Seq Scan on {t} " in plan]
