@@ -2,7 +2,7 @@
 
 Counting the runs by state walks every kept run (no index gives the count of ended runs):
 98 ms of server time with 1,000,000 runs kept, and each open page asked for it every 2
-seconds; the queues page's chart reads the stats, whose cost follows the open work (374
+seconds; the queues page's chart reads the stats, whose cost follows the open work (175
 ms with 100,000 runs queued). A :class:`Throttled` read is done again only once its last
 value is older than ``share`` times what that read took (at least ``fresh_for``
 seconds): however many pages poll it, the dashboard keeps the server busy with it at
