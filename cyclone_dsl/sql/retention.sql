@@ -80,6 +80,16 @@ CROSS JOIN LATERAL (
 ) AS s
 WHERE r.state IN ('running', 'paused')
 
+-- fragment: oldest_available_and_expired_leases
+-- Two columns of the stats over open steps s: the age of the oldest available one (as
+-- the views have it: a step not due yet counts, with a negative age), and the running
+-- ones whose lease expired.
+extract(epoch FROM now() + %(shift)s::interval
+                   - min(s.scheduled_at) FILTER (WHERE s.state = 'available')
+)::float8 AS oldest_available_s,
+count(*) FILTER (WHERE s.state = 'running'
+                   AND s.lease_expiry < now() + %(shift)s::interval) AS expired_leases
+
 -- name: queue_stats
 -- Per-queue counts of the open steps, as the view cyclone_v_queues has them, through the
 -- open runs (the view's filter has no index: it walked every step). An open dashboard page
@@ -88,11 +98,7 @@ SELECT s.queue,
        count(*) FILTER (WHERE s.state = 'available') AS available,
        count(*) FILTER (WHERE s.state = 'running') AS running,
        count(*) FILTER (WHERE s.state NOT IN ('available', 'running')) AS waiting,
-       extract(epoch FROM now() + %(shift)s::interval
-                          - min(s.scheduled_at) FILTER (WHERE s.state = 'available')
-       )::float8 AS oldest_available_s,
-       count(*) FILTER (WHERE s.state = 'running'
-                          AND s.lease_expiry < now() + %(shift)s::interval) AS expired_leases
+       {{oldest_available_and_expired_leases}}
 {{open_steps_of_open_runs}}
 GROUP BY s.queue
 ORDER BY s.queue
@@ -101,11 +107,7 @@ ORDER BY s.queue
 -- Per-kind and state counts of the open steps, as the view cyclone_v_kinds has them,
 -- through the open runs (see queue_stats).
 SELECT s.kind, s.state, count(*) AS count,
-       extract(epoch FROM now() + %(shift)s::interval
-                          - min(s.scheduled_at) FILTER (WHERE s.state = 'available')
-       )::float8 AS oldest_available_s,
-       count(*) FILTER (WHERE s.state = 'running'
-                          AND s.lease_expiry < now() + %(shift)s::interval) AS expired_leases
+       {{oldest_available_and_expired_leases}}
 {{open_steps_of_open_runs}}
 GROUP BY s.kind, s.state
 ORDER BY s.kind, s.state

@@ -276,12 +276,20 @@ def fill_large(client: Client) -> None:
     client.submit_many(run_limited, [{"k": f"k{i % 20}"} for i in range(2_000)])
 
 
+def fill_each_kind(
+    client: Client, *, noops: int, chains: int, keyed_: int, rated_: int, limited: int
+) -> None:
+    """Runs of each kind of work: no-ops, chains, steps under a concurrency key and a rate
+    limit, runs under a workflow limit (10 keys each)."""
+    client.enqueue_many(noop, list(range(noops)))
+    client.submit_many(chain, list(range(chains)))
+    client.enqueue_many(keyed, [{"k": f"k{i % 10}"} for i in range(keyed_)])
+    client.enqueue_many(rated, list(range(rated_)))
+    client.submit_many(run_limited, [{"k": f"k{i % 10}"} for i in range(limited)])
+
+
 def fill_small(client: Client) -> None:
-    client.enqueue_many(noop, list(range(5_000)))
-    client.submit_many(chain, list(range(300)))
-    client.enqueue_many(keyed, [{"k": f"k{i % 10}"} for i in range(2_000)])
-    client.enqueue_many(rated, list(range(1_000)))
-    client.submit_many(run_limited, [{"k": f"k{i % 10}"} for i in range(500)])
+    fill_each_kind(client, noops=5_000, chains=300, keyed_=2_000, rated_=1_000, limited=500)
 
 
 @pytest.fixture(scope="module")
@@ -553,11 +561,7 @@ def add_history(client: Client) -> None:
 def fill_work_after_history(client: Client) -> None:
     """Each kind of work of fill_small, a few hundred runs in all, after 20,000 ended runs."""
     add_history(client)
-    client.enqueue_many(noop, list(range(100)))
-    client.submit_many(chain, list(range(30)))
-    client.enqueue_many(keyed, [{"k": f"k{i % 10}"} for i in range(100)])
-    client.enqueue_many(rated, list(range(50)))
-    client.submit_many(run_limited, [{"k": f"k{i % 10}"} for i in range(50)])
+    fill_each_kind(client, noops=100, chains=30, keyed_=100, rated_=50, limited=50)
 
 
 @pytest.fixture(scope="module")
