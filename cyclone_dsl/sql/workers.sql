@@ -96,7 +96,10 @@ WITH live AS (
 ), due AS (
     (SELECT s.queue, s.kind, r.workflow, r.def_version, s.scheduled_at
      FROM cyclone_steps AS s
-     JOIN cyclone_runs AS r ON r.id = s.run_id
+     -- Each step's run by key (OFFSET 0 keeps it so): as a join, the planner hashed a
+     -- scan of every run, the history of ended ones included.
+     CROSS JOIN LATERAL (SELECT r.workflow, r.def_version FROM cyclone_runs AS r
+                         WHERE r.id = s.run_id OFFSET 0) AS r
      WHERE s.state = 'available'
        AND s.scheduled_at <= now() + %(shift)s::interval
        AND (%(queues)b::text[] IS NULL OR s.queue = ANY(%(queues)b::text[]))

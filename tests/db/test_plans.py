@@ -532,13 +532,24 @@ def test_a_keys_slots_are_made_once(client: Client, cyclone_dsn: str) -> None:
         conn.rollback()
 
 
-#: Reads that dashboards and scrapers poll (the dashboard's queue chart every 2 s per open
-#: page, /metrics at every scrape): their cost must follow the open work, not the history
-#: of ended runs a retention of days keeps.
+#: Reads that dashboards, scrapers and every worker repeat (the dashboard's queue chart
+#: every 2 s per open page, /metrics at every scrape, a worker's housekeeping every few
+#: seconds): their cost must follow the open work, not the history of ended runs a
+#: retention of days keeps.
 POLLED_READS: dict[str, tuple[str, dict[str, Any]]] = {
     "queue_stats": (Q.queue_stats, {}),
     "kind_stats": (Q.kind_stats, {}),
     "database_gauges": (Q.database_gauges, {}),
+    # Every worker's housekeeping, every few seconds.
+    "unstarted_children": (
+        Q.unstarted_children,
+        {"workflows": ["plan_chain"], "versions": ["v"], "limit": 100},
+    ),
+    "unserved_work": (
+        Q.unserved_work,
+        {"queues": None, "live_for": timedelta(seconds=30), "sample": 10_000},
+    ),
+    "queues_with_gates": (Q.queues_with_gates, {"queues": ["default"]}),
 }
 
 ENDED_HISTORY = """
