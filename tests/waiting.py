@@ -9,10 +9,11 @@ with what it waited for once the deadline passes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, TypeVar
 
@@ -56,28 +57,33 @@ def wait_until(
     :data:`FIRST_PAUSE` to :data:`LONGEST_PAUSE`).
     """
     deadline = time.monotonic() + timeout
-    pause = FIRST_PAUSE if interval is None else interval
+    pauses = growing_pauses() if interval is None else itertools.repeat(interval)
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"waited {timeout:g}s for {what}; last seen: {value!r}")
-        time.sleep(pause)
-        if interval is None:
-            pause = min(pause * 1.5, LONGEST_PAUSE)
+        time.sleep(next(pauses))
+
+
+def growing_pauses() -> Iterator[float]:
+    """:data:`FIRST_PAUSE`, then half as long again each time, up to :data:`LONGEST_PAUSE`."""
+    pause = FIRST_PAUSE
+    while True:
+        yield pause
+        pause = min(pause * 1.5, LONGEST_PAUSE)
 
 
 async def until(predicate: Callable[[], object], *, what: str, timeout: float = 20.0) -> None:
     """:func:`wait_until` for a coroutine: polls without blocking the event loop (the loop
     must run for asyncgen finalizers and closing tasks)."""
     deadline = asyncio.get_running_loop().time() + timeout
-    pause = FIRST_PAUSE
+    pauses = growing_pauses()
     while not predicate():
         if asyncio.get_running_loop().time() >= deadline:
             raise AssertionError(f"waited {timeout:g}s for {what}")
-        await asyncio.sleep(pause)
-        pause = min(pause * 1.5, LONGEST_PAUSE)
+        await asyncio.sleep(next(pauses))
 
 
 def scanner_passes(worker: Worker, n: int = 2) -> None:

@@ -39,7 +39,6 @@ from cyclone_dsl.engine.notify import (
 )
 from cyclone_dsl.engine.scan import (
     PROBED_PASSES,
-    RETENTION_LOOK_EVERY,
     TIMEOUT_GRACE,
     retention_look_every,
 )
@@ -60,7 +59,6 @@ __all__ = [
     "LIVE_FOR",
     "MAX_BATCH_SIZE",
     "PROBED_PASSES",
-    "RETENTION_LOOK_EVERY",
     "RUN_DONE_CHANNEL",
     "TIMEOUT_GRACE",
     "WORK_CHANNEL",

@@ -47,9 +47,10 @@ PROBED_PASSES = frozenset(
 RETENTION_LOOK_EVERY = timedelta(minutes=1)
 
 
-def retention_look_every(retention: timedelta) -> timedelta:
-    """How long after any scanner's retention pass the next one may run."""
-    return min(RETENTION_LOOK_EVERY, retention)
+def retention_look_every(retention: timedelta | None) -> timedelta:
+    """How long after any scanner's retention pass the next one of a scanner with this
+    ``retention`` may run (``None``: it runs none; the probe still asks)."""
+    return RETENTION_LOOK_EVERY if retention is None else min(RETENTION_LOOK_EVERY, retention)
 
 
 def probe(

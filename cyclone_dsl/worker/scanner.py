@@ -20,7 +20,6 @@ from cyclone_dsl.db.errors import DatabaseError
 from cyclone_dsl.db.tx import Row, Tx, in_transaction
 from cyclone_dsl.engine import (
     PROBED_PASSES,
-    RETENTION_LOOK_EVERY,
     TIMEOUT_GRACE,
     CatchUp,
     Engine,
@@ -69,12 +68,10 @@ class Scanner:
         self.owner = owner
         self.catch_up: CatchUp = catch_up
         self.retention = retention
-        if retention_every is None:
-            retention_every = (
-                RETENTION_LOOK_EVERY if retention is None else retention_look_every(retention)
-            )
         #: The least time between two retention passes of any scanners.
-        self.retention_every = retention_every
+        self.retention_every = (
+            retention_look_every(retention) if retention_every is None else retention_every
+        )
         self.on_reclaimed = on_reclaimed
         self.passes = 0
 

@@ -87,7 +87,7 @@ def test_an_empty_schema_has_only_its_first_retention_pass_to_run(cyclone_dsn: s
         assert Engine().scan_passes_with_work(ConnectionTx(conn)) == {"retention"}
 
 
-def test_a_timer_due_after_the_full_pass_fires(
+def timer_fires_after_the_full_pass(
     client: Client, start_worker: StartWorker, clock: Clock
 ) -> None:
     probing_worker(start_worker, spr_timer)
@@ -99,6 +99,12 @@ def test_a_timer_due_after_the_full_pass_fires(
     assert handle.result(timeout=PROMPT) == 3
 
 
+def test_a_timer_due_after_the_full_pass_fires(
+    client: Client, start_worker: StartWorker, clock: Clock
+) -> None:
+    timer_fires_after_the_full_pass(client, start_worker, clock)
+
+
 def test_a_probe_that_fails_lets_every_pass_run(
     client: Client, start_worker: StartWorker, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -108,13 +114,7 @@ def test_a_probe_that_fails_lets_every_pass_run(
         raise RuntimeError("the probe failed")
 
     monkeypatch.setattr(Engine, "scan_passes_with_work", broken)
-    probing_worker(start_worker, spr_timer)
-    handle = client.submit(spr_timer, 3)
-    wait_until(
-        lambda: handle.get().step("timer").state is StepState.WAITING_TIMER, what="the timer"
-    )
-    clock(timedelta(hours=2))
-    assert handle.result(timeout=PROMPT) == 3
+    timer_fires_after_the_full_pass(client, start_worker, clock)
 
 
 def test_a_signal_wait_timing_out_after_the_full_pass_is_timed_out(
