@@ -53,6 +53,8 @@ slow_running: dict[int, threading.Event] = {}
 slow_saw_cancel: dict[int, bool] = {}
 #: run ids whose rsw_flaky step failed (a run whose input says "fail" fails once).
 failed_once: set[int] = set()
+#: run id -> when each of its rsw_flaky handlers started.
+flaky_starts: dict[int, list[datetime]] = {}
 lock = threading.Lock()
 
 
@@ -63,6 +65,7 @@ def _fresh() -> None:
         slow_running.clear()
         slow_saw_cancel.clear()
         failed_once.clear()
+        flaky_starts.clear()
 
 
 def _event(run_id: int) -> threading.Event:
@@ -93,6 +96,7 @@ def rsw_boom(job: dict[str, Any]) -> dict[str, Any]:
 @step(name="rsw_flaky", max_attempts=1)
 def rsw_flaky(job: dict[str, Any], *, ctx: StepContext) -> dict[str, Any]:
     with lock:
+        flaky_starts.setdefault(ctx.run_id, []).append(datetime.now(UTC))
         if job.get("fail") and ctx.run_id not in failed_once:
             failed_once.add(ctx.run_id)
             raise RuntimeError("fails once")
@@ -435,9 +439,14 @@ def test_a_retried_run_queues_for_a_slot_and_starts_when_the_holder_ends(
         timeout=STALL,
         what="the retried run's step (the holder's end frees the slot)",
     )
+    # The handler's start, not the step's started_at: that is its claim's now(), taken as
+    # the claim began, which was once seen 12 ms before the holder's finished_at (a claim
+    # that began first and took the slot once the holder's end freed it). The handler runs
+    # after its claim committed, so after the holder's end committed.
     ended = holder.get().finished_at
-    started = retried.get().step("rsw_flaky").started_at
-    assert ended is not None and started is not None and started > ended
+    with lock:
+        started = flaky_starts[retried.id][-1]
+    assert ended is not None and started > ended
     client.signal(retried.id, "rsw_go", "r")
     assert retried.result(timeout=PROMPT) == "r"
 
