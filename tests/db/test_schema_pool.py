@@ -183,6 +183,18 @@ CHANGES: dict[str, Callable[[str], object]] = {
     "add a function": lambda dsn: execute(
         dsn, "CREATE FUNCTION one() RETURNS int LANGUAGE sql AS 'SELECT 1'"
     ),
+    "a column's default": lambda dsn: execute(
+        dsn, "ALTER TABLE cyclone_runs ALTER COLUMN workflow SET DEFAULT 'w'"
+    ),
+    "a check on a core table": lambda dsn: execute(
+        dsn, "ALTER TABLE cyclone_steps ADD CONSTRAINT positive CHECK (attempt >= 0)"
+    ),
+    "a sequence's increment": lambda dsn: execute(
+        dsn,
+        "DO $$ BEGIN EXECUTE format('ALTER SEQUENCE %s INCREMENT 2',"
+        " pg_get_serial_sequence('cyclone_runs', 'id')); END $$",
+    ),
+    "an enum type": lambda dsn: execute(dsn, "CREATE TYPE mood AS ENUM ('calm')"),
 }
 NO_CHANGES: dict[str, Callable[[str], object]] = {
     "rows": lambda dsn: execute(
@@ -320,3 +332,19 @@ def test_the_plugin_reuses_the_schema_of_a_passed_test_only(
     assert failed != passed  # the failed test's schema was dropped, not reused
     assert reused == passed
     assert not any(exists(cyclone_admin_dsn, name) for name in (failed, passed))
+
+
+def test_the_structure_check_reads_the_catalogs_by_the_schemas_own_relations(
+    pool: SchemaPool, cyclone_admin_dsn: str
+) -> None:
+    """Every checkin compares the schema's structure with the one it was made with; the
+    catalogs hold every schema of the server (a suite's dozens), so the columns,
+    defaults, constraints, indexes and triggers are read by the schema's relations, never
+    by a scan of a whole catalog (17 ms of server CPU per test with 40 schemas)."""
+    name = pool.checkout()
+    with psycopg.connect(cyclone_admin_dsn) as conn:
+        rows = conn.execute(b"EXPLAIN " + schemas._SIGNATURE.encode(), {"schema": name})
+        plan = "\n".join(str(line) for (line,) in rows.fetchall())
+    for catalog in ("pg_attribute", "pg_attrdef", "pg_constraint", "pg_index", "pg_trigger"):
+        assert f"Seq Scan on {catalog} " not in plan, plan
+    pool.checkin(name)
