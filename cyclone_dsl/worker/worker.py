@@ -893,6 +893,9 @@ class Worker:
             registered_worker = True
             registered = self._tx(self._register_schedules)
             self.refresh_queue_caps()
+            # Child runs left for a worker with their definition start now, before the
+            # threads: the housekeeping's first beat comes a beat after the registration.
+            self.start_deferred_children()
         except BaseException:
             if registered_worker:  # listed as live, though it never ran
                 with contextlib.suppress(Exception):
@@ -2069,8 +2072,12 @@ class Worker:
 
     def _housekeeping_loop(self) -> None:
         """Beat in the worker registry; start child runs other processes could not; warn
-        about work on this worker's queues that no one serves."""
-        next_beat = time.monotonic()
+        about work on this worker's queues that no one serves.
+
+        The first beat comes a beat after the start, which registered the worker, read
+        its queues' caps and started the deferred children (at once, it took a pool
+        connection of its own beside the first claim and the scanner's first look)."""
+        next_beat = time.monotonic() + REGISTRY_BEAT_S
         next_check = time.monotonic() + REGISTRY_BEAT_S
         while not self._closing.is_set():
             self._children_due.wait(max(0.0, next_beat - time.monotonic()))

@@ -36,6 +36,21 @@ def test_a_signal_from_a_process_without_the_definitions_starts_the_child(
     assert handle.result(timeout=20) == 40
 
 
+def test_a_worker_starts_the_children_left_for_it_before_its_start_returns(
+    client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
+) -> None:
+    """A child left by a process without its definition, while no worker with it ran, is
+    started by the next worker's start, not at its registry's first beat (5 s later),
+    and no notification reaches a worker that was not listening yet."""
+    handle = client.submit(outer, 0)
+    with Client(cyclone_dsn, registry=Registry()) as bare:
+        bare.signal(handle.id, "go", 4)
+    assert client.children_of(handle.id) == []  # deferred: no one had the definition
+    start_worker(outer)
+    assert len(client.children_of(handle.id)) == 1
+    assert handle.result(timeout=20) == 40
+
+
 @step(name="cs_hold")
 def hold(x: int) -> int:
     return x
