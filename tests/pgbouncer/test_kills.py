@@ -17,10 +17,19 @@ from tests.faults import handlers
 from tests.faults.conftest import read_log, worker_processes
 from tests.faults.test_load_and_kills import counts, server_log_tail
 from tests.pgbouncer.conftest import PgBouncer
+from tests.waiting import wait_until
 
 STANDALONE = 400
 RUNS = 40
 KILLS = 3
+
+
+def registered_pids(dsn: str) -> set[int]:
+    """The pids of the worker processes registered and not stopped (each installed its
+    SIGTERM handler before registering)."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT pid FROM cyclone_ext_workers WHERE stopped_at IS NULL")
+        return {int(pid) for (pid,) in rows.fetchall()}
 
 
 @pytest.mark.timeout(120)
@@ -64,6 +73,13 @@ def test_sigkilled_workers_through_pgbouncer_lose_nothing(
                 assert victim.stdout is not None
                 outputs.append(victim.stdout.read())
                 workers.append(spawn(**env))
+        # A process spawned after the last kill may still be importing, before its SIGTERM
+        # handler: the signal would end it as signals end any process (-15), not stop it.
+        wait_until(
+            lambda: {p.pid for p in workers} <= registered_pids(cyclone_dsn),
+            what="every worker process to register",
+            timeout=30,
+        )
         for proc in workers:
             proc.send_signal(signal.SIGTERM)
         for proc in workers:
