@@ -282,20 +282,23 @@ SELECT coalesce(md5(string_agg(item, E'\\n' ORDER BY item)), '') FROM (
   UNION ALL
     SELECT format('constraint %%s %%s %%s', co.conrelid::regclass, co.conname,
                   pg_catalog.pg_get_constraintdef(co.oid))
-    FROM rels AS r
-    CROSS JOIN LATERAL (
-        SELECT co.oid, co.conrelid, co.conname FROM pg_catalog.pg_constraint AS co
-        WHERE co.conrelid = r.oid
-        OFFSET 0
-    ) AS co
-  UNION ALL
-    SELECT format('constraint %%s %%s %%s', co.conrelid::regclass, co.conname,
-                  pg_catalog.pg_get_constraintdef(co.oid))
-    FROM types AS t
-    CROSS JOIN LATERAL (
-        SELECT co.oid, co.conrelid, co.conname FROM pg_catalog.pg_constraint AS co
-        WHERE co.contypid = t.oid
-        OFFSET 0
+    FROM (
+        -- a table's constraints, by conrelid, and a domain's, by contypid
+        SELECT c.oid, c.conrelid, c.conname
+        FROM rels AS r
+        CROSS JOIN LATERAL (
+            SELECT c.oid, c.conrelid, c.conname FROM pg_catalog.pg_constraint AS c
+            WHERE c.conrelid = r.oid
+            OFFSET 0
+        ) AS c
+      UNION ALL
+        SELECT c.oid, c.conrelid, c.conname
+        FROM types AS t
+        CROSS JOIN LATERAL (
+            SELECT c.oid, c.conrelid, c.conname FROM pg_catalog.pg_constraint AS c
+            WHERE c.contypid = t.oid
+            OFFSET 0
+        ) AS c
     ) AS co
   UNION ALL
     SELECT 'index ' || pg_catalog.pg_get_indexdef(r.oid)
