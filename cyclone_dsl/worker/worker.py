@@ -895,7 +895,11 @@ class Worker:
             self.refresh_queue_caps()
             # Child runs left for a worker with their definition start now, before the
             # threads: the housekeeping's first beat comes a beat after the registration.
-            self.start_deferred_children()
+            try:
+                self.start_deferred_children()
+            except DatabaseError as exc:
+                log.warning("starting deferred child runs failed (%s); retrying", exc)
+                self._children_due.set()  # the housekeeping's first look, at once
         except BaseException:
             if registered_worker:  # listed as live, though it never ran
                 with contextlib.suppress(Exception):

@@ -3,7 +3,11 @@ application's scanner) still starts its child run: a worker that has it starts i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+
+import pytest
+from psycopg import OperationalError
 
 from cyclone_dsl import Client, Registry, Worker, child, step, wait_signal, workflow
 
@@ -49,6 +53,32 @@ def test_a_worker_starts_the_children_left_for_it_before_its_start_returns(
     start_worker(outer)
     assert len(client.children_of(handle.id)) == 1
     assert handle.result(timeout=20) == 40
+
+
+def test_a_start_whose_look_for_deferred_children_fails_still_starts_them(
+    client: Client, cyclone_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start's look fails (a lost connection): the worker starts all the same, and its
+    housekeeping looks again at once, not at its first beat."""
+    handle = client.submit(outer, 0)
+    with Client(cyclone_dsn, registry=Registry()) as bare:
+        bare.signal(handle.id, "go", 4)
+    looks: list[float] = []
+    real = Worker.start_deferred_children
+
+    def flaky(self: Worker) -> int:
+        looks.append(time.monotonic())
+        if len(looks) == 1:
+            raise OperationalError("the connection was lost")
+        return real(self)
+
+    monkeypatch.setattr(Worker, "start_deferred_children", flaky)
+    worker = Worker(cyclone_dsn, [outer], poll_interval=0.5, scan_interval=0.5).start()
+    try:
+        assert handle.result(timeout=20) == 40
+        assert looks[1] - looks[0] < 2  # the registry's first beat is 5 s away
+    finally:
+        worker.stop()
 
 
 @step(name="cs_hold")
