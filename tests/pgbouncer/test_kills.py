@@ -24,14 +24,6 @@ RUNS = 40
 KILLS = 3
 
 
-def registered_pids(dsn: str) -> set[int]:
-    """The pids of the worker processes registered and not stopped (each installed its
-    SIGTERM handler before registering)."""
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute("SELECT pid FROM cyclone_ext_workers WHERE stopped_at IS NULL")
-        return {int(pid) for (pid,) in rows.fetchall()}
-
-
 @pytest.mark.timeout(120)
 def test_sigkilled_workers_through_pgbouncer_lose_nothing(
     pooled_dsn: str,
@@ -75,11 +67,15 @@ def test_sigkilled_workers_through_pgbouncer_lose_nothing(
                 workers.append(spawn(**env))
         # A process spawned after the last kill may still be importing, before its SIGTERM
         # handler: the signal would end it as signals end any process (-15), not stop it.
-        wait_until(
-            lambda: {p.pid for p in workers} <= registered_pids(cyclone_dsn),
-            what="every worker process to register",
-            timeout=30,
-        )
+        # A worker installs its handler before it registers.
+        with Client(cyclone_dsn) as watcher:
+            wait_until(
+                lambda: (
+                    {p.pid for p in workers} <= {w["pid"] for w in watcher.workers() if w["live"]}
+                ),
+                what="every worker process to register",
+                timeout=30,
+            )
         for proc in workers:
             proc.send_signal(signal.SIGTERM)
         for proc in workers:
