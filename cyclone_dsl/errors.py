@@ -319,7 +319,8 @@ class DatabaseUnavailable(CycloneError):
 
     ``cause`` says why, as a short string: ``unknown_host``, ``connection_refused``,
     ``timeout``, ``database_missing``, ``authentication_failed``,
-    ``too_many_connections``, ``server_starting_or_stopping``, ``connection_lost``,
+    ``too_many_connections``, ``server_starting_or_stopping``, ``unsupported_parameter``
+    (a transaction-mode pooler given without ``pooled=True``), ``connection_lost``,
     ``pool_exhausted``, ``permission_denied`` (the role may not read Cyclone's tables) or
     ``other``. The message names the server (never the password)
     and what to check.

@@ -21,7 +21,6 @@ from cyclone_dsl.arguments import check_seconds
 from cyclone_dsl.cli.main import (
     EXIT_FAILED,
     check_migrated,
-    check_reachable,
     cli,
     database,
     emit,
@@ -44,12 +43,11 @@ from cyclone_dsl.states import RunState, StepState
 
 @contextmanager
 def client_for(ctx: click.Context) -> Iterator[Client]:
-    with database(ctx.obj["dsn"]) as dsn:
-        check_reachable(dsn)
-        with Client(
-            dsn, pooled=ctx.obj["pooled"], listen_dsn=ctx.obj["listen_url"] or ""
-        ) as client:
-            yield client
+    with (
+        database(ctx.obj["dsn"]) as dsn,
+        Client(dsn, pooled=ctx.obj["pooled"], listen_dsn=ctx.obj["listen_url"] or "") as client,
+    ):
+        yield client
 
 
 def parse_json(text: str | None, what: str) -> JSONValue:

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import click
 
-from cyclone_dsl.cli.main import check_reachable, database
+from cyclone_dsl.cli.main import database
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.db.connect import ENV_READ_URL
 from cyclone_dsl.db.replica import StandbyStatus, check_standby
@@ -49,7 +49,6 @@ def reading_client(ctx: click.Context, read_url: str | None) -> Iterator[Client]
     """A client on the replica (``read_url``), or on the database when there is none."""
     if not read_url:
         with database(ctx.obj["dsn"]) as dsn:
-            check_reachable(dsn)
             listen = ctx.obj["listen_url"] or ""
             with Client(dsn, pooled=ctx.obj["pooled"], listen_dsn=listen) as client:
                 yield client

@@ -50,7 +50,7 @@ from cyclone_dsl.engine import (
 )
 from cyclone_dsl.errors import InvalidArgument, InvalidTransition, PassedDeadline, RunNotFound
 from cyclone_dsl.graph.rows import CompiledRun
-from cyclone_dsl.migrate import check_database
+from cyclone_dsl.migrate import checked_connection
 from cyclone_dsl.payload import JSONValue, encode
 from cyclone_dsl.sql import Q
 from cyclone_dsl.states import RunState
@@ -118,9 +118,9 @@ class Client:
         self.wait_route = WaitRoute.of(
             resolved, pooled=self.pooled, listen_dsn=resolve_listen_dsn(listen_dsn)
         )
-        check_database(resolved, name="cyclone-client", pooled=self.pooled)
+        checked = checked_connection(resolved, name="cyclone-client", pooled=self.pooled)
         self._db = PooledDatabase(
-            resolved, name="cyclone-client", max_size=pool_size, pooled=self.pooled
+            resolved, name="cyclone-client", max_size=pool_size, pooled=self.pooled, first=checked
         )
         self._watcher = RunWatcher(self.wait_route, closed=self._db.is_closed)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self, cast
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -57,7 +57,8 @@ def listen_target(dsn: str, *, pooled: bool, listen_dsn: str | None) -> str | No
     return None if pooled else dsn
 
 
-def _configure(conn: psycopg.Connection[Any]) -> None:
+def configure_connection(conn: psycopg.Connection[Any]) -> None:
+    """An engine connection's settings: autocommit, read committed, the engine's adapters."""
     conn.autocommit = True
     conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED  # see _merge_options
     use_engine_adapters(conn)
@@ -81,17 +82,21 @@ def make_pool(
     idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
     pooled: bool = False,
     server_jit: bool = False,
-    configure: Callable[[psycopg.Connection[Any]], None] = _configure,
+    configure: Callable[[psycopg.Connection[Any]], None] = configure_connection,
     reset: Callable[[psycopg.Connection[Any]], None] | None = None,
+    first: psycopg.Connection[Any] | None = None,
 ) -> ConnectionPool[Any]:
     """A pool of autocommit connections (transactions are explicit) named ``name``; the
     server ends a transaction of theirs idle ``idle_in_transaction_s`` seconds (unless
     ``pooled``: then the pooler's or the role's settings apply). ``server_jit``: keep
     the server's JIT setting (see :func:`connection_kwargs`). ``configure`` and ``reset``:
     as psycopg_pool's (by default, the engine's autocommit connections, not reset: see
-    :mod:`cyclone_dsl.db.handler_tx` for those of transactional handlers)."""
+    :mod:`cyclone_dsl.db.handler_tx` for those of transactional handlers). ``first``: a
+    connection already open with these settings (a start-up check's), which the pool
+    takes as its first instead of opening one."""
     pool: ConnectionPool[Any] = ConnectionPool(
         conninfo,
+        connection_class=psycopg.Connection if first is None else _handing_over(first),
         min_size=min_size,
         max_size=max_size,
         kwargs=connection_kwargs(
@@ -110,6 +115,23 @@ def make_pool(
     if open_now:
         pool.open(wait=True, timeout=30)
     return pool
+
+
+def _handing_over(first: psycopg.Connection[Any]) -> type[psycopg.Connection[Any]]:
+    """A connection class for a pool: its first ``connect`` returns ``first``, already
+    open, and the later ones connect. A client or worker checks the database on one
+    connection, then gives it to its pool: it starts with one server session, not two."""
+    handed = [first]
+
+    class HandedOver(psycopg.Connection[Any]):
+        @classmethod
+        def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+            try:
+                return cast(Self, handed.pop())
+            except IndexError:  # handed over already (pop: one thread gets it)
+                return super().connect(conninfo, **kwargs)
+
+    return HandedOver
 
 
 def _merge_options(conninfo: str, idle_in_transaction_s: float, *, server_jit: bool) -> str:

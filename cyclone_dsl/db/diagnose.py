@@ -44,6 +44,12 @@ _MESSAGES: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
             "the server has no connection slot left: lower pool sizes, or use PgBouncer",
         ),
         (
+            r"unsupported startup parameter",
+            "unsupported_parameter",
+            "a transaction-mode pooler (PgBouncer) refuses the settings a direct connection "
+            "sends: pass pooled=True (CYCLONE_POOLED=1, cyclone --pooled) for a DSN through it",
+        ),
+        (
             r"starting up|shutting down|in recovery mode|not yet accepting",
             "server_starting_or_stopping",
             "the server is starting or stopping: try again in a moment",
@@ -196,17 +202,25 @@ def _libpq_detail(text: str) -> str:
 
 
 def connect_checked(
-    dsn: str, *, name: str, timeout: int = CHECK_TIMEOUT_S, pooled: bool = False
+    dsn: str,
+    *,
+    name: str,
+    timeout: int = CHECK_TIMEOUT_S,
+    pooled: bool = False,
+    settings: dict[str, Any] | None = None,
 ) -> psycopg.Connection[Any]:
     """One autocommit connection, opened within ``timeout`` seconds, or a typed error
-    (``pooled``: through a transaction-mode pooler, so no server-side prepared statements)."""
+    (``pooled``: through a transaction-mode pooler, so no server-side prepared statements).
+    ``settings``: more connection parameters (a pool's, for a connection it adopts); the
+    check's ``timeout`` still applies."""
     params = parse_dsn(dsn)
     extra: dict[str, Any] = {} if "connect_timeout" in params else {"connect_timeout": timeout}
-    prepare: dict[str, Any] = {"prepare_threshold": None} if pooled else {}
+    given = {key: value for key, value in (settings or {}).items() if key != "connect_timeout"}
+    kwargs: dict[str, Any] = {"application_name": name, **given}
+    if pooled:
+        kwargs["prepare_threshold"] = None
     try:
-        return psycopg.connect(
-            make_conninfo(dsn, **extra), autocommit=True, application_name=name, **prepare
-        )
+        return psycopg.connect(make_conninfo(dsn, **extra), autocommit=True, **kwargs)
     except psycopg.OperationalError as exc:
         raise unavailable(exc, params) from exc
     except psycopg.ProgrammingError as exc:  # a parameter libpq rejects at connect time

@@ -63,7 +63,17 @@ class PooledDatabase:
     """A connection pool named ``name`` (``application_name``) of at most ``max_size``
     (``pooled``: ``dsn`` goes through a transaction-mode pooler)."""
 
-    def __init__(self, dsn: str, *, name: str, max_size: int, pooled: bool = False) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        name: str,
+        max_size: int,
+        pooled: bool = False,
+        first: psycopg.Connection[Any] | None = None,
+    ) -> None:
+        """``first``: a connection already open with the pool's settings, its first
+        (:func:`~cyclone_dsl.migrate.checked_connection`'s)."""
         self.dsn = dsn
         self.pooled = pooled
         self._name = name
@@ -75,10 +85,14 @@ class PooledDatabase:
         self._replacing = threading.Lock()
         try:
             self._pool: ConnectionPool[Any] = make_pool(
-                dsn, name=name, max_size=max_size, pooled=pooled
+                dsn, name=name, max_size=max_size, pooled=pooled, first=first
             )
-        except PoolTimeout as exc:
-            raise self._pool_unavailable(exc) from exc
+        except BaseException as exc:
+            if first is not None:
+                first.close()
+            if isinstance(exc, PoolTimeout):
+                raise self._pool_unavailable(exc) from exc
+            raise
         _LIVE.add(self)
 
     def _forked(self) -> None:

@@ -12,7 +12,8 @@ from typing import Any
 
 import psycopg
 
-from cyclone_dsl.db.diagnose import connect_checked
+from cyclone_dsl.db.connect import configure_connection, connection_kwargs
+from cyclone_dsl.db.diagnose import connect_checked, parse_dsn
 from cyclone_dsl.errors import InvalidArgument, SchemaVersionMismatch
 from cyclone_dsl.migrate.files import Migration, load_extension_migrations, load_migrations
 from cyclone_dsl.migrate.runner import (
@@ -176,6 +177,22 @@ def check_database(dsn: str, *, name: str = "cyclone-check", pooled: bool = Fals
         require_current_schema(conn)
 
 
+def checked_connection(dsn: str, *, name: str, pooled: bool = False) -> psycopg.Connection[Any]:
+    """:func:`check_database`'s check, made on an engine connection (as a pool's) and left
+    open: for the pool of the client or worker that checked to take as its first
+    (``make_pool(first=...)``), or for the caller's next statements."""
+    parse_dsn(dsn)  # an unparsable DSN is InvalidArgument, before the settings read it
+    settings = connection_kwargs(dsn, name, pooled=pooled)
+    conn = connect_checked(dsn, name=name, pooled=pooled, settings=settings)
+    try:
+        configure_connection(conn)
+        require_current_schema(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 __all__ = [
     "EXTENSION_VERSION_TABLE",
     "LATEST_EXTENSION_VERSION",
@@ -184,6 +201,7 @@ __all__ = [
     "Migration",
     "SchemaVersions",
     "check_database",
+    "checked_connection",
     "load_extension_migrations",
     "load_migrations",
     "migrate",

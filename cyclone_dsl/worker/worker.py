@@ -94,7 +94,7 @@ from cyclone_dsl.errors import (
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.graph.rows import KIND_CHILD
 from cyclone_dsl.graph.validate import INT32_MAX, queue_problem
-from cyclone_dsl.migrate import check_database
+from cyclone_dsl.migrate import checked_connection
 from cyclone_dsl.observability import logs
 from cyclone_dsl.payload import is_text
 from cyclone_dsl.states import ErrorKind, RunState
@@ -808,8 +808,7 @@ class Worker:
         # The supervisor's one database check: a wrong DSN or schema fails here, once,
         # rather than in every worker process again and again.
         name = f"cyclone-supervisor-{os.getpid()}"
-        check_database(self._dsn, name=name, pooled=self.pooled)
-        with connect(self._dsn, name=name, pooled=self.pooled) as conn:
+        with checked_connection(self._dsn, name=name, pooled=self.pooled) as conn:
             self._engine.check_handler_conflicts(
                 ConnectionTx(conn), worker_id=self.id, identities=self.serving.identities
             )
@@ -879,13 +878,15 @@ class Worker:
 
     def _start_services(self) -> None:
         """Check the database, register, start every thread; on failure nothing is left open."""
-        check_database(self._dsn, name=f"cyclone-worker-{os.getpid()}", pooled=self.pooled)
-        self._pool = make_pool(
-            self._dsn,
-            name=f"cyclone-worker-{os.getpid()}",
-            max_size=3 + COMPLETERS,
-            pooled=self.pooled,
-        )
+        name = f"cyclone-worker-{os.getpid()}"
+        checked = checked_connection(self._dsn, name=name, pooled=self.pooled)
+        try:
+            self._pool = make_pool(
+                self._dsn, name=name, max_size=3 + COMPLETERS, pooled=self.pooled, first=checked
+            )
+        except BaseException:
+            checked.close()
+            raise
         registered_worker = False
         try:
             self._serve_metrics()  # first: an address in use must not leave a worker row

@@ -155,11 +155,15 @@ pidfile = {self.folder / "pgbouncer.pid"}
         with self._admin_connection() as conn:
             conn.execute(command.encode())
 
-    def log_tail(self) -> str:
+    def log_text(self) -> str:
+        """Its whole log (shared by the tests of this process: compare from an offset)."""
         try:
-            return self.log.read_text(errors="replace")[-3000:]
+            return self.log.read_text(errors="replace")
         except OSError:
             return ""
+
+    def log_tail(self) -> str:
+        return self.log_text()[-3000:]
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
