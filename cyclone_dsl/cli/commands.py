@@ -664,14 +664,16 @@ def scan(
     from cyclone_dsl.db.connect import make_pool
     from cyclone_dsl.dsl import runs
     from cyclone_dsl.engine import Engine
+    from cyclone_dsl.migrate import checked_connection
     from cyclone_dsl.worker.scanner import Scanner
 
     check_seconds("--interval", interval, positive=True)
     import_modules(modules)
     registry: Registry = default_registry()
     with database(ctx.obj["dsn"]) as dsn:
-        check_migrated(dsn, pooled=ctx.obj["pooled"])
-        pool = make_pool(dsn, name="cyclone-scan", pooled=ctx.obj["pooled"])
+        pooled = ctx.obj["pooled"]
+        checked = checked_connection(dsn, name="cyclone-scan", pooled=pooled)
+        pool = make_pool(dsn, name="cyclone-scan", pooled=pooled, first=checked)
         stopping = threading.Event()
         engine = Engine(
             compile_child=runs.child_compiler(registry),

@@ -85,6 +85,12 @@ def test_a_cli_read_opens_one_session(cyclone_dsn: str, opened: Opened) -> None:
     assert len(opened) == 1, [name for name, _ in opened]
 
 
+def test_a_cli_scan_pass_opens_one_session(cyclone_dsn: str, opened: Opened) -> None:
+    result = in_process(cyclone_dsn)("scan", "--once")
+    assert result.returncode == 0, result.stderr
+    assert names(opened, "") == ["cyclone-scan"]
+
+
 def test_the_pool_takes_the_checked_session_first_then_opens_more(cyclone_dsn: str) -> None:
     checked = checked_connection(cyclone_dsn, name="t-handover")
     pid = checked.info.backend_pid
