@@ -41,7 +41,7 @@ from cyclone_dsl.client.handle import EVENTS_PAGE, RECONNECT_SECONDS, WaitRoute,
 from cyclone_dsl.client.model import StepEvent
 from cyclone_dsl.db.errors import own_copy
 from cyclone_dsl.db.listen import PING_TIMEOUT_S
-from cyclone_dsl.db.listener import ConnectionLost, Listener, readable
+from cyclone_dsl.db.listener import ConnectionLost, Listener, poke, readable, wake_pair
 from cyclone_dsl.engine import EVENTS_CHANNEL, RUN_DONE_CHANNEL, run_ids_of
 from cyclone_dsl.errors import ClientClosed, RunNotFound
 from cyclone_dsl.sql import Q
@@ -259,7 +259,7 @@ class RunWatcher:
                 raise ClientClosed("the client was closed: open a new one")
             yield
             if self._thread is None:
-                self._wake = self._socketpair()
+                self._wake = wake_pair()
                 self._thread = threading.Thread(
                     target=self._watch, args=(self._wake[0],), name="cyclone-wait", daemon=True
                 )
@@ -519,17 +519,7 @@ class RunWatcher:
 
     def _poke(self) -> None:
         """Wake the thread (a new wait, or the close)."""
-        pair = self._wake
-        if pair is not None:
-            with contextlib.suppress(OSError):  # full (a poke is pending), or just closed
-                pair[1].send(b"\0")
-
-    @staticmethod
-    def _socketpair() -> tuple[socket.socket, socket.socket]:
-        r, w = socket.socketpair()
-        r.setblocking(False)
-        w.setblocking(False)
-        return r, w
+        poke(self._wake)
 
     def _forked(self) -> None:
         """In a child just forked: the parent's thread is not here, and its connection is

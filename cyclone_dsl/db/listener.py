@@ -1,5 +1,5 @@
 """A dedicated connection that LISTENs, for one thread that waits on its notifications and on
-a wake-up socket at once (a client's run watcher).
+a wake-up socket at once (a client's run watcher, a worker's wake-ups).
 
 It connects on first use and again after a failure; every read is bounded
 (:func:`~cyclone_dsl.db.listen.answer_within`), and a connection that fails, or does not
@@ -20,7 +20,7 @@ from psycopg.rows import dict_row
 
 from cyclone_dsl.db.connect import connect
 from cyclone_dsl.db.errors import first_line
-from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen, unlisten
+from cyclone_dsl.db.listen import PING_TIMEOUT_S, answer_within, listen, ping, unlisten
 
 
 class ConnectionLost(Exception):
@@ -67,6 +67,17 @@ class Listener:
         ):
             cur.execute(query, params)
             return cur.fetchall()
+
+    def open(self) -> None:
+        """Connect (and LISTEN) now unless connected: :class:`ConnectionLost` if it fails."""
+        self._connection()
+
+    def ping(self) -> None:
+        """One round trip, bounded: a dead or half-open connection raises
+        :class:`ConnectionLost` here (after being closed)."""
+        conn = self._connection()
+        with self._lost_on_failure():
+            ping(conn)
 
     def listen_to(self, channels: Sequence[str]) -> None:
         """LISTEN on exactly ``channels`` from now on: on the open connection at once, and
@@ -145,6 +156,22 @@ class Listener:
         except psycopg.OperationalError as exc:
             self.close()
             raise ConnectionLost(first_line(exc)) from exc
+
+
+def wake_pair() -> tuple[socket.socket, socket.socket]:
+    """A socket pair for waking a thread in :meth:`Listener.wait`: it waits on the first,
+    :func:`poke` writes to the second."""
+    r, w = socket.socketpair()
+    r.setblocking(False)
+    w.setblocking(False)
+    return r, w
+
+
+def poke(pair: tuple[socket.socket, socket.socket] | None) -> None:
+    """Wake the thread waiting on ``pair`` (nothing if there is none)."""
+    if pair is not None:
+        with contextlib.suppress(OSError):  # full (a poke is pending), or just closed
+            pair[1].send(b"\0")
 
 
 def readable(fds: Sequence[int], seconds: float) -> set[int]:

@@ -63,7 +63,7 @@ from cyclone_dsl.db.connect import (
 from cyclone_dsl.db.diagnose import parse_dsn
 from cyclone_dsl.db.errors import ConnectionFailure, DatabaseError
 from cyclone_dsl.db.handler_tx import interrupt
-from cyclone_dsl.db.listen import listen, ping
+from cyclone_dsl.db.listener import ConnectionLost, Listener, poke, wake_pair
 from cyclone_dsl.db.pool import PooledDatabase
 from cyclone_dsl.db.tx import ConnectionTx, Tx, in_autocommit, in_transaction
 from cyclone_dsl.dsl import runs
@@ -539,6 +539,8 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._fetchers: list[threading.Thread] = []  # fetch loops of lanes past the first
         self._pool: Any = None
+        #: Wakes the LISTEN thread at the stop, which then closes its connection.
+        self._listen_wake: tuple[socket.socket, socket.socket] | None = None
         self._executor: DaemonThreadPool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scanner: Scanner | None = None
@@ -929,6 +931,7 @@ class Worker:
         for number in range(COMPLETERS):
             self._spawn(self._complete_loop, f"complete-{number}")
         self._spawn(self._heartbeat_loop, "heartbeat")
+        self._listen_wake = wake_pair()
         self._spawn(self._listen_loop, "listen")
         self._spawn(self._housekeeping_loop, "housekeeping")
         if self._with_scanners:
@@ -1072,13 +1075,12 @@ class Worker:
         self._closing.set()
         self._children_due.set()  # wakes the housekeeper, which then sees the close
         self._check_now.set()
+        poke(self._listen_wake)  # the listener closes its connection before stop returns
         for thread in self._threads:
-            # The listener notices the stop within a second on its own; no need to wait for it.
-            if thread is not threading.current_thread() and thread.name not in (
-                "cyclone-asyncio",
-                "cyclone-listen",
-            ):
-                thread.join(timeout=10)
+            if thread is not threading.current_thread() and thread.name != "cyclone-asyncio":
+                # A listener inside a connect or a ping to an unreachable server (up to 10
+                # s) is left to end on its own: it needs nothing of what is closed below.
+                thread.join(timeout=1 if thread.name == "cyclone-listen" else 10)
         if self._observer is not None:
             self._observer.on_listener(False)  # stopped: no wake-up is acted on any more
         self._close_runner()
@@ -2032,36 +2034,51 @@ class Worker:
                 self.poll_interval,
             )
             return
+        listener = Listener(
+            self.listen_dsn,
+            name=f"cyclone-listen-{os.getpid()}",
+            channels=(WORK_CHANNEL, CANCEL_CHANNEL),
+        )
+        assert self._listen_wake is not None  # made before this thread starts
+        wake = self._listen_wake[0]
         delay = 0.5
-        while not self._stopping.is_set():
-            try:
-                with connect(self.listen_dsn, name=f"cyclone-listen-{os.getpid()}") as conn:
-                    listen(conn, WORK_CHANNEL)
-                    listen(conn, CANCEL_CHANNEL)
+        pinged = time.monotonic()
+        try:
+            while not self._stopping.is_set():
+                try:
+                    if not listener.connected:
+                        listener.open()
+                        if self._observer is not None:
+                            self._observer.on_listener(True)
+                        self._wake_lanes()  # LISTEN first, then rescan: nothing slips between
+                        self._check_now.set()  # and a cancel missed while away is seen now
+                        delay, pinged = 0.5, time.monotonic()
+                    heard, _ = listener.wait(1.0, wake)
+                    for channel, payload in heard:
+                        if channel == CANCEL_CHANNEL:
+                            self._heard_cancel(payload)
+                        elif payload == CHILD_WAKE:
+                            self._children_due.set()
+                        elif payload in self.queues:
+                            self._wake_lanes()
+                    if time.monotonic() - pinged >= 1.0:
+                        listener.ping()  # a dead or half-open connection shows up here
+                        pinged = time.monotonic()
+                except (ConnectionLost, DatabaseError) as exc:
+                    listener.close()  # a statement error leaves it open: start anew
                     if self._observer is not None:
-                        self._observer.on_listener(True)
-                    self._wake_lanes()  # LISTEN first, then rescan: nothing slips between
-                    self._check_now.set()  # and a cancel missed while away is seen now
-                    delay = 0.5
-                    while not self._stopping.is_set():
-                        for note in conn.notifies(timeout=1.0):
-                            if note.channel == CANCEL_CHANNEL:
-                                self._heard_cancel(note.payload)
-                            elif note.payload == CHILD_WAKE:
-                                self._children_due.set()
-                            elif note.payload in self.queues:
-                                self._wake_lanes()
-                        ping(conn)  # a dead or half-open connection shows up here
-                if self._observer is not None:
-                    self._observer.on_listener(False)  # stopping: the connection is closed
-            except DatabaseError as exc:
-                if self._observer is not None:
-                    self._observer.on_listener(False)
-                if self._stopping.is_set():
-                    return
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
-                self._stopping.wait(delay)
-                delay = min(30.0, delay * 2)
+                        self._observer.on_listener(False)
+                    if self._stopping.is_set():
+                        return
+                    log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
+                    self._stopping.wait(delay)
+                    delay = min(30.0, delay * 2)
+        finally:
+            if listener.connected and self._observer is not None:
+                self._observer.on_listener(False)  # stopping: the connection is closed
+            listener.close()
+            for sock in self._listen_wake:  # this thread's own: closed once it is done
+                sock.close()
 
     def _heard_cancel(self, payload: str) -> None:
         """Steps of these runs were cancelled: check this worker's leases of them at once."""

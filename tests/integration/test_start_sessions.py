@@ -1,5 +1,6 @@
 """A client, a worker and a CLI command start on one server session: the start-up check's
-connection (reachable, migrated) is the pool's first, not a session of its own.
+connection (reachable, migrated) is the pool's first, not a session of its own. A worker's
+stop closes every session it opened, its LISTEN one included, before it returns.
 
 A session is counted where it is opened: each call of ``psycopg.Connection.connect`` (the
 pool's connections and the check's all go through it), recorded by application name.
@@ -77,6 +78,24 @@ def test_a_worker_starts_with_its_check_session_in_its_pool(
     finally:
         worker.stop()
     assert all(conn.closed for conn in own)
+
+
+def test_a_worker_stop_returns_with_every_session_closed(
+    cyclone_dsn: str, opened: Opened, client: Client
+) -> None:
+    worker = Worker(cyclone_dsn, [ss_echo], poll_interval=60, scan_interval=0.5, grace=5.0)
+    worker.start()
+    assert client.enqueue(ss_echo, 3).result(timeout=20) == 3  # woken by its LISTEN
+    listen = f"cyclone-listen-{os.getpid()}"
+    assert names(opened, listen) == [listen]
+    worker.stop()
+    mine = [  # the worker's sessions (the client's wait connection stays with the client)
+        (name, conn)
+        for name, conn in opened
+        if name.endswith(f"-{os.getpid()}") and not name.startswith("cyclone-wait")
+    ]
+    assert {name for name, _ in mine} >= {listen, f"cyclone-worker-{os.getpid()}"}
+    assert [name for name, conn in mine if not conn.closed] == []
 
 
 def test_a_cli_read_opens_one_session(cyclone_dsn: str, opened: Opened) -> None:
