@@ -41,6 +41,7 @@ SIZES = {
         "history": 2_000,
         "expired": 1_000,
         "idle_looks": 5,
+        "starts": 5,
         "slow_jobs": 10,
         "repeats": 1,
     },
@@ -56,6 +57,7 @@ SIZES = {
         "history": 20_000,
         "expired": 10_000,
         "idle_looks": 30,
+        "starts": 20,
         "slow_jobs": 1000,
         "repeats": 3,
     },
@@ -71,6 +73,7 @@ SIZES = {
         "history": 1_000_000,
         "expired": 200_000,
         "idle_looks": 30,
+        "starts": 50,
         "slow_jobs": 5000,
         "repeats": 3,
     },
@@ -122,6 +125,7 @@ def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[st
     assert raw is not None
     if only == "submits":
         submits(admin, size, add, raw)
+        starts(admin, size, add)
         return rows
     raw_1 = raw.noop_throughput(admin, size["jobs"], 1)
     raw_100 = raw.noop_throughput(admin, size["jobs"], 100)
@@ -262,6 +266,7 @@ def measure(admin: str, size: dict[str, int], only: str = "all") -> list[dict[st
     )
 
     submits(admin, size, add, raw)
+    starts(admin, size, add)
     grown, empty = bracketed(
         lambda: cy.noop_throughput_with_history(admin, size["jobs"], size["history"]),
         lambda: cy.noop_throughput(admin, size["jobs"]),
@@ -324,6 +329,23 @@ def submits(admin: str, size: dict[str, int], add: Callable[..., None], raw: Mod
         "runs/s",
         target=">= 10000",
     )
+
+
+def starts(admin: str, size: dict[str, int], add: Callable[..., None]) -> None:
+    """A client's start and first read against a raw connection's; the sessions a client
+    start and a worker start open (each start checks the database on its pool's first)."""
+    started = cy.start_cost(admin, size["starts"])
+    add(
+        "Client() start and one read",
+        started.client_ms,
+        "ms",
+        "raw connect and one query",
+        started.raw_ms,
+        "",
+        True,
+    )
+    add("sessions a client start opens", started.client_sessions, "", target="1")
+    add("sessions a worker start and stop open", started.worker_sessions, "", target="<= 3")
 
 
 def async_handlers(admin: str, size: dict[str, int], add: Callable[..., None]) -> None:

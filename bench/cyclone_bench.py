@@ -331,6 +331,63 @@ def waits_at_once(admin: str, waits: int, *, follow: bool = False) -> tuple[floa
             worker.stop()
 
 
+@attrs.frozen
+class StartCost:
+    """A client's start and first call against a raw connection's: median wall ms, and the
+    server sessions each start opened (counted by the server)."""
+
+    client_ms: float
+    raw_ms: float
+    client_sessions: float
+    worker_sessions: float
+
+
+def start_cost(admin: str, starts: int) -> StartCost:
+    """``Client(dsn)``, one read and ``close()``, against ``psycopg.connect``, one query and
+    ``close()``, alternating, ``starts`` times each; then the sessions a client start and a
+    worker start (with its defaults) and stop open, read from ``pg_stat_database``."""
+    with fresh(admin) as dsn:
+        client_ms: list[float] = []
+        raw_ms: list[float] = []
+        for _ in range(starts):
+            began = time.perf_counter()
+            with Client(dsn) as client:
+                client.list_runs(limit=1)
+            client_ms.append((time.perf_counter() - began) * 1000)
+            began = time.perf_counter()
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("SELECT count(*) FROM cyclone_runs").fetchone()
+            raw_ms.append((time.perf_counter() - began) * 1000)
+        with psycopg.connect(admin, autocommit=True) as counter:
+            before = _sessions_ended(counter)
+            for _ in range(starts):
+                with Client(dsn) as client:
+                    client.list_runs(limit=1)
+            clients = _sessions_ended(counter, at_least=before + starts) - before
+            before = _sessions_ended(counter)
+            for _ in range(starts):
+                worker = Worker(dsn, [flows.noop])  # as a user starts one: scanners on
+                worker.start()
+                worker.stop()
+            workers = _sessions_ended(counter, at_least=before + starts) - before
+    return StartCost(median(client_ms), median(raw_ms), clients / starts, workers / starts)
+
+
+def _sessions_ended(conn: psycopg.Connection[tuple[int]], at_least: int = 0) -> int:
+    """The server's count of sessions (``pg_stat_database``), once it reaches ``at_least``
+    and stops moving (a session is counted as its backend exits, just after its close)."""
+    last = -1
+    deadline = time.monotonic() + 5
+    while True:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute("SELECT sum(sessions)::bigint FROM pg_stat_database").fetchone()
+        count = int(row[0]) if row else 0
+        if (count >= at_least and count == last) or time.monotonic() > deadline:
+            return count
+        last = count
+        time.sleep(0.2)
+
+
 def submit_rate(admin: str, runs: int) -> float:
     """Runs of a 5-node workflow submitted per second, one submit() per run."""
     with fresh(admin) as dsn, Client(dsn) as client:

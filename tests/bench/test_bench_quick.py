@@ -40,4 +40,8 @@ def test_bench_quick_writes_a_report(tmp_path: Path, cyclone_admin_dsn: str) -> 
         row["cyclone"] for row in report["results"] if row["scenario"].endswith("wait connections")
     ]
     assert connections == [1, 1]
+    # A client's start checks the database on the session its pool then keeps.
+    sessions = {row["scenario"]: row["cyclone"] for row in report["results"]}
+    assert sessions["sessions a client start opens"] == 1
+    assert sessions["sessions a worker start and stop open"] <= 3
     assert report["mode"] == "smoke"
