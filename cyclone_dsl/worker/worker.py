@@ -931,7 +931,8 @@ class Worker:
         for number in range(COMPLETERS):
             self._spawn(self._complete_loop, f"complete-{number}")
         self._spawn(self._heartbeat_loop, "heartbeat")
-        self._listen_wake = wake_pair()
+        if self.listen_dsn is not None:  # else the listener only says it polls, and ends
+            self._listen_wake = wake_pair()
         self._spawn(self._listen_loop, "listen")
         self._spawn(self._housekeeping_loop, "housekeeping")
         if self._with_scanners:

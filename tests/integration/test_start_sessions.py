@@ -8,6 +8,7 @@ pool's connections and the check's all go through it), recorded by application n
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -96,6 +97,30 @@ def test_a_worker_stop_returns_with_every_session_closed(
     ]
     assert {name for name, _ in mine} >= {listen, f"cyclone-worker-{os.getpid()}"}
     assert [name for name, conn in mine if not conn.closed] == []
+
+
+@pytest.mark.parametrize("listen", [True, False], ids=["listen", "polling"])
+def test_worker_starts_and_stops_leave_no_socket_open(cyclone_dsn: str, listen: bool) -> None:
+    """With LISTEN and without (a pooled DSN and no listen_dsn): its connections and the
+    listener's wake-up sockets are all closed when each stop returns."""
+    options: dict[str, Any] = {} if listen else {"pooled": True, "listen_dsn": ""}
+    workers = []  # kept: a collected worker's sockets would be closed by the collector
+    before = open_sockets()
+    for _ in range(3):
+        worker = Worker(cyclone_dsn, [ss_echo], poll_interval=0.5, grace=5.0, **options)
+        worker.start()
+        worker.stop()
+        workers.append(worker)
+    assert open_sockets() == before
+
+
+def open_sockets() -> int:
+    """Sockets this process holds (a database connection is one, a socket pair two)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return count
 
 
 def test_a_cli_read_opens_one_session(cyclone_dsn: str, opened: Opened) -> None:
