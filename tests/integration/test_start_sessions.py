@@ -50,6 +50,14 @@ def names(opened: Opened, prefix: str) -> list[str]:
     return [name for name, _ in opened if name.startswith(prefix)]
 
 
+#: Sessions of background threads an earlier test of this process may have left running.
+BACKGROUND = ("cyclone-wait", "cyclone-listen", "cyclone-worker", "cyclone-emit")
+
+
+def foreground(opened: Opened) -> list[str]:
+    return [name for name, _ in opened if not name.startswith(BACKGROUND)]
+
+
 def test_a_client_checks_and_calls_on_one_session(cyclone_dsn: str, opened: Opened) -> None:
     with Client(cyclone_dsn) as client:
         handle = client.enqueue(ss_echo, 1)
@@ -126,13 +134,13 @@ def open_sockets() -> int:
 def test_a_cli_read_opens_one_session(cyclone_dsn: str, opened: Opened) -> None:
     result = in_process(cyclone_dsn)("runs", "--json")
     assert result.returncode == 0, result.stderr
-    assert len(opened) == 1, [name for name, _ in opened]
+    assert foreground(opened) == ["cyclone-client"]
 
 
 def test_a_cli_scan_pass_opens_one_session(cyclone_dsn: str, opened: Opened) -> None:
     result = in_process(cyclone_dsn)("scan", "--once")
     assert result.returncode == 0, result.stderr
-    assert names(opened, "") == ["cyclone-scan"]
+    assert foreground(opened) == ["cyclone-scan"]
 
 
 def test_the_pool_takes_the_checked_session_first_then_opens_more(cyclone_dsn: str) -> None:
