@@ -761,8 +761,8 @@ class Worker:
         return self
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop claiming, let running handlers finish within the grace period, then return
-        (at once for a worker that is not running)."""
+        """Stop claiming, let running handlers finish within the grace period, close the
+        worker's connections, then return (at once for a worker that is not running)."""
         if self._supervisor is not None:
             exit_code = self._supervisor.stop(timeout)
             if exit_code is None:
