@@ -13,10 +13,12 @@ from datetime import timedelta
 
 import attrs
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from bench import flows
 from bench.cpu import Meter
-from cyclone_dsl import AsyncClient, Client, Worker
+from cyclone_dsl import AsyncClient, Client, Worker, migrate
 from cyclone_dsl.db.connect import Pool, make_pool
 from cyclone_dsl.engine import WORK_CHANNEL, Engine
 from cyclone_dsl.testing.schemas import create_schema, drop_schema, with_search_path
@@ -345,8 +347,9 @@ class StartCost:
 def start_cost(admin: str, starts: int) -> StartCost:
     """``Client(dsn)``, one read and ``close()``, against ``psycopg.connect``, one query and
     ``close()``, alternating, ``starts`` times each; then the sessions a client start and a
-    worker start (with its defaults) and stop open, read from ``pg_stat_database``."""
-    with fresh(admin) as dsn:
+    worker start (with its defaults) and stop open, counted by the server for a database
+    of their own (``pg_stat_database``: other users of the server are not counted)."""
+    with own_database(admin) as (dsn, name):
         client_ms: list[float] = []
         raw_ms: list[float] = []
         for _ in range(starts):
@@ -359,28 +362,48 @@ def start_cost(admin: str, starts: int) -> StartCost:
                 conn.execute("SELECT count(*) FROM cyclone_runs").fetchone()
             raw_ms.append((time.perf_counter() - began) * 1000)
         with psycopg.connect(admin, autocommit=True) as counter:
-            before = _sessions_ended(counter)
+            before = _sessions_ended(counter, name)
             for _ in range(starts):
                 with Client(dsn) as client:
                     client.list_runs(limit=1)
-            clients = _sessions_ended(counter, at_least=before + starts) - before
-            before = _sessions_ended(counter)
+            clients = _sessions_ended(counter, name, at_least=before + starts) - before
+            before = _sessions_ended(counter, name)
             for _ in range(starts):
                 worker = Worker(dsn, [flows.noop])  # as a user starts one: scanners on
                 worker.start()
                 worker.stop()
-            workers = _sessions_ended(counter, at_least=before + starts) - before
+            workers = _sessions_ended(counter, name, at_least=before + starts) - before
     return StartCost(median(client_ms), median(raw_ms), clients / starts, workers / starts)
 
 
-def _sessions_ended(conn: psycopg.Connection[tuple[int]], at_least: int = 0) -> int:
-    """The server's count of sessions (``pg_stat_database``), once it reaches ``at_least``
-    and stops moving (a session is counted as its backend exits, just after its close)."""
+@contextmanager
+def own_database(admin: str) -> Iterator[tuple[str, str]]:
+    """A new database, migrated, dropped after: its DSN and name."""
+    name = f"cyclone_bench_{os.getpid()}"
+    create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(drop)
+        conn.execute(create)
+    dsn = make_conninfo(admin, dbname=name)
+    try:
+        migrate(dsn)
+        yield dsn, name
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(drop)
+
+
+def _sessions_ended(conn: psycopg.Connection[tuple[int]], database: str, at_least: int = 0) -> int:
+    """The server's count of sessions of ``database``, once it reaches ``at_least`` and
+    stops moving (a session is counted as its backend exits, just after its close)."""
     last = -1
     deadline = time.monotonic() + 5
     while True:
         conn.execute("SELECT pg_stat_clear_snapshot()")
-        row = conn.execute("SELECT sum(sessions)::bigint FROM pg_stat_database").fetchone()
+        row = conn.execute(
+            "SELECT sessions FROM pg_stat_database WHERE datname = %s", (database,)
+        ).fetchone()
         count = int(row[0]) if row else 0
         if (count >= at_least and count == last) or time.monotonic() > deadline:
             return count
