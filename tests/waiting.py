@@ -9,6 +9,7 @@ with what it waited for once the deadline passes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import threading
@@ -133,6 +134,15 @@ def wait_backends(dsn: str) -> set[int]:
             (f"cyclone-wait-{os.getpid()}",),
         ).fetchall()
     return {int(r[0]) for r in rows}
+
+
+def open_sockets() -> int:
+    """Sockets this process holds (a database connection is one, a socket pair two)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return count
 
 
 def waits_in_flight(client: Client) -> int:

@@ -48,7 +48,7 @@ from cyclone_dsl import (
 )
 from cyclone_dsl.client.aio import AsyncRunHandle
 from cyclone_dsl.client.handle import RunHandle
-from tests.waiting import wait_until
+from tests.waiting import open_sockets, wait_until
 
 # -- definitions ------------------------------------------------------------------------------
 
@@ -120,18 +120,6 @@ def listen_connections(cyclone_dsn: str) -> Callable[[str], int]:
     def count(dsn: str) -> int:
         return len(set(wait_connections(dsn)) - before)
 
-    return count
-
-
-def open_sockets() -> int:
-    """Sockets this process holds (each database connection is one)."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                count += 1
-        except OSError:
-            continue
     return count
 
 

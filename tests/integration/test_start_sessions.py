@@ -8,7 +8,6 @@ pool's connections and the check's all go through it), recorded by application n
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +19,7 @@ from cyclone_dsl import Client, DatabaseUnavailable, SchemaVersionMismatch, Work
 from cyclone_dsl.db.connect import make_pool
 from cyclone_dsl.migrate import checked_connection
 from tests.cli.runner import in_process
+from tests.waiting import open_sockets
 
 Opened = list[tuple[str, psycopg.Connection[Any]]]
 
@@ -120,15 +120,6 @@ def test_worker_starts_and_stops_leave_no_socket_open(cyclone_dsn: str, listen: 
         worker.stop()
         workers.append(worker)
     assert open_sockets() == before
-
-
-def open_sockets() -> int:
-    """Sockets this process holds (a database connection is one, a socket pair two)."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-    return count
 
 
 def test_a_cli_read_opens_one_session(cyclone_dsn: str, opened: Opened) -> None:
