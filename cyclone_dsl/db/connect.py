@@ -93,27 +93,32 @@ def make_pool(
     as psycopg_pool's (by default, the engine's autocommit connections, not reset: see
     :mod:`cyclone_dsl.db.handler_tx` for those of transactional handlers). ``first``: a
     connection already open with these settings (a start-up check's), which the pool
-    takes as its first instead of opening one."""
-    pool: ConnectionPool[Any] = ConnectionPool(
-        conninfo,
-        connection_class=psycopg.Connection if first is None else _handing_over(first),
-        min_size=min_size,
-        max_size=max_size,
-        kwargs=connection_kwargs(
+    takes as its first instead of opening one (closed if the pool cannot be made)."""
+    try:
+        pool: ConnectionPool[Any] = ConnectionPool(
             conninfo,
-            name,
-            idle_in_transaction_s=idle_in_transaction_s,
-            pooled=pooled,
-            server_jit=server_jit,
-        ),
-        configure=configure,
-        reset=reset,
-        open=False,
-        name=name,
-        reconnect_timeout=3600,
-    )
-    if open_now:
-        pool.open(wait=True, timeout=30)
+            connection_class=psycopg.Connection if first is None else _handing_over(first),
+            min_size=min_size,
+            max_size=max_size,
+            kwargs=connection_kwargs(
+                conninfo,
+                name,
+                idle_in_transaction_s=idle_in_transaction_s,
+                pooled=pooled,
+                server_jit=server_jit,
+            ),
+            configure=configure,
+            reset=reset,
+            open=False,
+            name=name,
+            reconnect_timeout=3600,
+        )
+        if open_now:
+            pool.open(wait=True, timeout=30)
+    except BaseException:
+        if first is not None:  # given to a pool that failed: nobody else closes it
+            first.close()
+        raise
     return pool
 
 

@@ -87,12 +87,8 @@ class PooledDatabase:
             self._pool: ConnectionPool[Any] = make_pool(
                 dsn, name=name, max_size=max_size, pooled=pooled, first=first
             )
-        except BaseException as exc:
-            if first is not None:
-                first.close()
-            if isinstance(exc, PoolTimeout):
-                raise self._pool_unavailable(exc) from exc
-            raise
+        except PoolTimeout as exc:
+            raise self._pool_unavailable(exc) from exc
         _LIVE.add(self)
 
     def _forked(self) -> None:

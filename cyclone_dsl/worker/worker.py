@@ -882,13 +882,9 @@ class Worker:
         """Check the database, register, start every thread; on failure nothing is left open."""
         name = f"cyclone-worker-{os.getpid()}"
         checked = checked_connection(self._dsn, name=name, pooled=self.pooled)
-        try:
-            self._pool = make_pool(
-                self._dsn, name=name, max_size=3 + COMPLETERS, pooled=self.pooled, first=checked
-            )
-        except BaseException:
-            checked.close()
-            raise
+        self._pool = make_pool(
+            self._dsn, name=name, max_size=3 + COMPLETERS, pooled=self.pooled, first=checked
+        )
         registered_worker = False
         try:
             self._serve_metrics()  # first: an address in use must not leave a worker row

@@ -149,6 +149,13 @@ def test_the_pool_takes_the_checked_session_first_then_opens_more(cyclone_dsn: s
     assert checked.closed
 
 
+def test_a_pool_that_cannot_be_made_closes_the_session_it_was_given(cyclone_dsn: str) -> None:
+    checked = checked_connection(cyclone_dsn, name="t-handover")
+    with pytest.raises(ValueError, match="max_size"):
+        make_pool(cyclone_dsn, name="t-handover", min_size=2, max_size=1, first=checked)
+    assert checked.closed
+
+
 def test_a_failed_check_leaves_no_session_open(
     cyclone_admin_dsn: str, opened: Opened, unmigrated_dsn: str
 ) -> None:
