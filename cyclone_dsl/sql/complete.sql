@@ -143,8 +143,9 @@ s.state = 'pending' AND s.item_of IS NULL
 -- cyclone_ext_guards) is judged first: it is skipped (completed, output NULL, error_kind
 -- 'skipped') when every dependency was skipped and its on_skip is 'skip', or when its
 -- condition does not hold on the outputs it reads. Nodes of other definitions find no
--- guard row, and the CASE reads nothing more for them.
-judged AS (
+-- guard row, and the CASE reads nothing more for them. MATERIALIZED: the update sets six
+-- columns from j.skip, and an inlined CTE planned (and ran) the judgement once for each.
+judged AS MATERIALIZED (
     SELECT ready.id, r.state AS run_state, CASE
         WHEN g.node IS NULL THEN false
         WHEN g.on_skip = 'skip' AND (

@@ -456,6 +456,18 @@ def test_hot_statements_stay_below_the_jit_threshold_on_analyzed_tables(
     assert cost < JIT_ABOVE_COST, f"{name}: estimated cost {cost:,.0f}"
 
 
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("name", ["activate_dependents", "activate_ready"])
+def test_an_activation_judges_each_node_once(loaded: str, name: str, mode: str) -> None:
+    """The judgement whether a node of a conditional definition is skipped (its guard's
+    condition on the outputs it reads) was written once but planned once per column the
+    update sets from it: six copies, each evaluated for every guarded node, and twice
+    the planning time of the statement, which a connection through PgBouncer pays on
+    every completion batch that activates a node."""
+    plan = "\n".join(r["QUERY PLAN"] for r in explain(loaded, name, mode))
+    assert plan.count("ANY (g.sources)") == 1, plan
+
+
 @pytest.mark.parametrize("name", ["claim_steps", "claim_gated_steps"])
 def test_a_claim_probes_its_runs_and_steps_by_key(cyclone_admin_dsn: str, name: str) -> None:
     """On a small, analyzed table the planner found hashing every run (and, to lease the
