@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import attrs
 
@@ -105,6 +107,10 @@ def retry(tx: Tx, run_id: int, node: str, hooks: Hooks) -> None:
     its parent node no longer waits for, ``node`` depends on a step that stays
     failed, or a step that failed the run would stay discarded. A unique key
     taken meanwhile by another active step refuses it too.
+
+    A run that ended while paused (it keeps its ``paused_at``) is judged, and
+    reopened, as if resumed now: its deadline moves forward by the length of the
+    pause, as a resume moves it.
     """
     _lock_tree_rows(tx, run_id)
     run = tx.one(Q.retry_run, run_id=run_id)
@@ -163,16 +169,29 @@ def _check_parent_waits(tx: Tx, run: Row) -> None:
 
 def _apply_refusing_taken_keys(tx: Tx, plan: _Plan, what: str, hooks: Hooks) -> None:
     """Write ``plan``, or nothing when a unique key it needs is held by another active step."""
+    with refusing_taken_keys(tx, plan.run_id, plan.unique, "retry", what):
+        _apply(tx, plan, hooks)
+
+
+@contextmanager
+def refusing_taken_keys(
+    tx: Tx, run_id: int, unique: Sequence[tuple[str, str]], action: str, what: str
+) -> Iterator[None]:
+    """Write what the block writes, or nothing when a step it moves back to active work
+    finds its unique key held by another active step: :class:`InvalidTransition` then,
+    naming ``unique``, the (kind, unique_key) of the steps it resets.
+
+    ``action`` and ``what`` name the refused operation ("retry", "'node'")."""
     try:
         with tx.savepoint():  # a savepoint: a refused reset leaves nothing written
-            _apply(tx, plan, hooks)
+            yield
     except UniqueViolation:
-        if not plan.unique:
+        if not unique:
             raise
-        held = ", ".join(f"kind {kind!r} with unique key {key!r}" for kind, key in plan.unique)
+        held = ", ".join(f"kind {kind!r} with unique key {key!r}" for kind, key in unique)
         raise InvalidTransition(
-            f"run {plan.run_id}: cannot retry {what}: another active step holds its {held}; "
-            "retry once that step has finished"
+            f"run {run_id}: cannot {action} {what}: another active step holds its {held}; "
+            f"{action} once that step has finished"
         ) from None
 
 

@@ -13,6 +13,7 @@ from collections import defaultdict
 
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine import gates
+from cyclone_dsl.engine.control import refusing_taken_keys
 from cyclone_dsl.engine.transitions import Hooks, activate, finish_if_done
 from cyclone_dsl.errors import InvalidTransition, NodeNotFound, RunNotFound
 from cyclone_dsl.sql import Q
@@ -31,7 +32,11 @@ def replay(tx: Tx, run_id: int, node: str, hooks: Hooks) -> list[str]:
     not run or finish: the run is paused or past its deadline; ``node`` is an item
     task (replay its fan-out node); a node of the cone is still under way (running,
     waiting, available); a child node of the cone has a child run (fork the run
-    instead); a node outside the cone did not complete (retry it first).
+    instead); a node outside the cone did not complete (retry it first); a node of the
+    cone has a unique key another active step holds now.
+
+    A run that ended while paused is judged, and reopened, as if resumed now: its deadline
+    moves forward by the length of the pause.
     """
     tree = [r["id"] for r in tx.rows(Q.run_tree, run_id=run_id)]
     tx.rows(Q.lock_runs, run_ids=tree)  # the locks of every run transition, in id order
@@ -97,14 +102,22 @@ def replay(tx: Tx, run_id: int, node: str, hooks: Hooks) -> list[str]:
             "the run could not finish: retry those first"
         )
     ordered = [n for n in steps if n in cone]
-    tx.rows(Q.replay_reset_steps, run_id=run_id, nodes=ordered)
-    fan_outs = [n for n in ordered if steps[n]["has_items"]]
-    if fan_outs:
-        tx.rows(Q.replay_drop_items, run_id=run_id, nodes=fan_outs)
-    if RunState(run["state"]).is_terminal:
-        tx.rows(Q.retry_reopen_run, run_id=run_id)
-        gates.release_run_slots(tx, run_id)
-    gates.unpark(tx, run_id)
-    activate(tx, ((run_id, n) for n in ordered), hooks)
-    finish_if_done(tx, [run_id], hooks)
+    unique = [
+        (steps[n]["kind"], steps[n]["unique_key"])
+        for n in ordered
+        if steps[n]["unique_key"] is not None
+    ]
+    # A node back to pending takes its unique key again: refused while another active
+    # step holds it, as a retry is.
+    with refusing_taken_keys(tx, run_id, unique, "replay", repr(node)):
+        tx.rows(Q.replay_reset_steps, run_id=run_id, nodes=ordered)
+        fan_outs = [n for n in ordered if steps[n]["has_items"]]
+        if fan_outs:
+            tx.rows(Q.replay_drop_items, run_id=run_id, nodes=fan_outs)
+        if RunState(run["state"]).is_terminal:
+            tx.rows(Q.retry_reopen_run, run_id=run_id)
+            gates.release_run_slots(tx, run_id)
+        gates.unpark(tx, run_id)
+        activate(tx, ((run_id, n) for n in ordered), hooks)
+        finish_if_done(tx, [run_id], hooks)
     return ordered

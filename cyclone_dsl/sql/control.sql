@@ -32,15 +32,21 @@ WHERE run_id = %(run_id)s AND node = %(node)s
 
 -- name: retry_run
 -- What an operator retry checks on a run (locked by the caller): state, deadline, parent.
-SELECT r.id, r.state, r.parent_run_id, r.parent_node_id,
-       coalesce(r.deadline_at <= now() + %(shift)s::interval, false) AS past_deadline
+SELECT r.id, r.state, r.parent_run_id, r.parent_node_id, {{retry_past_deadline}}
 FROM cyclone_runs AS r
 WHERE r.id = %(run_id)s
 
+-- fragment: retry_past_deadline
+-- Whether a run retried now is past its deadline. The deadline's clock stops while a run is
+-- paused: a run that ended while paused (it keeps its paused_at) is judged as if resumed
+-- now, its deadline moved forward by the pause (what retry_reopen_run writes), which is to
+-- judge it at its pause.
+coalesce(r.deadline_at <= coalesce(r.paused_at, now() + %(shift)s::interval), false)
+    AS past_deadline
+
 -- name: retry_child_runs
 -- The child runs of some child nodes of a run, with the columns of retry_run.
-SELECT r.id, r.state, r.parent_run_id, r.parent_node_id,
-       coalesce(r.deadline_at <= now() + %(shift)s::interval, false) AS past_deadline
+SELECT r.id, r.state, r.parent_run_id, r.parent_node_id, {{retry_past_deadline}}
 FROM cyclone_runs AS r
 WHERE r.parent_run_id = %(run_id)s AND r.parent_node_id = ANY(%(nodes)b::text[])
 ORDER BY r.id
@@ -111,9 +117,11 @@ RETURNING s.node
 
 -- name: retry_reopen_run
 -- Put an ended run (failed, cancelled, or completed with a contained failure) back to
--- running for an operator retry.
+-- running for an operator retry or replay. A run that ended while paused is resumed by
+-- it: its deadline moves forward by the length of the pause, as resume_run moves it.
 UPDATE cyclone_runs
-SET state = 'running', finished_at = NULL, paused_at = NULL, updated_at = now()
+SET state = 'running', finished_at = NULL, paused_at = NULL, updated_at = now(),
+    deadline_at = deadline_at + coalesce(now() + %(shift)s::interval - paused_at, interval '0')
 WHERE id = %(run_id)s AND state IN ('completed', 'failed', 'cancelled')
 RETURNING id
 

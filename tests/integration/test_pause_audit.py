@@ -846,6 +846,207 @@ def test_without_a_pause_a_completion_after_the_deadline_fails_the_run(
     assert failed.value.error_kind == "deadline"
 
 
+# -- deadlines of runs that ended while paused --------------------------------------------------
+#
+# A deadline's clock stops while its run is paused (docs/concepts/waits.md). A run that ended
+# while paused (it keeps its paused_at) and is then retried or replayed is judged, and
+# reopened, as if resumed at the retry: its deadline moves forward by the pause's length.
+
+
+@step(name="pa_fail_once", max_attempts=1)
+def fail_once(value: int) -> int:
+    """Its first call fails for good (once gate "fail_once" opens); later calls return."""
+    called("pa_fail_once")
+    with CALLS_LOCK:
+        first = CALLS["pa_fail_once"] == 1
+    if first:
+        gate("fail_once").wait(10)
+        raise RuntimeError("pa fails once")
+    return value
+
+
+@workflow(name="pa_fail_once_wf")
+def fail_once_wf(x):  # type: ignore[no-untyped-def]
+    return echo(fail_once(x))
+
+
+@workflow(name="pa_go")
+def go_wf(x):  # type: ignore[no-untyped-def]
+    return echo(wait_signal("pa_dl_go"))
+
+
+@workflow(name="pa_timer_parent")
+def timer_parent(x):  # type: ignore[no-untyped-def]
+    return echo(child(timer_wf, x))
+
+
+def _failed_while_paused(
+    client: Client, clock: Callable[[timedelta], None], paused_for: timedelta
+) -> int:
+    """A pa_fail_once_wf run with a 1 h deadline, paused a few seconds in, that fails for good
+    ``paused_for`` later, still paused."""
+    handle = client.submit(fail_once_wf, 1, deadline=timedelta(hours=1))
+    wait_until(
+        lambda: handle.get().step("pa_fail_once").state is StepState.RUNNING,
+        what="pa_fail_once runs",
+    )
+    client.pause(handle.id)
+    clock(paused_for)
+    gate("fail_once").set()
+    run = handle.wait(timeout=10)
+    assert run.state is RunState.FAILED and run.paused_at is not None
+    assert run.step("pa_fail_once").error_kind == "error"
+    return handle.id
+
+
+def _moved_by(before: datetime | None, after: datetime | None) -> timedelta:
+    assert before is not None and after is not None
+    return after - before
+
+
+def test_a_retry_of_a_run_that_failed_while_paused_keeps_the_pause_off_its_deadline(
+    client: Client, clock: Callable[[timedelta], None], start_worker: Callable[..., Worker]
+) -> None:
+    """Deadline 1 h. Paused a few seconds in, the run stays paused 3 h and a step that was
+    running fails for good inside the pause. Its deadline's clock stood still: it has used
+    seconds of its hour, so a retry then is not past its deadline (it was refused so)."""
+    start_worker(*ALL_STEPS, fail_once)
+    run_id = _failed_while_paused(client, clock, timedelta(hours=3))
+    before = client.get_run(run_id)
+    client.retry(run_id, "pa_fail_once")
+    after = client.get_run(run_id)
+    assert after.paused_at is None
+    # Moved forward by the pause: from the pause to the retry (3 h and a few seconds).
+    moved = _moved_by(before.deadline_at, after.deadline_at)
+    assert timedelta(hours=3) <= moved < timedelta(hours=3, minutes=1)
+    assert client.wait(run_id, timeout=10).state is RunState.COMPLETED
+
+
+def test_a_retry_of_a_run_cancelled_while_paused_keeps_the_pause_off_its_deadline(
+    client: Client, clock: Callable[[timedelta], None], start_worker: Callable[..., Worker]
+) -> None:
+    """Deadline 2 h; paused at once, cancelled 3 h later (its clock stood still), retried at
+    once: it has used none of its 2 h. Its timer waits its full hour from the retry, and
+    fires inside the moved deadline."""
+    handle = client.submit(timer_wf, 3, deadline=timedelta(hours=2))
+    client.pause(handle.id)
+    clock(timedelta(hours=3))
+    client.cancel(handle.id)
+    assert handle.get().state is RunState.CANCELLED
+    client.retry(handle.id, "timer")
+    assert handle.get().state is RunState.RUNNING
+    worker = start_worker(*ALL_STEPS)
+    scanner_passes(worker)
+    assert handle.get().state is RunState.RUNNING  # not failed by its deadline at once
+    clock(timedelta(hours=4, minutes=1))  # the timer is due; the moved deadline is not
+    assert handle.result(timeout=10) == 3
+
+
+def test_a_run_retried_before_its_deadline_gets_its_paused_time_back(
+    client: Client, clock: Callable[[timedelta], None], start_worker: Callable[..., Worker]
+) -> None:
+    """Deadline 1 h; paused at once, cancelled 20 min later, retried then (before its
+    deadline). It gets the 20 paused minutes back: it does not fail at the original
+    deadline, and fails 20 min after it."""
+    handle = client.submit(go_wf, 1, deadline=timedelta(hours=1))
+    client.pause(handle.id)
+    clock(timedelta(minutes=20))
+    client.cancel(handle.id)
+    before = client.get_run(handle.id)
+    (wait_node,) = [s.node for s in before.steps if s.node != "pa_echo"]
+    client.retry(handle.id, wait_node)
+    moved = _moved_by(before.deadline_at, client.get_run(handle.id).deadline_at)
+    assert timedelta(minutes=20) <= moved < timedelta(minutes=21)
+    worker = start_worker(*ALL_STEPS)
+    clock(timedelta(hours=1, minutes=10))  # past the original deadline, not the moved one
+    scanner_passes(worker)
+    assert handle.get().state is RunState.RUNNING
+    clock(timedelta(hours=1, minutes=22))  # past the moved one
+    scanner_passes(worker)
+    with pytest.raises(RunFailed) as failed:
+        handle.result(timeout=10)
+    assert failed.value.error_kind == "deadline"
+
+
+def test_a_run_that_ended_unpaused_past_its_deadline_is_still_refused_a_retry(
+    client: Client, clock: Callable[[timedelta], None]
+) -> None:
+    """The control: a cancelled run that was never paused keeps its deadline; 3 h on it is
+    past it, and the retry is refused (nothing changed)."""
+    handle = client.submit(go_wf, 1, deadline=timedelta(hours=1))
+    client.cancel(handle.id)
+    before = client.get_run(handle.id)
+    (wait_node,) = [s.node for s in before.steps if s.node != "pa_echo"]
+    clock(timedelta(hours=3))
+    with pytest.raises(InvalidTransition, match="past its deadline"):
+        client.retry(handle.id, wait_node)
+    after = client.get_run(handle.id)
+    assert after.state is RunState.CANCELLED and after.deadline_at == before.deadline_at
+
+
+def test_a_replay_of_a_run_that_completed_while_paused_keeps_the_pause_off_its_deadline(
+    client: Client, clock: Callable[[timedelta], None], start_worker: Callable[..., Worker]
+) -> None:
+    """Deadline 1 h; the run's last step completes 3 h into a pause (the run completes,
+    keeping its paused_at). A replay of that step then is not past the deadline."""
+    start_worker(*ALL_STEPS)
+    handle = client.submit(single, 5, deadline=timedelta(hours=1))
+    wait_until(lambda: handle.get().step("pa_hold").state is StepState.RUNNING, what="pa_hold runs")
+    client.pause(handle.id)
+    clock(timedelta(hours=3))
+    gate("hold").set()
+    before = handle.wait(timeout=10)
+    assert before.state is RunState.COMPLETED and before.paused_at is not None
+    client.retry(handle.id, "pa_hold", force=True)
+    after = client.get_run(handle.id)
+    assert after.paused_at is None
+    moved = _moved_by(before.deadline_at, after.deadline_at)
+    assert timedelta(hours=3) <= moved < timedelta(hours=3, minutes=1)
+    wait_until(lambda: CALLS["pa_hold"] == 2, what="pa_hold runs again")
+    assert handle.result(timeout=10) == 5
+
+
+def test_retry_many_takes_a_run_that_failed_while_paused_past_its_nominal_deadline(
+    client: Client, clock: Callable[[timedelta], None], start_worker: Callable[..., Worker]
+) -> None:
+    """retry_many skipped it as "past its deadline"."""
+    start_worker(*ALL_STEPS, fail_once)
+    run_id = _failed_while_paused(client, clock, timedelta(hours=3))
+    result = client.retry_many(RunFilter(workflows="pa_fail_once_wf"))
+    assert (result.acted, result.skipped, result.skipped_runs) == (1, 0, ())
+    assert client.wait(run_id, timeout=10).state is RunState.COMPLETED
+
+
+def test_a_retry_reopens_a_child_run_cancelled_while_paused_with_its_parent(
+    client: Client, clock: Callable[[timedelta], None], start_worker: Callable[..., Worker]
+) -> None:
+    """Parent with a 2 h deadline, paused with its child run at once and cancelled with it
+    3 h later; a retry of the parent's child node reopens both, the parent's deadline moved
+    by the pause, and the tree completes."""
+    handle = client.submit(timer_parent, 4, deadline=timedelta(hours=2))
+    (kid_row,) = client.children_of(handle.id)
+    client.pause(handle.id)
+    assert client.get_run(kid_row["id"]).state is RunState.PAUSED
+    clock(timedelta(hours=3))
+    client.cancel(handle.id)
+    before = client.get_run(handle.id)
+    kid_before = client.get_run(kid_row["id"])
+    assert kid_before.state is RunState.CANCELLED and kid_before.paused_at is not None
+    (child_node,) = [s.node for s in before.steps if s.node != "pa_echo"]
+    client.retry(handle.id, child_node)
+    after = client.get_run(handle.id)
+    kid_after = client.get_run(kid_row["id"])
+    assert after.state is RunState.RUNNING and kid_after.state is RunState.RUNNING
+    assert after.paused_at is None and kid_after.paused_at is None
+    moved = _moved_by(before.deadline_at, after.deadline_at)
+    assert timedelta(hours=3) <= moved < timedelta(hours=3, minutes=1)
+    worker = start_worker(*ALL_STEPS, *ALL_WORKFLOWS, timer_wf)
+    scanner_passes(worker)
+    assert client.get_run(handle.id).state is RunState.RUNNING
+    clock(timedelta(hours=4, minutes=1))  # the child's timer is due; the moved deadline is not
+    assert handle.result(timeout=10) == 4
+
+
 # -- more fan-out, waits and bulk -------------------------------------------------------------
 
 

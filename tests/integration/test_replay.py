@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -231,3 +232,36 @@ def test_a_replay_judges_a_skipped_child_node_again(
     scores["big"] = True
     client.retry(run.id, "rp_score", force=True)
     assert run.result(timeout=20) == 40
+
+
+# -- unique keys --------------------------------------------------------------------------
+
+
+@step(name="rp_unique")
+def unique(x: int) -> int:
+    return x
+
+
+def test_replay_of_a_completed_unique_step_while_another_holds_its_key_is_refused(
+    client: Client, start_worker: StartWorker
+) -> None:
+    """docs/concepts/runs-and-steps.md: a unique key is unique among active work; a replay
+    while another active step holds it is refused (InvalidTransition naming the key, nothing
+    changed), as a plain retry is. It was a raw psycopg UniqueViolation."""
+    worker = start_worker(unique)
+    first = client.enqueue(unique, 1, unique_key="rp-k")
+    assert first.result(timeout=20) == 1
+    worker.stop()
+    later = datetime.now(UTC) + timedelta(days=365)
+    second = client.enqueue(unique, 2, unique_key="rp-k", scheduled_at=later)
+    assert second.created and second.id != first.id
+    (node,) = [s.node for s in client.get_run(first.id).steps]
+    before = client.get_run(first.id)
+    with pytest.raises(InvalidTransition, match=f"cannot replay {node!r}.*'rp-k'"):
+        client.retry(first.id, node, force=True)
+    after = client.get_run(first.id)
+    assert after.state is RunState.COMPLETED
+    assert [(s.state, s.attempt, s.attempts) for s in after.steps] == [
+        (s.state, s.attempt, s.attempts) for s in before.steps
+    ]  # nothing changed: no 'replayed' attempt recorded either
+    assert client.enqueue(unique, 3, unique_key="rp-k").id == second.id  # still the second's
