@@ -74,6 +74,40 @@ s.kind = ANY(%(kinds)b::text[])
               AND h.id <> s.id
               AND (h.state = 'running' OR (h.scheduled_at, h.id) < (s.scheduled_at, s.id))))
 
+-- fragment: no_ancestor_past_deadline
+-- No ancestor run of step s's run is past its deadline: a child run has no deadline of its
+-- own, and nothing of it starts once its parent's (or a grandparent's) has passed, though no
+-- scanner has failed that run yet. Checked on the steps a claim chose (after its LIMIT), not
+-- on every candidate: a recursive walk per candidate put the claim's estimate above
+-- jit_above_cost. Such a step stays available, locked by this claim until it commits, and
+-- the deadline scanner ends it with its run. Each level is a probe by primary key (OFFSET 0
+-- keeps the LATERAL from being flattened into a join, which could hash every run); a paused
+-- ancestor's deadline stands still (resume moves it), as in lock_runs_and_ancestors.
+-- The CASE keeps the walk from being set up at all for a run without a parent: every
+-- claimed step of a standalone run paid for it (1-2 us of the claim's 25 per step).
+CASE WHEN (SELECT r.parent_run_id FROM cyclone_runs AS r WHERE r.id = s.run_id) IS NULL
+     THEN true
+     ELSE NOT EXISTS (
+    WITH RECURSIVE up(parent_id, past) AS (
+        SELECT a.parent_run_id, {{run_past_deadline}}
+        FROM cyclone_runs AS a
+        WHERE a.id = (SELECT r.parent_run_id FROM cyclone_runs AS r WHERE r.id = s.run_id)
+        UNION ALL
+        SELECT a.parent_run_id, a.past
+        FROM up CROSS JOIN LATERAL (
+            SELECT a.parent_run_id, {{run_past_deadline}} AS past
+            FROM cyclone_runs AS a WHERE a.id = up.parent_id
+            OFFSET 0
+        ) AS a
+        WHERE up.parent_id IS NOT NULL
+    )
+    SELECT 1 FROM up WHERE up.past
+) END
+
+-- fragment: run_past_deadline
+-- Run a is past its deadline (a paused run's deadline stands still until its resume).
+coalesce(a.state = 'running' AND a.deadline_at < now() + %(shift)s::interval, false)
+
 -- fragment: claim_chosen
 -- Lease the steps of CTE ``chosen`` (ids, locked) and return each with its handler input;
 -- the statement defines ``relaxed`` (its commit mode) before.
@@ -107,6 +141,7 @@ claimed AS (
     -- scan of every step whenever the table looked small to the planner (no statistics
     -- yet after a burst of enqueues): a third of a gated claim's time at 20,000 steps.
     WHERE s.id = ANY(ARRAY(SELECT id FROM chosen))
+      AND {{no_ancestor_past_deadline}}
     RETURNING s.id, s.run_id, s.node, s.kind, s.queue, s.attempt, s.max_attempts,
               s.lease_generation, s.input, s.input_from,
               extract(epoch FROM s.timeout)::float8 AS timeout_s, s.item_of, s.item_index,

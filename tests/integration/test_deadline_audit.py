@@ -357,6 +357,42 @@ def test_a_child_left_for_a_worker_is_not_started_past_its_parents_deadline(
         assert calls.get("echo", 0) == 0
 
 
+@workflow(name="dla_grandparent_of_echo")
+def grandparent_of_echo(x):  # type: ignore[no-untyped-def]
+    return echo(child(parent_of_echo, x), node_id="after_grandchild")
+
+
+@pytest.mark.parametrize("levels", [1, 2])
+def test_a_child_runs_step_is_not_claimed_past_an_ancestors_deadline(
+    client: Client,
+    start_worker: Callable[..., Worker],
+    clock_shift: Callable[[timedelta], None],
+    levels: int,
+) -> None:
+    """A child run has no deadline of its own; its steps were claimed (and their handlers
+    run) past its parent's or grandparent's deadline when no scanner had failed it yet."""
+    _reset("echo")
+    top = parent_of_echo if levels == 1 else grandparent_of_echo
+    handle = client.submit(top, 3, deadline=timedelta(hours=1))
+    leaf = handle.id
+    for _ in range(levels):
+        (kid,) = client.children_of(leaf)
+        leaf = kid["id"]
+    assert client.get_run(leaf).step("dla_echo").state is StepState.AVAILABLE
+    clock_shift(timedelta(hours=2))  # the workers were down past the deadline
+    start_worker(*STEPS, echo_wf, parent_of_echo, grandparent_of_echo, scanners=False)
+    # A run without a deadline, queued after the child's step: once it has run, the worker
+    # has had the child's step in reach of its claims.
+    assert client.submit(echo_wf, 4).result(timeout=PROMPT) == 4
+    assert calls.get("echo", 0) == 1, "a child run's step ran past its ancestor's deadline"
+    assert client.get_run(leaf).step("dla_echo").state is StepState.AVAILABLE
+    start_worker(*STEPS, echo_wf, parent_of_echo, grandparent_of_echo)  # with a scanner
+    failure = _deadline_failure(client, handle.id)
+    assert (failure.state, failure.error_kind) == ("failed", "deadline")
+    assert client.get_run(leaf).state is RunState.CANCELLED
+    assert calls.get("echo", 0) == 1
+
+
 def test_submit_tx_counts_the_deadline_from_the_submit(client: Client, cyclone_dsn: str) -> None:
     def db_clock(conn: psycopg.Connection[Any]) -> datetime:
         row = conn.execute("SELECT clock_timestamp()").fetchone()
