@@ -25,6 +25,7 @@ from cyclone_dsl.dsl.step import (
 )
 from cyclone_dsl.dsl.workflow import WorkflowDef
 from cyclone_dsl.errors import (
+    CycloneError,
     InvalidArgument,
     ScheduleError,
     UnknownDefinition,
@@ -355,9 +356,21 @@ def with_schedule_options(compiled: CompiledRun, row: Mapping[str, Any]) -> Comp
 
 
 def compiler_for(registry: Registry) -> ScheduleCompiler:
-    """How a scanner of this process turns a due schedule into a run."""
+    """How a scanner of this process turns a due schedule into a run; it also says what
+    it can fire (a :class:`~cyclone_dsl.engine.schedules.TargetedCompiler`)."""
+    return _RegistryCompiler(registry)
 
-    def compile_target(kind: str, run_input: JSONValue, row: Mapping[str, Any]) -> CompiledRun:
+
+class _RegistryCompiler:
+    """The due schedules' compiler of a process with ``registry`` (see ``compiler_for``)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        #: The schedules this process refused for their input lately (kept by the engine).
+        self.refused_lately: dict[str, float] = {}
+
+    def __call__(self, kind: str, run_input: JSONValue, row: Mapping[str, Any]) -> CompiledRun:
+        registry = self.registry
         if kind in registry.workflows:
             definition = registry.workflows[kind]
             pinned = row["def_version"]
@@ -384,7 +397,16 @@ def compiler_for(registry: Registry) -> ScheduleCompiler:
             retention=_seconds(row["retention_s"]),
         )
 
-    return compile_target
+    def targets(self) -> tuple[list[str], dict[str, str]]:
+        """The kinds this process has (workflows, steps, actions), and each workflow's
+        def_version (one whose definition fails is left out: its schedule's fire says why)."""
+        versions: dict[str, str] = {}
+        for name, definition in self.registry.workflows.items():
+            try:
+                versions[name] = definition.def_version
+            except CycloneError:
+                continue
+        return [*self.registry.workflows, *self.registry.kinds], versions
 
 
 def child_compiler(

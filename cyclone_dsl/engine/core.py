@@ -571,7 +571,10 @@ class Engine:
         schedules.delete(tx, schedule_id)
 
     def lease_due_schedules(self, tx: Tx, *, owner: str, limit: int, lease: timedelta) -> list[Row]:
-        return schedules.lease_due(tx, owner=owner, limit=limit, lease=lease)
+        """Lease due schedules, those this engine's compiler can fire first."""
+        return schedules.lease_due(
+            tx, owner=owner, limit=limit, lease=lease, compile_target=self._compile_schedule
+        )
 
     def fire_schedule(
         self, tx: Tx, schedule: Row, *, owner: str, catch_up: CatchUp = "latest"

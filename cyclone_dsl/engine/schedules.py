@@ -13,9 +13,12 @@ missed slot in turn, one per scanner pass.
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
+from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 from zoneinfo import ZoneInfo
 
 from croniter import CroniterError, croniter
@@ -23,14 +26,39 @@ from croniter import CroniterError, croniter
 from cyclone_dsl.db.tx import Row, Tx
 from cyclone_dsl.engine.submit import insert_run
 from cyclone_dsl.engine.transitions import Hooks
-from cyclone_dsl.errors import CycloneError, ScheduleError, UnknownDefinition
+from cyclone_dsl.errors import CycloneError, InvalidArgument, ScheduleError, UnknownDefinition
 from cyclone_dsl.failpoints import failpoint
-from cyclone_dsl.graph.rows import ScheduleCompiler, ScheduleRow
-from cyclone_dsl.payload import is_text
+from cyclone_dsl.graph.rows import CompiledRun, ScheduleCompiler, ScheduleRow
+from cyclone_dsl.payload import JSONValue, is_text
 from cyclone_dsl.sql import Q
 
 LOCAL = "Local"
 CatchUp = Literal["latest", "all"]
+#: How long a process leaves a schedule it refused for its input (its handler of the kind
+#: cannot take it) before it looks at it again: it writes that refusal once per span, not
+#: on every pass, while a process whose handler takes the input fires it at once.
+REFUSED_INPUT_SPAN = timedelta(minutes=5)
+
+
+@runtime_checkable
+class TargetedCompiler(Protocol):
+    """A :data:`ScheduleCompiler` that says what its process can fire (``compiler_for``'s):
+    a scanner leases those schedules first, and leaves one it could only refuse once a
+    refusal says why."""
+
+    #: The schedules this process refused for their input, to the ``time.monotonic()`` at
+    #: which it looks at each again (kept by :func:`lease_due` and :func:`fire`).
+    refused_lately: dict[str, float]
+
+    def __call__(self, kind: str, run_input: JSONValue, row: Mapping[str, Any]) -> CompiledRun: ...
+
+    def targets(self) -> tuple[Collection[str], Mapping[str, str]]:
+        """The kinds the process has (workflows, steps, actions) and the ``def_version``
+        of each workflow (by name) whose definition it has."""
+        ...
+
+
+_refused_lock = threading.Lock()
 
 
 def zone(location: str | None) -> tzinfo:
@@ -156,8 +184,40 @@ def _checked_id(schedule_id: object) -> str:
     return schedule_id
 
 
-def lease_due(tx: Tx, *, owner: str, limit: int, lease: timedelta) -> list[Row]:
-    rows = tx.rows(Q.lease_due_schedules, owner=owner, limit=limit, lease=lease)
+def lease_due(
+    tx: Tx,
+    *,
+    owner: str,
+    limit: int,
+    lease: timedelta,
+    compile_target: ScheduleCompiler | None = None,
+) -> list[Row]:
+    """Lease up to ``limit`` due schedules. With a :class:`TargetedCompiler`, those its
+    process can fire come first, and one it cannot fire is leased only while no refusal
+    says why (so that it is refused once, not on every pass); with any other compiler, or
+    none, by their slots alone."""
+    kinds: list[str] | None = None
+    workflows: list[tuple[str, str]] = []
+    refused: list[str] = []
+    if isinstance(compile_target, TargetedCompiler):
+        names, versions = compile_target.targets()
+        kinds, workflows = sorted(names), sorted(versions.items())
+        now = time.monotonic()
+        with _refused_lock:
+            lately = compile_target.refused_lately
+            for schedule_id in [key for key, until in lately.items() if until <= now]:
+                del lately[schedule_id]
+            refused = sorted(lately)
+    rows = tx.rows(
+        Q.lease_due_schedules,
+        owner=owner,
+        limit=limit,
+        lease=lease,
+        kinds=kinds,
+        workflows=[name for name, _ in workflows],
+        versions=[version for _, version in workflows],
+        refused=refused,
+    )
     # The UPDATE's rows come in no set order: fired in the order they came due.
     return sorted(rows, key=lambda r: (r["next_run_at"], r["id"]))
 
@@ -205,9 +265,26 @@ def fire(
         # definition leaves it, even one that could not compile its input.
         compiled = compile_target(schedule["kind"], schedule["input"], schedule)
     except UnknownDefinition as exc:
-        tx.run(Q.schedule_refused, id=schedule["id"], owner=owner, error=f"refused here: {exc}")
+        tx.run(Q.schedule_refused, id=schedule["id"], owner=owner, error=str(exc))
         return None
     except CycloneError as exc:
+        if isinstance(exc, InvalidArgument) and schedule["def_version"] is None:
+            # A step's or action's schedule is not pinned, and registration checked its input
+            # with the registering process's handler: this process's handler of the kind is
+            # another (another deploy's). The slot is left for a process whose handler takes
+            # the input, as for a workflow's pinned definition; this process leaves the
+            # schedule for a span (a refusal on every pass would write it on every pass).
+            if isinstance(compile_target, TargetedCompiler):
+                with _refused_lock:
+                    compile_target.refused_lately[schedule["id"]] = (
+                        time.monotonic() + REFUSED_INPUT_SPAN.total_seconds()
+                    )
+            error = (
+                f"this process's handler of {schedule['kind']!r} cannot take the schedule's "
+                f"input ({exc}); a process whose handler takes it will fire it"
+            )
+            tx.run(Q.schedule_refused, id=schedule["id"], owner=owner, error=error)
+            return None
         error = f"fire of {slot.isoformat()} failed: {exc}"
         if following is None:
             tx.run(Q.disable_failed_schedule, id=schedule["id"], owner=owner, error=error)

@@ -44,11 +44,16 @@ SELECT id, kind, input, cron_spec, location, next_run_at, enabled, lease_owner, 
 FROM cyclone_schedules ORDER BY id
 
 -- name: lease_due_schedules
--- Lease due schedules (one scanner fires each); an expired lease can be taken over.
+-- Lease due schedules (one scanner fires each); an expired lease can be taken over. Those
+-- this process can fire come first, so that no number of others starves them. One it
+-- cannot fire is leased only while no refusal says why (schedule_refused): its refusal is
+-- written once, not on every pass of every scanner.
 WITH due AS (
     SELECT id FROM cyclone_schedules
     WHERE {{due_schedule}}
-    ORDER BY next_run_at
+      AND ({{fireable_schedule}}
+           OR last_error IS NULL OR NOT starts_with(last_error, 'refused here: '))
+    ORDER BY {{fireable_schedule}} DESC, next_run_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
@@ -60,6 +65,18 @@ RETURNING s.id, s.kind, s.input, s.cron_spec, s.location, s.next_run_at, s.max_a
           extract(epoch FROM s.timeout)::float8 AS timeout_s, s.queue, s.priority,
           extract(epoch FROM s.retention)::float8 AS retention_s, s.def_version,
           now() + %(shift)s::interval AS now
+
+-- fragment: fireable_schedule
+-- A schedule the leasing process can fire (%(kinds)s NULL: it says not, so any): one of its
+-- kinds (workflows, steps, actions), of the definition it has when the schedule pins one
+-- (%(workflows)s and %(versions)s pair each workflow with its def_version), and not among
+-- those it refused lately for their input (%(refused)s).
+(%(kinds)b::text[] IS NULL
+ OR (kind = ANY(%(kinds)b::text[]) AND id <> ALL(%(refused)b::text[])
+     AND (def_version IS NULL
+          OR EXISTS (SELECT 1 FROM unnest(%(workflows)b::text[], %(versions)b::text[])
+                         AS w(name, def_version)
+                     WHERE w.name = kind AND w.def_version = cyclone_schedules.def_version))))
 
 -- fragment: due_schedule
 -- A schedule of lease_due_schedules (scan_probe looks for one).
@@ -125,9 +142,12 @@ SET enabled = false, last_error = %(error)s, consecutive_failures = consecutive_
 WHERE id = %(id)s AND lease_owner = %(owner)s
 
 -- name: schedule_refused
--- Leave the slot for a process with the pinned definition: record why, release the lease.
+-- Leave the slot for a process that can fire it (the pinned definition, a handler that takes
+-- the input): record why, release the lease. lease_due_schedules knows a refusal by its
+-- 'refused here: ' and leaves the schedule to processes that can fire it.
 UPDATE cyclone_schedules
-SET last_error = %(error)s, lease_owner = NULL, lease_expiry = NULL, updated_at = now()
+SET last_error = 'refused here: ' || %(error)s,
+    lease_owner = NULL, lease_expiry = NULL, updated_at = now()
 WHERE id = %(id)s AND lease_owner = %(owner)s
 
 -- name: lock_schedule

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
+import attrs
 import psycopg
 import pytest
 from croniter import croniter
@@ -411,3 +412,101 @@ def test_bad_schedule_options_are_schedule_errors(
     with pytest.raises(ScheduleError):
         schedule("* * * * *", **options)(tick)  # type: ignore[arg-type]
     assert client.list_schedules() == []
+
+
+def row_versions(dsn: str) -> dict[str, str]:
+    """Each schedule's xmin: it changes with every write of the row."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT id, xmin::text FROM cyclone_schedules").fetchall()
+    return {str(row[0]): str(row[1]) for row in rows}
+
+
+def test_schedules_a_scanner_cannot_fire_are_refused_once_then_left_unwritten(
+    client: Client, cyclone_dsn: str, scanners: list[Scanner]
+) -> None:
+    """60 due schedules of a workflow this scanner was not given: its own one fires on the
+    first pass (they do not starve it); each of the others is refused once, saying why, and
+    then no pass of it or of another such scanner writes it again."""
+    for i in range(60):
+        client.schedule(nightly, "0 * * * *", id=f"other-{i:02}", location="UTC")
+    mine = client.schedule(tick, "0 * * * *", id="mine", input=1, location="UTC")
+    shift = mine.next_run_at - datetime.now(UTC) + timedelta(seconds=1)
+    own = Registry.from_objects([tick])  # another service's worker: only the step
+    scanners.extend(scanner_for(cyclone_dsn, own, shift) for _ in range(2))
+    assert scanners[0].fire_schedules() == 1
+    assert [r.workflow for r in client.list_runs()] == ["sc_tick"]
+    for _ in range(3):  # at most 50 a pass: the others are all refused within two
+        scanners[0].fire_schedules()
+    others = [s for s in client.list_schedules() if s.id != "mine"]
+    assert len(others) == 60
+    for other in others:
+        assert other.last_error is not None and other.last_error.startswith("refused here: ")
+        assert "not given workflow 'sc_nightly'" in other.last_error
+        assert other.next_run_at == mine.next_run_at and other.consecutive_failures == 0
+    before = row_versions(cyclone_dsn)
+    for scanner in scanners:
+        for _ in range(3):
+            assert scanner.fire_schedules() == 0
+    assert row_versions(cyclone_dsn) == before  # no pass wrote any of them again
+    assert [r.workflow for r in client.list_runs()] == ["sc_tick"]
+    # A scanner given the workflow fires each left slot once, and clears the refusal.
+    good = scanner_for(cyclone_dsn, Registry.from_objects([nightly]), shift)
+    scanners.append(good)
+    assert good.fire_schedules() + good.fire_schedules() == 60
+    assert all(s.last_error is None for s in client.list_schedules())
+    assert len(fires(cyclone_dsn)) == 61
+
+
+def _job_before() -> str:
+    return "before"
+
+
+def _job_after(x: int) -> str:
+    return f"after {x}"
+
+
+_job_after.__qualname__ = _job_before.__qualname__  # the same handler, changed in place
+JOB_BEFORE = step(name="sc_job")(_job_before)
+JOB_AFTER = attrs.evolve(JOB_BEFORE, fn=_job_after)
+
+
+def test_a_step_schedule_whose_input_this_handler_cannot_take_keeps_its_slot_visibly(
+    cyclone_dsn: str, scanners: list[Scanner]
+) -> None:
+    """A step schedule registered by a deploy whose handler takes an input, scanned by
+    processes whose handler of the kind takes none: refused, its slot kept (no process
+    burns it), the refusal in last_error; each such process writes it once, not on every
+    pass; a process whose handler takes the input fires the slot."""
+    after = Registry()
+    after.register(JOB_AFTER)
+    with Client(cyclone_dsn, registry=after) as client:
+        made = client.schedule(JOB_AFTER, "0 * * * *", id="job", input=4, location="UTC")
+        shift = made.next_run_at - datetime.now(UTC) + timedelta(seconds=1)
+        before = Registry.from_objects([JOB_BEFORE])
+        scanners.extend(scanner_for(cyclone_dsn, before, shift) for _ in range(2))
+        assert scanners[0].fire_schedules() == 0
+        (refused,) = client.list_schedules()
+        assert refused.last_error is not None and refused.last_error.startswith("refused here: ")
+        assert "cannot take the schedule's input" in refused.last_error
+        assert refused.next_run_at == made.next_run_at and refused.consecutive_failures == 0
+        versions = row_versions(cyclone_dsn)
+        for _ in range(3):
+            assert scanners[0].fire_schedules() == 0
+        assert row_versions(cyclone_dsn) == versions
+        # Another process of that deploy finds out for itself, once.
+        assert scanners[1].fire_schedules() == 0
+        versions = row_versions(cyclone_dsn)
+        for scanner in scanners:
+            for _ in range(3):
+                assert scanner.fire_schedules() == 0
+        assert row_versions(cyclone_dsn) == versions
+        assert client.list_runs() == []
+        assert client.list_schedules()[0].next_run_at == made.next_run_at
+        good = scanner_for(cyclone_dsn, after, shift)
+        scanners.append(good)
+        assert good.fire_schedules() == 1
+        (fired,) = client.list_schedules()
+        assert fired.last_error is None
+        assert fired.next_run_at == made.next_run_at + timedelta(hours=1)
+        (fire,) = fires(cyclone_dsn)
+        assert client.get_run(fire[2]).input == 4

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import attrs
 import pytest
 from click.testing import CliRunner
 
@@ -690,3 +691,113 @@ def test_enabling_again_through_client_schedule_fires_one_missed_slot_with_catch
     assert the_schedule(client, "sca_reenable").next_run_at == datetime(
         2027, 6, 14, 13, 10, tzinfo=UTC
     )
+
+
+# -- who fires: schedules a worker cannot fire ------------------------------------------------
+# (moved from test_explore_deploys_schedules.py)
+
+
+@step(name="sca_sched_echo")
+def sca_sched_echo(x: object) -> object:
+    return x
+
+
+def _mine(x):  # type: ignore[no-untyped-def]
+    return sca_sched_echo(x)
+
+
+def _others(x):  # type: ignore[no-untyped-def]
+    return sca_sched_echo(x)
+
+
+MINE = WorkflowDef(_mine, "sca_mine")
+OTHERS = WorkflowDef(_others, "sca_others")
+
+
+@pytest.mark.parametrize("others", [10, 60])
+def test_many_due_schedules_this_worker_cannot_fire_do_not_starve_the_one_it_can(
+    others: int,
+    cyclone_dsn: str,
+    start_worker: Callable[..., Worker],
+    clock: Callable[[datetime], None],
+) -> None:
+    """schedules.md "Who fires": a worker leaves another application's (or deploy's) slot
+    and fires its own. Here 10 or 60 due schedules of a workflow the worker does not have came
+    due before the worker's own one (a scanner pass leases at most 50)."""
+    base = datetime(2027, 7, 1, 12, 0, 30, tzinfo=UTC)
+    clock(base)
+    with (
+        Client(cyclone_dsn, registry=deploy(OTHERS)) as other,
+        Client(cyclone_dsn, registry=deploy(MINE)) as mine,
+    ):
+        for i in range(others):
+            other.schedule(OTHERS, "* * * * *", id=f"sca-other-{i:02}", location="UTC")
+        clock(base + timedelta(minutes=1))
+        made = mine.schedule(MINE, "*/5 * * * *", id="sca-mine", location="UTC", input=7)
+        assert made.next_run_at == datetime(2027, 7, 1, 12, 5, tzinfo=UTC)
+        clock(base + timedelta(minutes=6))
+        start_worker(registry=deploy(MINE), name="sca-mine-worker", scan_interval=0.1)
+        assert wait_for(lambda: bool(runs_of(mine, "sca_mine")), timeout=20)
+        # The others are left, each saying why, their slots kept.
+        assert wait_for(
+            lambda: all(
+                s.last_error is not None and "refused here" in s.last_error
+                for s in mine.list_schedules()
+                if s.id.startswith("sca-other-")
+            )
+        )
+        assert runs_of(mine, "sca_others") == []
+        slot = datetime(2027, 7, 1, 12, 1, tzinfo=UTC)
+        assert {s.next_run_at for s in mine.list_schedules() if s.id != "sca-mine"} == {slot}
+
+
+# A step schedule across a deploy that changed the step's signature (same kind, same
+# handler identity: a handler changed in place).
+
+
+def _old_job() -> str:
+    return "old"
+
+
+def _new_job(x: int) -> str:
+    return f"new {x}"
+
+
+_new_job.__qualname__ = _old_job.__qualname__  # one identity: the same function, changed
+OLD_JOB = step(name="sca_job")(_old_job)
+# The new deploy's handler of the kind, not put in this process's default registry.
+NEW_JOB = attrs.evolve(OLD_JOB, fn=_new_job)
+
+
+def test_a_step_schedule_an_old_deploy_cannot_call_is_not_burnt_by_its_scanner(
+    cyclone_dsn: str, start_worker: Callable[..., Worker], clock: Callable[[datetime], None]
+) -> None:
+    """versioning.md: "No slot fires twice or with a definition nobody chose." A step
+    schedule is not pinned; an old worker whose handler of the kind takes no argument
+    cannot fire the new deploy's schedule with an input: it refuses it (saying why in
+    last_error) and leaves the slot for a worker whose handler takes the input."""
+    old_reg, new_reg = Registry(), Registry()
+    old_reg.register(OLD_JOB)
+    new_reg.register(NEW_JOB)
+    base = datetime(2027, 7, 4, 12, 0, 30, tzinfo=UTC)
+    clock(base)
+    with Client(cyclone_dsn, registry=new_reg) as new:
+        made = new.schedule(NEW_JOB, "*/5 * * * *", id="sca-job", location="UTC", input=4)
+        clock(made.next_run_at + timedelta(seconds=30))
+        start_worker(registry=old_reg, name="sca-old", scan_interval=0.05)
+        assert wait_for(lambda: the_schedule(new, "sca-job").last_error is not None)
+        settle(0.5)
+        sched = the_schedule(new, "sca-job")
+        # The slot is left for a process that can fire it, not spent on a failure.
+        assert sched.next_run_at == made.next_run_at, (sched.last_error, sched.next_run_at)
+        assert "refused here" in sched.last_error, sched.last_error
+        assert sched.consecutive_failures == 0
+        assert runs_of(new, "sca_job") == []
+        start_worker(registry=new_reg, name="sca-new", scan_interval=0.05)
+        assert wait_for(lambda: bool(runs_of(new, "sca_job")), timeout=10)
+        settle(0.3)
+        (run,) = runs_of(new, "sca_job")
+        assert new.get_run(run.id).input == 4
+        fired = the_schedule(new, "sca-job")
+        assert fired.last_error is None
+        assert fired.next_run_at == made.next_run_at + timedelta(minutes=5)
