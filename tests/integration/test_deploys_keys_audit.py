@@ -18,21 +18,14 @@ import attrs
 from cyclone_dsl import (
     Client,
     Debounce,
-    Registry,
     RunState,
     StepState,
     Worker,
     step,
 )
 from cyclone_dsl.dsl.workflow import WorkflowDef
+from tests.integration.test_deploys_audit import deploy
 from tests.waiting import wait_until
-
-
-def deploy(*definitions: WorkflowDef) -> Registry:
-    registry = Registry()
-    for definition in definitions:
-        registry.add_workflow_tree(definition)
-    return registry
 
 
 def runs_of(c: Client, name: str) -> list[Any]:
