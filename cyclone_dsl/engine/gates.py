@@ -120,14 +120,16 @@ def clear_lost_holders(tx: Tx) -> int:
 
 
 def set_queue_cap(tx: Tx, queue: str, cap: int | None) -> None:
-    """Cap the steps of ``queue`` running at once across all workers (None: no cap). Its
-    claimers are woken: a cap raised or removed may let waiting steps start."""
+    """Cap the steps of ``queue`` running at once across all workers (None: no cap). The
+    steps of it already running count (they take its slots). Its claimers are woken: a cap
+    raised or removed may let waiting steps start."""
     scope = QUEUE_SCOPE_PREFIX + queue
     if cap is None:
         tx.rows(Q.delete_limit, scope=scope)
     else:
         tx.rows(Q.upsert_limits, scopes=[scope], max_counts=[cap], pers=[None])
         tx.rows(Q.ensure_slots, scopes=[scope], keys=[""])
+        tx.run(Q.hold_queue_slots, scope=scope, queue=queue)
     notify.wake_queues(tx, [queue])
 
 

@@ -112,8 +112,11 @@ def replay(tx: Tx, run_id: int, node: str, hooks: Hooks) -> list[str]:
     with refusing_taken_keys(tx, run_id, unique, "replay", repr(node)):
         tx.rows(Q.replay_reset_steps, run_id=run_id, nodes=ordered)
         fan_outs = [n for n in ordered if steps[n]["has_items"]]
-        if fan_outs:
-            tx.rows(Q.replay_drop_items, run_id=run_id, nodes=fan_outs)
+        if fan_outs and tx.rows(Q.replay_drop_items, run_id=run_id, nodes=fan_outs):
+            # A slot whose holder is deleted is free to no claim (they take slots without a
+            # holder, or whose holder they see has ended): the items' slots of a key or a
+            # queue cap would stay taken until the scanner's slow pass.
+            gates.clear_lost_holders(tx)
         if RunState(run["state"]).is_terminal:
             tx.rows(Q.retry_reopen_run, run_id=run_id)
             gates.release_run_slots(tx, run_id)

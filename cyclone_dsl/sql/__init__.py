@@ -93,6 +93,7 @@ class _Queries:
     gate_window_end: LiteralString
     claim_gated_steps: LiteralString
     claim_capped_steps: LiteralString
+    hold_queue_slots: LiteralString
     queue_caps: LiteralString
     queues_with_gates: LiteralString
     gated_queues: LiteralString

@@ -458,6 +458,48 @@ chosen AS (
 ),
 {{claim_chosen}}
 
+-- name: hold_queue_slots
+-- A cap set on queue %(queue)s (scope %(scope)s) counts the steps of it that already run
+-- (claimed before the cap, or by a worker yet to read it): each takes a slot without a
+-- holder as its claim would have (used_at its started_at, see held_by_current_claim), or
+-- one numbered past the top slot, which claim_capped_steps counts as a lowered cap's
+-- excess. No new step of the queue starts until they are below the cap. Slots are read
+-- through their key (a cap of 100,000 has as many), and only as many as there are steps.
+WITH running AS (
+    SELECT s.id, s.started_at, row_number() OVER (ORDER BY s.id) AS n
+    FROM cyclone_steps AS s
+    WHERE s.state = 'running' AND s.queue = %(queue)s
+      AND NOT EXISTS (SELECT 1 FROM cyclone_ext_slots AS sl
+                      WHERE sl.scope = %(scope)s AND sl.key = ''
+                        AND sl.used_at >= s.started_at AND sl.holder = s.id)
+),
+free AS (
+    SELECT f.slot, row_number() OVER (ORDER BY f.slot) AS n
+    FROM (SELECT sl.slot FROM cyclone_ext_slots AS sl
+          WHERE sl.scope = %(scope)s AND sl.key = '' AND sl.holder IS NULL
+          ORDER BY sl.slot
+          LIMIT (SELECT count(*) FROM running)
+          FOR UPDATE SKIP LOCKED) AS f
+),
+given AS (
+    UPDATE cyclone_ext_slots AS sl SET holder = r.id, used_at = r.started_at
+    FROM running AS r JOIN free AS f ON f.n = r.n
+    -- EXISTS: nothing is read when no running step needs a slot (the usual case); else
+    -- this reads the cap's slots once (an operator's call).
+    WHERE EXISTS (SELECT 1 FROM free)
+      AND sl.scope = %(scope)s AND sl.key = '' AND sl.slot = f.slot
+    RETURNING sl.slot
+)
+INSERT INTO cyclone_ext_slots (scope, key, slot, holder, used_at)
+SELECT %(scope)s, '',
+       (SELECT coalesce(max(sl.slot), 0) FROM cyclone_ext_slots AS sl
+        WHERE sl.scope = %(scope)s AND sl.key = '')
+           + r.n - (SELECT count(*) FROM free),
+       r.id, r.started_at
+FROM running AS r
+WHERE r.n > (SELECT count(*) FROM free)
+ON CONFLICT (scope, key, slot) DO NOTHING
+
 -- name: queue_caps
 -- The queues capped across all workers, with their caps.
 SELECT substr(scope, 7) AS queue, max_count FROM cyclone_ext_limits
