@@ -95,6 +95,34 @@ def utf8_size(text: str) -> int | None:
         return None
 
 
+MAX_NAME_BYTES = 256
+"""The longest name (bytes of UTF-8) of a step or action (its kind), a rate limit or a
+worker. A btree entry holds at most 2,704 bytes, and names are indexed with keys of up to
+256 bytes: a gated step's fair key joins its kind, its rate limit's name (by default the
+kind again) and its workflow's name, each with a key; with the queue, about 2,100 bytes at
+these limits."""
+
+MAX_WORKFLOW_NAME_BYTES = 512
+"""The longest name (bytes of UTF-8) of a workflow, and of a schedule id (by default its
+target's name): a workflow's name is in a gated step's fair key once, a kind twice."""
+
+
+def text_problem(what: str, value: object, max_bytes: int) -> str | None:
+    """What is wrong with ``value`` as a name or key a text column stores and an index
+    takes: a non-empty string (:func:`is_text`) of at most ``max_bytes`` bytes of UTF-8;
+    None when nothing is."""
+    if not isinstance(value, str) or not value:
+        return f"{what} must be a non-empty string, not {value!r}"
+    if "\x00" in value:
+        return f"{what} must not contain NUL characters"
+    size = utf8_size(value)
+    if size is None:
+        return f"{what} is not valid UTF-8 (it contains a lone surrogate): {value!r}"
+    if size > max_bytes:
+        return f"{what} is {size} bytes of UTF-8; the limit is {max_bytes}"
+    return None
+
+
 def encode(
     value: object, *, what: str = "payload", max_bytes: int | None = None, path: str = "$"
 ) -> str:

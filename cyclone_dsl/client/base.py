@@ -12,7 +12,7 @@ from cyclone_dsl.durations import MAX_DURATION, is_duration, refusal
 from cyclone_dsl.engine import LIVE_FOR
 from cyclone_dsl.errors import InvalidArgument, RunNotFound
 from cyclone_dsl.graph.validate import MAX_SIGNAL_NAME_BYTES, queue_problem
-from cyclone_dsl.payload import JSONValue, encode, is_text, utf8_size
+from cyclone_dsl.payload import JSONValue, encode, is_text, text_problem
 from cyclone_dsl.states import ErrorKind, RunState
 
 #: The longest key or signal name (bytes of UTF-8): a wait takes no longer name.
@@ -156,8 +156,13 @@ def error_kind(value: object) -> str:
         raise InvalidArgument(f"{value!r} is not an error kind; the kinds are {valid}") from None
 
 
-def purge_states(states: tuple[RunState | str, ...]) -> list[RunState]:
-    """The states to purge, checked: each a terminal run state."""
+def purge_states(states: object) -> list[RunState]:
+    """The states to purge, checked: a collection of terminal run states."""
+    if isinstance(states, str | bytes | Mapping) or not isinstance(states, Iterable):
+        raise InvalidArgument(
+            f"states must be a tuple of terminal run states (completed, failed, cancelled), "
+            f"not {states!r:.80}"
+        )
     wanted = [run_state(s) for s in states]
     if not wanted or any(not s.is_terminal for s in wanted):
         raise InvalidArgument(
@@ -167,15 +172,9 @@ def purge_states(states: tuple[RunState | str, ...]) -> list[RunState]:
 
 
 def check_key(what: str, key: object) -> None:
-    if not isinstance(key, str) or not key:
-        raise InvalidArgument(f"{what} must be a non-empty string")
-    if "\x00" in key:
-        raise InvalidArgument(f"{what} must not contain NUL characters")
-    size = utf8_size(key)
-    if size is None:
-        raise InvalidArgument(f"{what} is not valid UTF-8 (it contains a lone surrogate)")
-    if size > MAX_KEY_BYTES:
-        raise InvalidArgument(f"{what} is longer than {MAX_KEY_BYTES} bytes")
+    wrong = text_problem(what, key, MAX_KEY_BYTES)
+    if wrong is not None:
+        raise InvalidArgument(wrong)
 
 
 def check_queue_limit(queue: object, limit: object) -> None:
@@ -212,6 +211,6 @@ def live_for(value: timedelta | None) -> timedelta:
     few seconds): ``value``, or the engine's default."""
     if value is None:
         return LIVE_FOR
-    if not isinstance(value, timedelta) or value <= timedelta(0):
-        raise InvalidArgument(f"live_for must be a positive timedelta, not {value!r}")
+    if not is_duration(value):
+        raise InvalidArgument(refusal("live_for", value))
     return value

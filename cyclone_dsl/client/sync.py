@@ -1119,8 +1119,7 @@ class Client:
             raise InvalidArgument(
                 f"window must be a timedelta between 1 second and 31 days, not {window!r}"
             )
-        if not 1 <= buckets <= 1000:
-            raise InvalidArgument("buckets must be between 1 and 1000")
+        buckets = base.checked_count("buckets", buckets, 1, 1000)
         return self._read(Q.step_throughput, window=window, buckets=buckets)
 
 

@@ -22,7 +22,7 @@ import attrs
 
 from cyclone_dsl.durations import is_duration, refusal
 from cyclone_dsl.errors import InvalidArgument
-from cyclone_dsl.payload import utf8_size
+from cyclone_dsl.payload import MAX_NAME_BYTES, text_problem, utf8_size
 
 #: How a limit's key is given: the whole scope (None), a field of the run input, or a callable.
 KeySpec = str | Callable[[Any], object] | None
@@ -99,8 +99,10 @@ class RateLimit:
             raise InvalidArgument(
                 f"RateLimit: units ({self.units}) over the limit ({self.limit}) could never start"
             )
-        if self.name is not None and (not isinstance(self.name, str) or not self.name):
-            raise InvalidArgument(f"RateLimit: name must be a non-empty string, not {self.name!r}")
+        if self.name is not None and (
+            wrong := text_problem("RateLimit: name", self.name, MAX_NAME_BYTES)
+        ):
+            raise InvalidArgument(wrong)
 
 
 @attrs.frozen

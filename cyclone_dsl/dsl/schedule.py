@@ -64,8 +64,10 @@ def check_schedule(spec: ScheduleSpec) -> None:
             ZoneInfo(spec.location)
         except (ZoneInfoNotFoundError, ValueError):
             raise ScheduleError(f"{spec.location!r} is not an IANA time zone") from None
-    if spec.id is not None and not payload.is_text(spec.id):
-        raise ScheduleError(f"a schedule id must be a non-empty string, not {spec.id!r}")
+    if spec.id is not None and (
+        wrong := payload.text_problem("a schedule id", spec.id, payload.MAX_WORKFLOW_NAME_BYTES)
+    ):
+        raise ScheduleError(wrong)
     try:
         payload.check(spec.input)
     except InvalidPayload as exc:

@@ -24,7 +24,7 @@ from cyclone_dsl.durations import as_timedelta
 from cyclone_dsl.errors import InvalidArgument
 from cyclone_dsl.graph.model import NodeOptions
 from cyclone_dsl.graph.validate import INT32_MAX, check_options
-from cyclone_dsl.payload import is_text
+from cyclone_dsl.payload import MAX_NAME_BYTES, text_problem
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -267,11 +267,11 @@ def _define(
             f"@step: {fn!r} has no __name__ (a functools.partial, a callable object): "
             "give it one with name="
         )
-    if not is_text(kind) or kind.startswith("@"):
-        problems.append(
-            "a handler name must be a non-empty string without NUL characters or lone "
-            f"surrogates, not starting with '@': {kind!r}"
-        )
+    wrong = text_problem("a handler name", kind, MAX_NAME_BYTES)
+    if wrong is None and kind.startswith("@"):
+        wrong = f"a handler name must not start with '@': {kind!r}"
+    if wrong is not None:
+        problems.append(wrong)
     given: dict[str, object] = {
         "concurrency": flow.concurrency,
         "rate_limit": flow.rate_limit,

@@ -18,7 +18,7 @@ from cyclone_dsl.graph.fingerprint import fingerprint
 from cyclone_dsl.graph.model import Graph
 from cyclone_dsl.graph.rows import RunTemplate
 from cyclone_dsl.graph.validate import problems_of
-from cyclone_dsl.payload import is_text
+from cyclone_dsl.payload import MAX_WORKFLOW_NAME_BYTES, text_problem
 
 _building_now: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
     "cyclone_building_workflows", default=()
@@ -123,11 +123,9 @@ def _define(
             f"{fn.__name__} takes {len(params)}"
         )
     workflow_name = name or fn.__name__
-    if not is_text(workflow_name):
-        raise InvalidArgument(
-            "a workflow name must be a non-empty string without NUL characters or lone "
-            f"surrogates: {workflow_name!r}"
-        )
+    wrong = text_problem("a workflow name", workflow_name, MAX_WORKFLOW_NAME_BYTES)
+    if wrong is not None:
+        raise InvalidArgument(wrong)
     given: object = concurrency
     if given is not None and not isinstance(given, Concurrency):
         raise InvalidArgument(

@@ -29,7 +29,7 @@ from cyclone_dsl.engine.transitions import Hooks
 from cyclone_dsl.errors import CycloneError, InvalidArgument, ScheduleError, UnknownDefinition
 from cyclone_dsl.failpoints import failpoint
 from cyclone_dsl.graph.rows import CompiledRun, ScheduleCompiler, ScheduleRow
-from cyclone_dsl.payload import JSONValue, is_text
+from cyclone_dsl.payload import MAX_WORKFLOW_NAME_BYTES, JSONValue, text_problem
 from cyclone_dsl.sql import Q
 
 LOCAL = "Local"
@@ -178,9 +178,10 @@ def delete(tx: Tx, schedule_id: str) -> None:
         raise ScheduleError(f"there is no schedule {schedule_id!r}")
 
 
-def _checked_id(schedule_id: object) -> str:
-    if not is_text(schedule_id):
-        raise ScheduleError(f"a schedule id is a non-empty string, not {schedule_id!r}")
+def _checked_id(schedule_id: str) -> str:
+    wrong = text_problem("a schedule id", schedule_id, MAX_WORKFLOW_NAME_BYTES)
+    if wrong is not None:
+        raise ScheduleError(wrong)
     return schedule_id
 
 

@@ -9,7 +9,7 @@ from cyclone_dsl.errors import InvalidGraph
 from cyclone_dsl.graph import conditions
 from cyclone_dsl.graph.model import ArgKind, Binding, Graph, Node, NodeOptions
 from cyclone_dsl.graph.rows import KIND_CHILD, SPECIAL_KINDS
-from cyclone_dsl.payload import is_text, utf8_size
+from cyclone_dsl.payload import is_text, text_problem, utf8_size
 from cyclone_dsl.states import OnDepFailure
 
 MAX_QUEUE_BYTES = 256
@@ -28,14 +28,7 @@ def queue_problem(queue: object) -> str | None:
     :data:`MAX_QUEUE_BYTES` bytes, without NUL."""
     if not isinstance(queue, str) or not queue:
         return f"queue must be a non-empty string, not {queue!r}"
-    size = utf8_size(queue)
-    if size is None:
-        return f"queue name is not valid UTF-8 (it contains a lone surrogate): {queue!r}"
-    if size > MAX_QUEUE_BYTES:
-        return f"queue name is {size} bytes; the limit is {MAX_QUEUE_BYTES}"
-    if "\x00" in queue:
-        return "queue name must not contain NUL characters"
-    return None
+    return text_problem("queue name", queue, MAX_QUEUE_BYTES)
 
 
 def check_options(options: NodeOptions) -> list[str]:

@@ -96,7 +96,7 @@ from cyclone_dsl.graph.rows import KIND_CHILD
 from cyclone_dsl.graph.validate import INT32_MAX, queue_problem
 from cyclone_dsl.migrate import checked_connection
 from cyclone_dsl.observability import logs
-from cyclone_dsl.payload import is_text
+from cyclone_dsl.payload import MAX_NAME_BYTES, text_problem
 from cyclone_dsl.states import ErrorKind, RunState
 from cyclone_dsl.worker import adaptive, execute
 from cyclone_dsl.worker.adaptive import SlotController, Slots, WorkerSettings
@@ -273,7 +273,8 @@ class Worker:
     seconds, from a microsecond up to what a thread can wait (about 292 years); ``grace``
     may be 0; ``max_reclaims`` (reclaims of a step whose worker died
     before it is discarded) and ``max_output_bytes`` (the largest encoded output kept; 0:
-    no limit) are integers >= 0. Anything else raises :class:`InvalidArgument`.
+    no limit) are integers >= 0. ``name`` (by default ``<host>:<pid>:<hex>``) is at most
+    256 bytes of UTF-8, without NUL. Anything else raises :class:`InvalidArgument`.
 
     ``processes=N`` (N > 1) runs N worker processes under a supervisor in this process
     (see :mod:`cyclone_dsl.worker.processes`): each imports the handler modules by name
@@ -382,10 +383,9 @@ class Worker:
         ):
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 raise InvalidArgument(f"{option} must be an integer >= 0, not {count!r}")
-        if name is not None and (not isinstance(name, str) or (name and not is_text(name))):
-            raise InvalidArgument(
-                f"name must be a string without NUL characters or lone surrogates, not {name!r}"
-            )
+        # An empty name: the default one.
+        if name not in (None, "") and (wrong := text_problem("name", name, MAX_NAME_BYTES)):
+            raise InvalidArgument(wrong)
         if isinstance(queues, str | bytes):
             raise InvalidArgument(
                 f"queues takes a list of queue names: queues=[{queues!r}], not {queues!r}"
