@@ -99,6 +99,8 @@ class AsyncClient:
         )
         self.dsn = self._client.dsn
         self.registry = self._client.registry
+        self.pooled = self._client.pooled
+        self.wait_route = self._client.wait_route
 
     async def close(self) -> None:
         await asyncio.to_thread(self._client.close)

@@ -335,7 +335,9 @@ class RunWatcher:
     def _pause(deadline: float | None) -> float | None:
         if deadline is None:
             return None
-        return max(deadline - time.monotonic(), FIRST_ANSWER_POLL)
+        # A thread waits at most TIMEOUT_MAX (about 292 years) at a time: a longer finite
+        # timeout raised OverflowError; the loop waits again until the deadline.
+        return min(max(deadline - time.monotonic(), FIRST_ANSWER_POLL), threading.TIMEOUT_MAX)
 
     # -- the thread ----------------------------------------------------------------------
 
