@@ -762,7 +762,11 @@ class Worker:
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop claiming, let running handlers finish within the grace period, close the
-        worker's connections, then return (at once for a worker that is not running)."""
+        worker's connections, then return (at once for a worker that is not running).
+        ``timeout`` (seconds, a finite number >= 0; None: the grace period and 30 s more)
+        bounds the wait; anything else raises :class:`InvalidArgument` before the stop."""
+        if timeout is not None:
+            check_seconds("timeout", timeout, positive=False)
         if self._supervisor is not None:
             exit_code = self._supervisor.stop(timeout)
             if exit_code is None:

@@ -476,3 +476,15 @@ def test_an_action_that_returns_a_nul_string_completes(
     handle = client.enqueue(xb_action_returns_nul, 1)
     handle.wait(timeout=20)
     assert handle.get().state == RunState.COMPLETED
+
+
+@pytest.mark.parametrize("timeout", [1e10, -1, float("nan"), "5", True])
+def test_a_worker_stop_with_a_bad_timeout_is_refused_before_it_stops(
+    client: Client, start_worker: Callable[..., Worker], timeout: object
+) -> None:
+    """Worker.stop(timeout=1e10) raised OverflowError from the thread wait, after it had set
+    the worker stopping; a string raised TypeError the same way."""
+    worker = start_worker(xb_ok)
+    with pytest.raises(InvalidArgument, match="timeout must be a finite number of seconds"):
+        worker.stop(timeout=timeout)  # type: ignore[arg-type]
+    assert client.enqueue(xb_ok, 7).result(timeout=20) == 7  # still serving
