@@ -77,25 +77,29 @@ async def _async_last_row(cur: psycopg.AsyncCursor[tuple[Any, ...]]) -> tuple[An
             return row
 
 
-def ready_for_completion(conn: psycopg.Connection[Any], *, pooled: bool) -> timedelta:
+def ready_for_completion(conn: psycopg.Connection[Any], *, pooled: bool) -> tuple[timedelta, str]:
     """Ready the handler's transaction for its completion, in one round trip: the session
     given back its search_path (and, on a session of the worker's own, reset); return how
-    long ago the transaction began. psycopg's own cursor class and rows, whatever the
-    handler set on its connection."""
+    long ago the transaction began, and its isolation level as it is now (the handler may
+    have set it). psycopg's own cursor class and rows, whatever the handler set on its
+    connection."""
     with psycopg.Cursor(conn, row_factory=tuple_row) as cur:
         cur.execute(_setup(conn, pooled), prepare=False)
-        (age_s,) = _last_row(cur) or (0.0,)
-    return timedelta(seconds=age_s)
+        return _completion_state(_last_row(cur))
 
 
 async def async_ready_for_completion(
     conn: psycopg.AsyncConnection[Any], *, pooled: bool
-) -> timedelta:
+) -> tuple[timedelta, str]:
     """:func:`ready_for_completion` on an async connection."""
     async with psycopg.AsyncCursor(conn, row_factory=tuple_row) as cur:
         await cur.execute(_setup(conn, pooled), prepare=False)
-        (age_s,) = await _async_last_row(cur) or (0.0,)
-    return timedelta(seconds=age_s)
+        return _completion_state(await _async_last_row(cur))
+
+
+def _completion_state(row: tuple[Any, ...] | None) -> tuple[timedelta, str]:
+    age_s, isolation = row or (0.0, "read committed")
+    return timedelta(seconds=age_s), str(isolation)
 
 
 def committed_after_reset(conn: AnyConnection, *, pooled: bool) -> None:

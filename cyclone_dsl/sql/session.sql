@@ -7,6 +7,12 @@ SELECT set_config('client_connection_check_interval', %(ms)s::text, false)
 -- How long ago this transaction began, in seconds (now() is its start).
 SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s
 
+-- fragment: completion_state
+-- transaction_age_s, and the transaction's isolation level as it is now (a handler may have
+-- set it with SET TRANSACTION, which the completion must know: see ready_for_completion).
+SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s,
+       current_setting('transaction_isolation') AS isolation
+
 -- fragment: session_reset
 -- What a transactional handler may leave on its session: settings (RESET ALL leaves the
 -- role and the session authorization out), temporary tables, session advisory locks,
@@ -21,7 +27,7 @@ SELECT pg_advisory_unlock_all(); UNLISTEN *; CLOSE ALL
 -- from the completion, or run it as a role that may not write them), then how long ago
 -- this transaction began (now() is its start, which the engine's statements read as the
 -- time).
-RESET SESSION AUTHORIZATION; RESET ROLE; RESET search_path; {{transaction_age_s}}
+RESET SESSION AUTHORIZATION; RESET ROLE; RESET search_path; {{completion_state}}
 
 -- name: completion_reset
 -- completion_setup on a session of the worker's own, which it also gives back clean: what
@@ -31,14 +37,14 @@ RESET SESSION AUTHORIZATION; RESET ROLE; RESET search_path; {{transaction_age_s}
 -- a transaction): it would also drop the prepared statements and plans that the
 -- completions on this connection reuse (transactional steps ran at half their rate).
 {{session_reset}};
-{{transaction_age_s}}
+{{completion_state}}
 
 -- name: completion_reset_watched
 -- completion_reset, with the server's check of the client set again (PostgreSQL 14+:
 -- RESET ALL reset it; see watch_client): 2000 ms, CHECK_CLIENT_MS.
 {{session_reset}};
 SELECT set_config('client_connection_check_interval', '2000', false);
-{{transaction_age_s}}
+{{completion_state}}
 
 -- name: transaction_age
 -- How long ago this transaction began: now() is its start, which the engine's statements

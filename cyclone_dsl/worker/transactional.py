@@ -188,9 +188,9 @@ class TransactionalRunner:
                             result = call.fn(*call.args, **call.kwargs)
                         outcome = self._decided_outcome(call, result)
                         # The engine's time is now(), the start of this transaction.
-                        engine_tx.shift = current_shift() + ready_for_completion(
-                            conn, pooled=self._pooled
-                        )
+                        age, isolation = ready_for_completion(conn, pooled=self._pooled)
+                        _check_isolation(call, isolation)
+                        engine_tx.shift = current_shift() + age
                         if not self._engine.complete(
                             tx, [outcome], old_snapshot=_old_snapshot(call)
                         ):
@@ -244,9 +244,9 @@ class TransactionalRunner:
                         with _in_the_workers_transaction(conn):
                             result = await execute.contained(call.fn(*call.args, **call.kwargs))
                         outcome = self._decided_outcome(call, result)
-                        engine_tx.shift = current_shift() + await async_ready_for_completion(
-                            conn, pooled=self._pooled
-                        )
+                        age, isolation = await async_ready_for_completion(conn, pooled=self._pooled)
+                        _check_isolation(call, isolation)
+                        engine_tx.shift = current_shift() + age
                         done = await asyncio.to_thread(
                             self._engine.complete, tx, [outcome], old_snapshot=_old_snapshot(call)
                         )
@@ -317,6 +317,31 @@ class TransactionalRunner:
             call.step.node,
         )
         return DROPPED
+
+
+def _check_isolation(call: Call, isolation: str) -> None:
+    """Roll the attempt back, failed for good, when the handler changed its transaction's
+    isolation level (SET TRANSACTION): the completion judges the run's other steps on the
+    declared level's terms, and at repeatable read or serializable it must lock them (and
+    the lease must be held by the transaction, from its start). Judged on a snapshot it did
+    not expect, a join saw its sibling still running and was never activated."""
+    declared = (call.isolation or "read committed").lower()
+    actual = "read committed" if isolation == "read uncommitted" else isolation
+    if actual == declared:
+        return
+    raise _RollBack(
+        Failure(
+            step_id=call.step.id,
+            generation=call.step.generation,
+            error=(
+                f"the handler set its transaction's isolation to {actual} (SET TRANSACTION); "
+                f"the step declares {declared}: declare it on the step instead, "
+                f"@step(transactional=True, isolation={actual!r})"
+            ),
+            error_kind=ErrorKind.ERROR.value,
+            retry=False,
+        )
+    )
 
 
 def _old_snapshot(call: Call) -> bool:
