@@ -65,6 +65,10 @@ def parse_json(text: str | None, what: str) -> JSONValue:
         value: JSONValue = json.loads(text)
     except json.JSONDecodeError as exc:
         fail(f"{what} is not valid JSON: {exc}")
+    except RecursionError:
+        fail(f"{what} is not JSON Cyclone takes: it is nested too deeply")
+    except ValueError as exc:  # an integer past Python's limit on digits
+        fail(f"{what} is not JSON Cyclone takes: {exc}")
     return value
 
 
@@ -703,7 +707,7 @@ def scan(
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
-@click.option("--port", default=8080, show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
 @click.option("--read-only", is_flag=True, help="Refuse every write (cancel, signal, ...).")
 @click.option("--token", envvar="CYCLONE_UI_TOKEN", help="Require this secret on every write.")
 @click.option(

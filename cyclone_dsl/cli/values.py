@@ -11,6 +11,8 @@ from typing import Any, cast
 import attrs
 import click
 
+from cyclone_dsl.durations import is_duration, refusal
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNITS = {
     "ms": timedelta(milliseconds=1),
@@ -67,8 +69,8 @@ class Retention(click.ParamType[timedelta | None]):
             kept_for = parse_duration(str(value))
         except ValueError as exc:
             self.fail(f"{exc}, or none", param, ctx)
-        if kept_for <= timedelta(0):  # 0 would delete every run as soon as it ended
-            self.fail(f"retention must be a positive duration, not {value!r} (or none)", param, ctx)
+        if not is_duration(kept_for):  # 0 would delete every run as soon as it ended
+            self.fail(f"{refusal('retention', value)} (or none)", param, ctx)
         return kept_for
 
 
