@@ -342,6 +342,14 @@ def test_a_paused_holder_keeps_its_slot_until_it_ends(
     _workers(start_worker)
     first, second = _three(client, rsw_waits)[:2]
     _started(first)
+    # Its wait active before the pause: a wait that becomes ready in a paused run is paused
+    # too, and buffers the signal until the resume (on a loaded machine the first step
+    # could still run when the signal came, and the run stayed paused).
+    wait_until(
+        lambda: first.get().step("rsw_go").state.value == "waiting_signal",
+        timeout=PROMPT,
+        what="the first run's wait",
+    )
     _queued(client, second)
     client.pause(first.id)
     probe = client.submit(rsw_waits, {"tenant": "other", "n": 9})
