@@ -87,27 +87,6 @@ def submits(n: int, *, ctx: StepContext) -> int:
     return n
 
 
-def test_submit_tx_inside_a_flaky_transactional_step_creates_one_run(
-    client: Client,
-    start_worker: StartWorker,
-    ledger: Callable[[], list[tuple[Any, ...]]],
-    cyclone_dsn: str,
-) -> None:
-    SHARED["client"] = client
-    start_worker(submits, target, target_step)
-    handle = client.enqueue(submits, 1)
-    assert handle.result(timeout=20) == 1
-    (run_id,) = runs_of(cyclone_dsn, "xt_target")
-    assert client.get_run(run_id).state is not RunState.FAILED
-    wait_until(
-        lambda: client.get_run(run_id).state is RunState.COMPLETED,
-        timeout=20,
-        what="the submitted run to complete",
-    )
-    assert client.handle(run_id).result(timeout=20) == {"attempt": 2}
-    assert [r[2] for r in ledger()] == [2]
-
-
 @step(name="xt_submits_once", transactional=True, max_attempts=3)
 def submits_once(n: int, *, ctx: StepContext) -> int:
     client: Client = SHARED["client"]
@@ -116,26 +95,6 @@ def submits_once(n: int, *, ctx: StepContext) -> int:
     if ctx.attempt == 1:
         raise RuntimeError("fails after submitting")
     return n
-
-
-def test_submit_once_tx_inside_a_flaky_transactional_step_creates_one_run(
-    client: Client,
-    start_worker: StartWorker,
-    ledger: Callable[[], list[tuple[Any, ...]]],
-    cyclone_dsn: str,
-) -> None:
-    SHARED["client"] = client
-    start_worker(submits_once, target, target_step)
-    handle = client.enqueue(submits_once, 1)
-    assert handle.result(timeout=20) == 1
-    (run_id,) = runs_of(cyclone_dsn, "xt_target")
-    wait_until(
-        lambda: client.get_run(run_id).state is RunState.COMPLETED,
-        timeout=20,
-        what="the submitted run to complete",
-    )
-    assert client.handle(run_id).result(timeout=20) == {"attempt": 2}
-    assert [r[2] for r in ledger()] == [2]
 
 
 @step(name="xt_async_submits", transactional=True, max_attempts=3)
@@ -150,16 +109,25 @@ async def async_submits(n: int, *, ctx: StepContext) -> int:
     return n
 
 
-def test_async_submit_tx_inside_a_flaky_async_transactional_step_creates_one_run(
+@pytest.mark.parametrize(
+    "submitting",
+    [submits, submits_once, async_submits],
+    ids=["submit_tx", "submit_once_tx", "async_submit_tx"],
+)
+def test_a_submit_inside_a_flaky_transactional_step_creates_one_run(
     client: Client,
     start_worker: StartWorker,
     ledger: Callable[[], list[tuple[Any, ...]]],
     cyclone_dsn: str,
+    submitting: Any,
 ) -> None:
-    start_worker(async_submits, target, target_step)
-    handle = client.enqueue(async_submits, 1)
+    """The first attempt submits, writes, then fails: only the second's run and row stay."""
+    SHARED["client"] = client
+    start_worker(submitting, target, target_step)
+    handle = client.enqueue(submitting, 1)
     assert handle.result(timeout=20) == 1
     (run_id,) = runs_of(cyclone_dsn, "xt_target")
+    assert client.get_run(run_id).state is not RunState.FAILED
     wait_until(
         lambda: client.get_run(run_id).state is RunState.COMPLETED,
         timeout=20,
