@@ -12,13 +12,14 @@ WITH relaxed AS (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
 ),
 chosen AS (
-    {{next_ungated_steps}}
+    SELECT s.id FROM ({{next_ungated_steps}}) AS s WHERE {{no_ancestor_past_deadline}}
 ),
 {{claim_chosen}}
 
 -- fragment: next_ungated_steps
--- Up to %(limit)s claimable steps that no limit applies to, in claim order, locked.
-SELECT s.id
+-- Up to %(limit)s claimable steps that no limit applies to, in claim order, locked (ids
+-- and runs).
+SELECT s.id, s.run_id
 FROM cyclone_steps AS s
 WHERE {{claimable}}
   AND {{ungated}}
@@ -79,8 +80,10 @@ s.kind = ANY(%(kinds)b::text[])
 -- own, and nothing of it starts once its parent's (or a grandparent's) has passed, though no
 -- scanner has failed that run yet. Checked on the steps a claim chose (after its LIMIT), not
 -- on every candidate: a recursive walk per candidate put the claim's estimate above
--- jit_above_cost. Such a step stays available, locked by this claim until it commits, and
--- the deadline scanner ends it with its run. Each level is a probe by primary key (OFFSET 0
+-- jit_above_cost. Checked before they take any slot of a limit (a rate unit spent for its
+-- window by a step that never ran). Such a step stays available, locked by this claim until
+-- it commits, and the deadline scanner ends it with its run; until then, work it comes
+-- before in its key or queue waits behind it. Each level is a probe by primary key (OFFSET 0
 -- keeps the LATERAL from being flattened into a join, which could hash every run); a paused
 -- ancestor's deadline stands still (resume moves it), as in lock_runs_and_ancestors.
 -- The CASE sets the walk up only for a run with a parent; reading whether the run has one
@@ -141,7 +144,6 @@ claimed AS (
     -- scan of every step whenever the table looked small to the planner (no statistics
     -- yet after a burst of enqueues): a third of a gated claim's time at 20,000 steps.
     WHERE s.id = ANY(ARRAY(SELECT id FROM chosen))
-      AND {{no_ancestor_past_deadline}}
     RETURNING s.id, s.run_id, s.node, s.kind, s.queue, s.attempt, s.max_attempts,
               s.lease_generation, s.input, s.input_from,
               extract(epoch FROM s.timeout)::float8 AS timeout_s, s.item_of, s.item_index,

@@ -347,15 +347,20 @@ demand AS (
     WHERE n.id NOT IN (SELECT id FROM hopeless)
 ),
 fitting AS (
-    SELECT c.id, c.fair_key, c.turn, c.key_ord FROM cands AS c
+    SELECT c.id, c.run_id, c.fair_key, c.turn, c.key_ord FROM cands AS c
     WHERE c.id NOT IN (SELECT id FROM hopeless)
       AND NOT EXISTS (
         SELECT 1 FROM demand AS d
         LEFT JOIN free_count AS f ON f.scope = d.scope AND f.key = d.key
         WHERE d.id = c.id AND d.upto > coalesce(f.n, 0))
 ),
-selected AS (
+first_fitting AS (
     SELECT * FROM fitting ORDER BY turn, key_ord LIMIT %(limit)s
+),
+-- A step of a run below a run past its deadline is left (after the LIMIT), before it takes
+-- a slot.
+selected AS (
+    SELECT s.* FROM first_fitting AS s WHERE {{no_ancestor_past_deadline}}
 ),
 assigned AS (
     SELECT n.id, n.scope, n.key, n.units, n.run_id,
@@ -384,7 +389,7 @@ chosen AS (
 -- skipped them (SKIP LOCKED), with nothing else to wake it (pg_notify sends one per payload
 -- and transaction).
 SELECT {{claim_result}}, sel.fair_key, sel.turn, sel.key_ord, (SELECT n FROM per_key) AS per_key,
-       CASE WHEN (SELECT count(*) FROM fitting) > (SELECT count(*) FROM selected)
+       CASE WHEN (SELECT count(*) FROM fitting) > (SELECT count(*) FROM first_fitting)
             THEN pg_notify('cyclone_work', %(queue)s) END AS left_behind
 FROM claimed AS c CROSS JOIN relaxed
 {{claimed_run}}
@@ -440,7 +445,7 @@ excess AS (
 -- an estimate above jit_above_cost); the outer one stops pulling rows, so no more steps
 -- are locked than it takes.
 cands AS (
-    SELECT c.id FROM ({{next_ungated_steps}}) AS c
+    SELECT s.id FROM ({{next_ungated_steps}}) AS s WHERE {{no_ancestor_past_deadline}}
     LIMIT greatest(0, least(%(limit)s, (SELECT count(*) FROM locked_free) - (SELECT n FROM excess)))
 ),
 ranked AS (

@@ -22,6 +22,7 @@ from cyclone_dsl import (
     AsyncClient,
     Client,
     Debounce,
+    RateLimit,
     Registry,
     RunFilter,
     StepContext,
@@ -391,6 +392,47 @@ def test_a_child_runs_step_is_not_claimed_past_an_ancestors_deadline(
     assert (failure.state, failure.error_kind) == ("failed", "deadline")
     assert client.get_run(leaf).state is RunState.CANCELLED
     assert calls.get("echo", 0) == 1
+
+
+@step(name="dla_rated", rate_limit=RateLimit(limit=1, per=timedelta(days=1)))
+def rated(value: object) -> object:
+    _count("rated")
+    return value
+
+
+@workflow(name="dla_rated_wf")
+def rated_wf(x):  # type: ignore[no-untyped-def]
+    return rated(x)
+
+
+@workflow(name="dla_parent_of_rated")
+def parent_of_rated(x):  # type: ignore[no-untyped-def]
+    return echo(child(rated_wf, x), node_id="after_child")
+
+
+def test_a_rated_child_step_left_past_an_ancestors_deadline_spends_no_unit(
+    client: Client,
+    start_worker: Callable[..., Worker],
+    clock_shift: Callable[[timedelta], None],
+) -> None:
+    """A rate-limited step of a child run whose parent is past its deadline is left by the
+    claim; it spent its budget's unit all the same, so the budget's other work waited the
+    whole window (a day here) after the scanner had ended the run."""
+    _reset("rated", "echo")
+    handle = client.submit(parent_of_rated, 1, deadline=timedelta(hours=1))
+    clock_shift(timedelta(hours=2))  # the workers were down past the deadline
+    start_worker(*STEPS, rated, rated_wf, parent_of_rated, scanners=False)
+    other = client.submit(rated_wf, 2)
+    # A run queued after the child's step: once it has run, the worker's claims have had
+    # the child's step in reach; rate-limited work is looked for every 0.2 s.
+    assert client.submit(echo_wf, 3).result(timeout=PROMPT) == 3
+    time.sleep(1.0)
+    assert client.get_run(other.id).step("dla_rated").state is StepState.AVAILABLE
+    start_worker(*STEPS, rated, rated_wf, parent_of_rated)  # a scanner ends the parent
+    failure = _deadline_failure(client, handle.id)
+    assert (failure.state, failure.error_kind) == ("failed", "deadline")
+    assert other.result(timeout=PROMPT) == 2
+    assert calls.get("rated", 0) == 1
 
 
 def test_submit_tx_counts_the_deadline_from_the_submit(client: Client, cyclone_dsn: str) -> None:
