@@ -12,6 +12,7 @@ calling coroutine is only awaiting that thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 import weakref
@@ -26,7 +27,7 @@ from psycopg.rows import dict_row, tuple_row
 from cyclone_dsl.db.adapters import has_engine_adapters, use_engine_adapters
 from cyclone_dsl.db.errors import first_line
 from cyclone_dsl.db.tx import ConnectionTx, Row, Tx, with_shift
-from cyclone_dsl.errors import InvalidArgument, SchemaVersionMismatch
+from cyclone_dsl.errors import DatabaseUnavailable, InvalidArgument, SchemaVersionMismatch
 from cyclone_dsl.sql import Q
 
 T = TypeVar("T")
@@ -42,6 +43,10 @@ AsyncConnection = psycopg.AsyncConnection[Any]
 #: Django loads ``jsonb`` as text (its JSONField decodes it) and ``timestamptz`` in its own
 #: zone, naive when ``USE_TZ`` is off; SQLAlchemy can plug its own JSON decoder; an
 #: application may load ``int8`` as text.
+_LOOP_LOOK_S = 0.5
+"""How often a thread waiting for a statement on an event loop looks whether the loop
+was closed."""
+
 _PSYCOPG_DEFAULT_TYPES = (
     "timestamptz",
     "timestamp",
@@ -226,7 +231,19 @@ class AsyncConnectionTx:
         self.shift = shift
 
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        while True:
+            try:
+                return future.result(timeout=_LOOP_LOOK_S)
+            except concurrent.futures.TimeoutError:
+                # A loop closed under the statement (a worker's stop past its grace) never
+                # answers: waiting on would keep this thread, and the interpreter's exit
+                # that joins it, forever.
+                if self.loop.is_closed():
+                    future.cancel()
+                    raise DatabaseUnavailable(
+                        "the event loop running the statement was closed", "connection_lost"
+                    ) from None
 
     def _cursor(self) -> psycopg.AsyncCursor[Row]:
         """psycopg's own class (see :meth:`ConnectionTx._cursor`), with the engine's

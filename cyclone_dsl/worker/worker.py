@@ -1048,16 +1048,23 @@ class Worker:
             fetcher.join()
         while time.monotonic() < deadline:
             with self._inflight_lock:
-                if not self._inflight:
+                if not self._inflight and not self._committing():
                     break
             time.sleep(0.02)
         with self._inflight_lock:
+            committing = self._committing()
             left = [f for f in self._inflight.values() if not f.settled]
             for entry in left:
                 entry.settled = True
             self._inflight.clear()
         for entry in left:
             self._stop_handler(entry)
+        if committing:
+            log.warning(
+                "%d transactional steps decided within the grace were still committing at "
+                "its end; a commit that does not land leaves its lease to expire",
+                len(committing),
+            )
         if left:
             leases = [(f.step.id, f.step.generation) for f in left]
             try:
@@ -1099,6 +1106,11 @@ class Worker:
         self._lifecycle = "stopped"
         self._stopped.set()
         log.info("worker %s stopped", self.id)
+
+    def _committing(self) -> list[_Inflight]:
+        """Transactional steps decided here whose transaction has not ended: their
+        completion is in it (call with the in-flight lock held)."""
+        return [e for e in self._running.values() if e.decided_here]
 
     def _run_loop(self) -> None:
         """The async handlers' event loop, closed once the stop ends it.
