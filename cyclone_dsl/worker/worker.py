@@ -535,6 +535,7 @@ class Worker:
         self._inflight: dict[tuple[int, int], _Inflight] = {}  # claimed, not decided yet
         self._running: dict[tuple[int, int], _Inflight] = {}  # handler not returned yet
         self._inflight_lock = threading.Lock()
+        self._heartbeat_conn: Connection | None = None  # opened at start, then the loop's
         self._outcomes: queue.Queue[Success | Failure | _Returned | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._fetchers: list[threading.Thread] = []  # fetch loops of lanes past the first
@@ -896,6 +897,12 @@ class Worker:
             registered_worker = True
             registered = self._tx(self._register_schedules)
             self.refresh_queue_caps()
+            # The heartbeat's connection is opened now, not at its first beat: handlers'
+            # connections (transactional steps, their own clients) would otherwise take the
+            # last sessions a role or server allows, and every lease would be lost.
+            self._heartbeat_conn = connect(
+                self._dsn, name=f"cyclone-heartbeat-{os.getpid()}", pooled=self.pooled
+            )
             # Child runs left for a worker with their definition start now, before the
             # threads: the housekeeping's first beat comes a beat after the registration.
             try:
@@ -909,6 +916,8 @@ class Worker:
                     self._tx(lambda tx: self._engine.stop_worker(tx, self.id))
             self._stop_metrics()
             self._pool.close()
+            if self._heartbeat_conn is not None:
+                self._heartbeat_conn.close()
             raise
         if registered:
             log.info("registered schedules %s", registered)
@@ -1937,7 +1946,7 @@ class Worker:
 
     def _heartbeat_loop(self) -> None:
         interval = max(0.05, self.lease.total_seconds() / 3)
-        conn: Connection | None = None
+        conn, self._heartbeat_conn = self._heartbeat_conn, None
         next_beat = time.monotonic() + interval
         while not self._closing.is_set():
             woken = self._check_now.wait(min(0.1, interval))
@@ -1969,9 +1978,9 @@ class Worker:
                 states = self._engine.lease_states(tx, [e.step.id for e in lost]) if lost else {}
             except DatabaseError as exc:
                 log.warning("heartbeat failed: %s", exc)
-                if conn is not None:
+                if conn is not None and conn.broken:  # else kept: its session is reserved
                     conn.close()
-                conn = None
+                    conn = None
                 continue
             for entry in lost:
                 self._lost(entry, states.get(entry.step.id))
