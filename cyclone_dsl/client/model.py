@@ -14,7 +14,8 @@ from cyclone_dsl.states import ErrorKind, RunState, StepState
 @attrs.frozen
 class Attempt:
     """One execution of a step that did not complete it: it failed (``outcome``
-    ``retried`` or ``failed``), or its lease expired (``reclaimed``).
+    ``retried`` or ``failed``), its lease expired (``reclaimed``), or its worker stopped
+    and gave the lease back (``released``; the attempt is not spent).
 
     ``number`` counts from 1, like ``StepContext.attempt``; a reclaimed execution
     keeps its number, and the next run of it has the same one.

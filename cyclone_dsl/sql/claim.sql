@@ -195,18 +195,31 @@ SELECT pg_try_advisory_xact_lock(
 ) AS held
 
 -- name: release_steps
--- Give leases back at shutdown: available again, the attempt not consumed, its start time
--- kept (its place in its queue and in its sequence_key's order).
-WITH {{lock_listed_steps}}
-UPDATE cyclone_steps AS s
-SET state = CASE WHEN r.state = 'paused' THEN 'paused' ELSE 'available' END,
-    lease_owner = NULL, lease_expiry = NULL, heartbeat_at = NULL, started_at = NULL
-FROM unnest(%(ids)b::bigint[], %(generations)b::bigint[]) AS h(id, generation), cyclone_runs AS r
-WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
-  AND s.id = h.id AND s.lease_generation = h.generation
-  AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
-  AND r.id = s.run_id
-RETURNING s.id, s.queue
+-- Give leases back at shutdown: available again, the attempt not consumed, its
+-- scheduled_at kept (its place in its queue and in its sequence_key's order). Each
+-- execution so ended is written to the attempt history ('released').
+WITH {{lock_listed_steps}},
+released AS (
+    UPDATE cyclone_steps AS s
+    SET state = CASE WHEN r.state = 'paused' THEN 'paused' ELSE 'available' END,
+        lease_owner = NULL, lease_expiry = NULL, heartbeat_at = NULL, started_at = NULL
+    FROM unnest(%(ids)b::bigint[], %(generations)b::bigint[]) AS h(id, generation),
+         cyclone_steps AS cur, cyclone_runs AS r
+    WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
+      AND s.id = h.id AND s.lease_generation = h.generation
+      AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, not state index
+      AND cur.id = s.id AND r.id = s.run_id
+    -- cur is read in the statement's snapshot: the execution's owner and start
+    RETURNING s.id, s.queue, s.run_id, s.attempt, cur.lease_owner AS worker,
+              cur.started_at
+), history AS (
+    INSERT INTO cyclone_ext_attempts (step_id, run_id, attempt, worker, started_at, ended_at,
+                                      outcome, error, error_kind)
+    SELECT id, run_id, attempt + 1, worker, started_at, now() + %(shift)s::interval,
+           'released', 'its worker stopped and gave the lease back', NULL
+    FROM released
+)
+SELECT id, queue FROM released
 
 -- name: assemble_inputs
 -- The handler input of each step (the claim computes the same in its own statement).
