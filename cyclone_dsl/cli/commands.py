@@ -687,7 +687,9 @@ def scan(
             pool,
             engine,
             interval=interval,
-            max_reclaims={k: s.max_reclaims for k, s in registry.handlers() if s.max_reclaims},
+            max_reclaims={
+                k: s.max_reclaims for k, s in registry.handlers() if s.max_reclaims is not None
+            },
             default_max_reclaims=3,
             stopping=stopping,
             owner="cyclone-scan",

@@ -129,6 +129,12 @@ def ops_block(x: int) -> int:
     return x
 
 
+@step(name="ops_block_once", max_reclaims=0)
+def ops_block_once(x: int) -> int:
+    GATE.wait(120)
+    return x
+
+
 # -- helpers --------------------------------------------------------------------------------
 
 
@@ -496,6 +502,30 @@ def test_ops_a_second_signal_exits_at_once_and_the_lease_is_reclaimed_later(
     assert step_row.state == StepState.AVAILABLE, step_row
     assert step_row.reclaims == 1
     assert step_row.attempt == 0 or step_row.attempt == 1, step_row
+
+
+def test_ops_cyclone_scan_keeps_a_steps_max_reclaims_of_zero(
+    cyclone_dsn: str, client: Client, cli: Cli, clock: Clock
+) -> None:
+    """A step declaring ``max_reclaims=0`` fails at its first expired lease, whichever
+    scanner finds it. ``cyclone scan`` took only the kinds' limits that were true, and
+    gave such a step its default of 3 reclaims."""
+    GATE.clear()
+    proc = spawn_worker(cyclone_dsn, "--lease", "5")
+    try:
+        handle = client.enqueue(ops_block_once, 2)
+        wait_until(
+            lambda: client.get_run(handle.id).steps[0].state == StepState.RUNNING,
+            what="the worker to run the blocking handler",
+        )
+    finally:
+        proc.kill()  # its lease stays, to expire
+        proc.wait(timeout=20)
+    clock(timedelta(seconds=40))
+    done = cli("scan", "--once", "-m", "tests.integration.test_ops_docs_audit")
+    assert done.returncode == 0, done.stderr
+    step_row = client.get_run(handle.id).steps[0]
+    assert (step_row.state, step_row.error_kind) == (StepState.DISCARDED, "reclaim_limit"), step_row
 
 
 # -- cli.md: what the commands print and select ---------------------------------------------
