@@ -70,6 +70,11 @@ class DaemonThreadPool:
         """Threads started so far."""
         return len(self._threads)
 
+    def owns(self, thread: threading.Thread) -> bool:
+        """Whether ``thread`` is one of this pool's."""
+        with self._lock:
+            return thread in self._threads
+
     def submit(
         self, on_done: Callable[[Settled], None], fn: Callable[..., Any], *args: Any
     ) -> None:

@@ -765,7 +765,9 @@ class Worker:
         """Stop claiming, let running handlers finish within the grace period, close the
         worker's connections, then return (at once for a worker that is not running).
         ``timeout`` (seconds, a finite number >= 0; None: the grace period and 30 s more)
-        bounds the wait; anything else raises :class:`InvalidArgument` before the stop."""
+        bounds the wait; anything else raises :class:`InvalidArgument` before the stop.
+        Called by one of this worker's handlers, it begins the stop and returns at once,
+        as :meth:`request_stop` does (the handler's result is kept)."""
         if timeout is not None:
             check_seconds("timeout", timeout, positive=False)
         if self._supervisor is not None:
@@ -777,9 +779,23 @@ class Worker:
             return
         self._stopping.set()
         self._wake_lanes()
+        if self._in_a_handler():
+            # It would wait for the running handlers, its caller among them: for the whole
+            # grace, and then the caller's own result would be dropped with its lease.
+            log.info("stop() called by a handler of worker %s: stopping without waiting", self.id)
+            return
         if self._lifecycle == "running":
             self._stopped.wait(timeout if timeout is not None else self.grace + 30)
         self._raise_if_crashed()
+
+    def _in_a_handler(self) -> bool:
+        """Whether the calling thread runs this worker's handlers (its handler threads or
+        the async handlers' event loop)."""
+        current = threading.current_thread()
+        executor = self._executor
+        if executor is not None and executor.owns(current):
+            return True
+        return current.name == "cyclone-asyncio" and current in self._threads
 
     def _begin(self) -> bool:
         """Whether to start: False (and stopped) when a stop was requested first."""
