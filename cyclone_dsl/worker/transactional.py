@@ -77,6 +77,9 @@ class Call:
     #: Mark the step's lease as held by the handler's transaction (True), or no longer
     #: (False): heartbeats then only check it, or renew it again.
     hold_lease: Callable[[bool], None] = lambda held: None
+    #: Whether the handler may still be called (False: its step timed out, was cancelled
+    #: or lost its lease while the call waited for a connection).
+    may_start: Callable[[], bool] = lambda: True
 
 
 class _RollBack(Exception):
@@ -175,6 +178,9 @@ class TransactionalRunner:
         try:
             with handler_connection(self._pool, call.isolation) as conn:
                 call.attach(conn)
+                if not call.may_start():  # it waited for a connection past its end
+                    call.attach(None)
+                    raise _RollBack(None)
                 engine_tx = ConnectionTx(conn, current_shift())
                 tx = AfterCommit(engine_tx)
                 try:
@@ -229,6 +235,9 @@ class TransactionalRunner:
         try:
             async with async_handler_connection(self._async_pool, call.isolation) as conn:
                 call.attach(conn)
+                if not call.may_start():  # it waited for a connection past its end
+                    call.attach(None)
+                    raise _RollBack(None)
                 engine_tx = AsyncConnectionTx(conn, loop, current_shift())
                 tx = AfterCommit(engine_tx)
                 try:

@@ -1474,6 +1474,7 @@ class Worker:
             decide=lambda: self._decide(entry),
             attach=entry.attach,
             hold_lease=lambda held: self._hold_lease_in_transaction(entry, held),
+            may_start=lambda: not entry.settled and not _late(entry),
         )
         if handler.is_async:
             assert self._loop is not None

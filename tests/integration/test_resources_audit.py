@@ -545,7 +545,8 @@ def test_rsc_a_transactional_step_that_cannot_get_a_connection_fails_by_its_time
 ) -> None:
     """A running worker whose role has no session left when a transactional step comes:
     the step fails by its timeout (1 s) rather than waiting for the pool's 30 s; its
-    handler, which runs once a session frees, keeps nothing; a retry then writes once."""
+    handler is not called once a session frees (it was, for a step already failed: its
+    writes rolled back, its other effects not); a retry then writes once."""
     dsn = with_search_path(cyclone_admin_dsn, cyclone_schema)
     ledger_table(dsn)
     with limited_role(cyclone_admin_dsn, cyclone_schema, 9) as (role_dsn, role):
@@ -560,8 +561,10 @@ def test_rsc_a_transactional_step_that_cannot_get_a_connection_fails_by_its_time
                 assert ended.state is RunState.FAILED
                 assert ended.steps[0].error_kind == "timeout"
             wait_until(lambda: worker.slots_in_use == 0, what="the late handler to return")
+            assert SEEN.get("late") is None, "the handler of a step that timed out was called"
             client.retry(handle.id, ended.steps[0].node)
             assert handle.result(timeout=30) == 3
         finally:
             worker.stop()
     assert ledger(dsn) == [(3, "late")]
+    assert SEEN["late"] == [1]
