@@ -40,7 +40,8 @@ SIZES = {
         "bulk": 300,
         "history": 2_000,
         "expired": 1_000,
-        "idle_looks": 5,
+        # the server's CPU is read in clock ticks (10 ms): fewer looks read 0 ms
+        "idle_looks": 200,
         "starts": 5,
         "slow_jobs": 10,
         "repeats": 1,
@@ -345,7 +346,8 @@ def starts(admin: str, size: dict[str, int], add: Callable[..., None]) -> None:
         True,
     )
     add("sessions a client start opens", started.client_sessions, "", target="1")
-    add("sessions a worker start and stop open", started.worker_sessions, "", target="<= 3")
+    # its pool, its listener, its heartbeat (opened at start: reserved, see worker.py)
+    add("sessions a worker start and stop open", started.worker_sessions, "", target="<= 4")
 
 
 def async_handlers(admin: str, size: dict[str, int], add: Callable[..., None]) -> None:

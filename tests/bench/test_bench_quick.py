@@ -43,5 +43,5 @@ def test_bench_quick_writes_a_report(tmp_path: Path, cyclone_admin_dsn: str) -> 
     # A client's start checks the database on the session its pool then keeps.
     sessions = {row["scenario"]: row["cyclone"] for row in report["results"]}
     assert sessions["sessions a client start opens"] == 1
-    assert sessions["sessions a worker start and stop open"] <= 3
+    assert sessions["sessions a worker start and stop open"] <= 4  # pool, listen, heartbeat
     assert report["mode"] == "smoke"

@@ -252,5 +252,9 @@ def test_waits_failed_by_one_error_each_raise_their_own_copy(
     assert len(errors) == 4
     assert {type(e) for e in errors} == {psycopg.errors.UndefinedTable}
     assert len({id(e) for e in errors}) == 4
-    (cause,) = {id(e.__cause__) for e in errors}
-    assert cause != 0 and cause not in {id(e) for e in errors}
+    # One read's error (the waits' states and the follower's page may be read apart, on a
+    # loaded machine: then two reads failed, each error copied for its callers).
+    causes = {id(e.__cause__): e.__cause__ for e in errors}
+    assert 1 <= len(causes) <= 2
+    assert all(isinstance(c, psycopg.errors.UndefinedTable) for c in causes.values())
+    assert not set(causes) & {id(e) for e in errors}
