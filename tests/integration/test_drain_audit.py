@@ -858,6 +858,7 @@ def test_request_stop_then_stop_waits_for_the_running_handler(
     handle = client.enqueue(drn_hold, "rs")
     wait_until(lambda: CALLS["rs"], what="the handler to start")
     worker.request_stop()  # returns at once
+    gate("rs-late").set()  # if a claim in flight at the request takes it, it ends at once
     late = client.enqueue(drn_hold, "rs-late")
     stopper = threading.Thread(target=worker.stop, name="drn-stop", daemon=True)
     stopper.start()
@@ -867,8 +868,10 @@ def test_request_stop_then_stop_waits_for_the_running_handler(
     joined(stopper)
     row = handle.get().steps[0]
     assert (row.state, row.lease_owner) == (StepState.COMPLETED, worker.id)
-    assert late.get().steps[0].state is StepState.AVAILABLE
-    assert CALLS["rs-late"] == 0
+    # A claim the fetch loop began as the request came (seen once on a loaded machine)
+    # may take it: it then runs within the grace. Else it is left for another worker.
+    ran = (late.get().steps[0].state, CALLS["rs-late"])
+    assert ran in ((StepState.AVAILABLE, 0), (StepState.COMPLETED, 1)), ran
 
 
 def test_stop_with_a_short_timeout_returns_and_a_second_stop_waits_for_the_end(
