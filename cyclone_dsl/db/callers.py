@@ -37,16 +37,16 @@ Connection = psycopg.Connection[Any]
 AsyncConnection = psycopg.AsyncConnection[Any]
 
 
+_LOOP_LOOK_S = 0.5
+"""How often a thread waiting for a statement on an event loop looks whether the loop
+was closed."""
+
 #: Read with psycopg's default loaders whatever the connection's: every type the engine's
 #: rows hold but json and jsonb, which it reads with its own (see
 #: :mod:`cyclone_dsl.db.adapters`). Frameworks replace loaders on the connections they own:
 #: Django loads ``jsonb`` as text (its JSONField decodes it) and ``timestamptz`` in its own
 #: zone, naive when ``USE_TZ`` is off; SQLAlchemy can plug its own JSON decoder; an
 #: application may load ``int8`` as text.
-_LOOP_LOOK_S = 0.5
-"""How often a thread waiting for a statement on an event loop looks whether the loop
-was closed."""
-
 _PSYCOPG_DEFAULT_TYPES = (
     "timestamptz",
     "timestamp",

@@ -934,6 +934,7 @@ class Worker:
             self._pool.close()
             if self._heartbeat_conn is not None:
                 self._heartbeat_conn.close()
+                self._heartbeat_conn = None
             raise
         if registered:
             log.info("registered schedules %s", registered)
