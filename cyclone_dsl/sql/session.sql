@@ -10,7 +10,7 @@ SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s
 -- fragment: completion_state
 -- transaction_age_s, and the transaction's isolation level as it is now (a handler may have
 -- set it with SET TRANSACTION, which the completion must know: see ready_for_completion).
-SELECT extract(epoch FROM clock_timestamp() - now())::float8 AS age_s,
+{{transaction_age_s}},
        current_setting('transaction_isolation') AS isolation
 
 -- fragment: session_reset
