@@ -12,6 +12,7 @@ stop (the handler returns within the grace) or after it (the handler outlives th
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import subprocess
 import sys
@@ -87,25 +88,13 @@ def _reset() -> Iterator[None]:
 
 
 @pytest.fixture
-def workers(cyclone_dsn: str) -> Iterator[Callable[..., Worker]]:
-    """``workers(*objects, **options)``: a started Worker (poll and scan 0.2 s, grace 5 s),
-    stopped at the end of the test (the test may stop it first)."""
-    made: list[Worker] = []
-
-    def make(*objects: Any, **options: Any) -> Worker:
-        options.setdefault("poll_interval", 0.2)
-        options.setdefault("scan_interval", 0.2)
-        options.setdefault("grace", 5.0)
-        worker = Worker(cyclone_dsn, objects, **options)
-        made.append(worker)
-        return worker.start()
-
-    yield make
+def workers(start_worker: Callable[..., Worker]) -> Iterator[Callable[..., Worker]]:
+    """``start_worker`` polling and scanning every 0.2 s; at the end every gate is opened
+    before the workers stop (a test may stop one first)."""
+    yield functools.partial(start_worker, poll_interval=0.2, scan_interval=0.2)
     with _lock:
         for event in _GATES.values():
             event.set()
-    for worker in made:
-        worker.stop()
 
 
 def stop_in_thread(worker: Worker, timeout: float | None = None) -> threading.Thread:
