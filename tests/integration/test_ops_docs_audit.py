@@ -34,6 +34,7 @@ from cyclone_dsl import (
     Client,
     Permanent,
     RunFailed,
+    RunHandle,
     RunState,
     StepContext,
     StepState,
@@ -238,6 +239,16 @@ def spawn_worker(dsn: str, *args: str, verbose: bool = False) -> subprocess.Pope
         text=True,
         env=subprocess_env(),
     )
+
+
+def enqueued_and_running(client: Client, blocking: Any, value: int) -> RunHandle:
+    """Enqueue a blocking step and wait until a worker runs it."""
+    handle = client.enqueue(blocking, value)
+    wait_until(
+        lambda: client.get_run(handle.id).steps[0].state == StepState.RUNNING,
+        what="the worker to run the blocking handler",
+    )
+    return handle
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str, str]:
@@ -449,11 +460,7 @@ def test_ops_sigterm_releases_the_held_step_after_the_grace_and_logs_warnings_on
     GATE.clear()
     proc = spawn_worker(cyclone_dsn, "--grace", "1", "--lease", "300")
     try:
-        handle = client.enqueue(ops_block, 1)
-        wait_until(
-            lambda: client.get_run(handle.id).steps[0].state == StepState.RUNNING,
-            what="the worker to run the blocking handler",
-        )
+        handle = enqueued_and_running(client, ops_block, 1)
         proc.send_signal(signal.SIGTERM)
         code, _, err = finish(proc)
     finally:
@@ -477,11 +484,7 @@ def test_ops_a_second_signal_exits_at_once_and_the_lease_is_reclaimed_later(
     GATE.clear()
     proc = spawn_worker(cyclone_dsn, "--grace", "60", "--lease", "5", verbose=True)
     try:
-        handle = client.enqueue(ops_block, 2)
-        wait_until(
-            lambda: client.get_run(handle.id).steps[0].state == StepState.RUNNING,
-            what="the worker to run the blocking handler",
-        )
+        handle = enqueued_and_running(client, ops_block, 2)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
@@ -513,11 +516,7 @@ def test_ops_cyclone_scan_keeps_a_steps_max_reclaims_of_zero(
     GATE.clear()
     proc = spawn_worker(cyclone_dsn, "--lease", "5")
     try:
-        handle = client.enqueue(ops_block_once, 2)
-        wait_until(
-            lambda: client.get_run(handle.id).steps[0].state == StepState.RUNNING,
-            what="the worker to run the blocking handler",
-        )
+        handle = enqueued_and_running(client, ops_block_once, 2)
     finally:
         proc.kill()  # its lease stays, to expire
         proc.wait(timeout=20)
