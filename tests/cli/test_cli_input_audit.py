@@ -40,6 +40,18 @@ def refused(result: subprocess.CompletedProcess[str], code: int = 2, text: str =
     return line
 
 
+def unrefused(cyclone: Cli, commands: list[tuple[str, ...]]) -> list[tuple[object, ...]]:
+    """The commands that were not refused as bad input (exit 2), each with what it did."""
+    problems: list[tuple[object, ...]] = []
+    for args in commands:
+        result = cyclone(*args)
+        try:
+            refused(result, 2)
+        except AssertionError:
+            problems.append((args[:3], result.returncode, result.stderr.strip()[:200]))
+    return problems
+
+
 # -- run ids -------------------------------------------------------------------------------
 
 RUN_ID_COMMANDS = [
@@ -521,19 +533,16 @@ def test_json_payloads_too_deep_or_long_are_bad_input_everywhere(
     waiting = client.submit(flows.waiting, 1).id
     file = tmp_path / "in.json"
     file.write_text(payload)
-    problems = []
-    for args in [
-        ("submit", "tests.cli.flows:flow", "--input", payload),
-        ("submit", "tests.cli.flows:flow", "--input", f"@{file}"),
-        ("signal", str(waiting), "go", payload),
-        ("schedules", "add", "tests.cli.flows:flow", "0 3 * * *", "--input", payload),
-        ("fork", str(waiting), "cli_add", "--input", payload),
-    ]:
-        result = cyclone(*args)
-        try:
-            refused(result, 2)
-        except AssertionError:
-            problems.append((args[:3], result.returncode, result.stderr.strip()[:200]))
+    problems = unrefused(
+        cyclone,
+        [
+            ("submit", "tests.cli.flows:flow", "--input", payload),
+            ("submit", "tests.cli.flows:flow", "--input", f"@{file}"),
+            ("signal", str(waiting), "go", payload),
+            ("schedules", "add", "tests.cli.flows:flow", "0 3 * * *", "--input", payload),
+            ("fork", str(waiting), "cli_add", "--input", payload),
+        ],
+    )
     assert [r.id for r in client.list_runs()] == [waiting]
     assert client.signals_of(waiting) == []
     assert client.list_schedules() == []
@@ -541,18 +550,15 @@ def test_json_payloads_too_deep_or_long_are_bad_input_everywhere(
 
 
 def test_raw_lone_surrogate_in_json_input(cyclone: Cli, client: Client) -> None:
-    problems = []
     waiting = client.submit(flows.waiting, 1).id
-    for args in [
-        ("submit", "tests.cli.flows:flow", "--input", '"' + SURR + '"'),
-        ("signal", str(waiting), "go", '{"k": "' + SURR + '"}'),
-        ("schedules", "add", "tests.cli.flows:flow", "0 3 * * *", "--input", '"' + SURR + '"'),
-    ]:
-        result = cyclone(*args)
-        try:
-            refused(result, 2)
-        except AssertionError:
-            problems.append((args[:3], result.returncode, result.stderr.strip()[:200]))
+    problems = unrefused(
+        cyclone,
+        [
+            ("submit", "tests.cli.flows:flow", "--input", '"' + SURR + '"'),
+            ("signal", str(waiting), "go", '{"k": "' + SURR + '"}'),
+            ("schedules", "add", "tests.cli.flows:flow", "0 3 * * *", "--input", '"' + SURR + '"'),
+        ],
+    )
     assert [r.id for r in client.list_runs()] == [waiting]
     assert problems == []
 
