@@ -25,6 +25,7 @@ from cyclone_dsl.cli.main import (
     database,
     emit,
     fail,
+    max_reclaims_option,
 )
 from cyclone_dsl.cli.reads import check_read_url, read_url_option, reading_client
 from cyclone_dsl.cli.render import event_line, printable, render_run
@@ -656,6 +657,7 @@ def queue_limit(ctx: click.Context, queue: str, limit: str, as_json: bool) -> No
     show_default=True,
     help="How long ended runs are kept when no step sets a retention; none: keep them.",
 )
+@max_reclaims_option
 @click.pass_context
 def scan(
     ctx: click.Context,
@@ -663,6 +665,7 @@ def scan(
     once: bool,
     interval: float,
     retention: timedelta | None,
+    max_reclaims: int,
 ) -> None:
     """Run the scanner alone: expired leases, timeouts, timers, deadlines, schedules, retention."""
     from cyclone_dsl.db.connect import make_pool
@@ -690,7 +693,7 @@ def scan(
             max_reclaims={
                 k: s.max_reclaims for k, s in registry.handlers() if s.max_reclaims is not None
             },
-            default_max_reclaims=3,
+            default_max_reclaims=max_reclaims,
             stopping=stopping,
             owner="cyclone-scan",
             retention=retention,

@@ -27,7 +27,7 @@ from cyclone_dsl.db import diagnose
 from cyclone_dsl.db.connect import ENV_LISTEN_URL, ENV_POOLED
 from cyclone_dsl.db.embedded import ENV_URL, embedded_database
 from cyclone_dsl.db.errors import DatabaseError
-from cyclone_dsl.engine import DEFAULT_RETENTION
+from cyclone_dsl.engine import DEFAULT_MAX_RECLAIMS, DEFAULT_RETENTION
 from cyclone_dsl.errors import (
     CycloneError,
     DatabaseUnavailable,
@@ -240,6 +240,17 @@ def migrate(
         )
 
 
+#: ``cyclone worker``'s and ``cyclone scan``'s ``Worker(max_reclaims=N)``.
+max_reclaims_option = click.option(
+    "--max-reclaims",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_RECLAIMS,
+    show_default=True,
+    help="Reclaims of a step whose worker died before it is discarded (reclaim_limit), for "
+    "steps that set no max_reclaims of their own.",
+)
+
+
 @cli.command()
 @click.argument("modules", nargs=-1, required=True)
 @click.option("--queues", default="default", help="Comma-separated queues to serve.")
@@ -311,6 +322,7 @@ def migrate(
     show_default=True,
     help="Missed schedule slots: fire only the latest, or each in turn.",
 )
+@max_reclaims_option
 @click.option("--pooled", is_flag=True, help="As `cyclone --pooled`, for this worker.")
 @click.option("--listen-url", default=None, help="As `cyclone --listen-url`, for this worker.")
 @click.option(
@@ -349,6 +361,7 @@ def worker(
     retention: timedelta | None,
     no_scanners: bool,
     catch_up: str,
+    max_reclaims: int,
     pooled: bool,
     listen_url: str | None,
     metrics_port: int | None,
@@ -379,6 +392,7 @@ def worker(
             retention=retention,
             scanners=not no_scanners,
             catch_up=catch_up,
+            max_reclaims=max_reclaims,
             pooled=pooled or ctx.obj["pooled"],
             listen_dsn=listen_url or ctx.obj["listen_url"] or "",
             metrics_port=metrics_port,

@@ -20,7 +20,13 @@ from cyclone_dsl.engine.bulk import (
 from cyclone_dsl.engine.children import CHILD_WAKE
 from cyclone_dsl.engine.claim import Claimed
 from cyclone_dsl.engine.complete import Failure, Success
-from cyclone_dsl.engine.core import DEFAULT_RETENTION, Engine, Page, Refused
+from cyclone_dsl.engine.core import (
+    DEFAULT_MAX_RECLAIMS,
+    DEFAULT_RETENTION,
+    Engine,
+    Page,
+    Refused,
+)
 from cyclone_dsl.engine.events import (
     DEFAULT_MAX_EVENTS_PER_STEP,
     EVENT_KINDS,
@@ -53,6 +59,7 @@ __all__ = [
     "CHILD_WAKE",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_MAX_EVENTS_PER_STEP",
+    "DEFAULT_MAX_RECLAIMS",
     "DEFAULT_RETENTION",
     "EVENTS_CHANNEL",
     "EVENT_KINDS",

@@ -63,6 +63,10 @@ Page = tuple[int, int | None]
 #: retention scanner and ``cyclone purge`` use it unless told otherwise).
 DEFAULT_RETENTION = timedelta(days=7)
 
+#: How often a step whose worker died is reclaimed before it is discarded as
+#: ``reclaim_limit``, when its kind sets no ``max_reclaims`` of its own.
+DEFAULT_MAX_RECLAIMS = 3
+
 
 T = TypeVar("T")
 

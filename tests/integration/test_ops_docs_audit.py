@@ -216,6 +216,9 @@ def subprocess_env() -> dict[str, str]:
     return env
 
 
+MODULE = "tests.integration.test_ops_docs_audit"
+
+
 def spawn_worker(dsn: str, *args: str, verbose: bool = False) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
@@ -226,7 +229,7 @@ def spawn_worker(dsn: str, *args: str, verbose: bool = False) -> subprocess.Pope
             dsn,
             *(["-v"] if verbose else []),
             "worker",
-            "tests.integration.test_ops_docs_audit",
+            MODULE,
             "--processes",
             "1",
             "--poll-interval",
@@ -521,10 +524,53 @@ def test_ops_cyclone_scan_keeps_a_steps_max_reclaims_of_zero(
         proc.kill()  # its lease stays, to expire
         proc.wait(timeout=20)
     clock(timedelta(seconds=40))
-    done = cli("scan", "--once", "-m", "tests.integration.test_ops_docs_audit")
+    done = cli("scan", "--once", "-m", MODULE)
     assert done.returncode == 0, done.stderr
     step_row = client.get_run(handle.id).steps[0]
     assert (step_row.state, step_row.error_kind) == (StepState.DISCARDED, "reclaim_limit"), step_row
+
+
+@pytest.mark.parametrize("command", ["scan", "worker"])
+def test_ops_max_reclaims_option_sets_the_default_of_steps_without_their_own(
+    cyclone_dsn: str, client: Client, cli: Cli, clock: Clock, command: str
+) -> None:
+    """``--max-reclaims N`` is, for the command line, the Python ``Worker(max_reclaims=N)``:
+    the reclaims a step that declares no ``max_reclaims`` of its own gets. Both the scanner
+    alone and a worker's own scanner took 3, whatever the Python workers said."""
+    GATE.clear()
+    holder = spawn_worker(cyclone_dsn, "--lease", "1")
+    try:
+        handle = enqueued_and_running(client, ops_block, 3)
+    finally:
+        holder.kill()  # its lease stays, to expire (a worker process sees no moved clock)
+        holder.wait(timeout=20)
+    if command == "scan":
+        clock(timedelta(seconds=40))
+        done = cli("scan", "--once", "--max-reclaims", "0", "-m", MODULE)
+        assert done.returncode == 0, done.stderr
+    else:
+        scanning = spawn_worker(cyclone_dsn, "--max-reclaims", "0", "--queues", "ops_none")
+        try:
+            wait_until(
+                lambda: client.get_run(handle.id).steps[0].state == StepState.DISCARDED,
+                what="the worker's scanner to end the step at its first expired lease",
+            )
+        finally:
+            scanning.kill()
+            scanning.wait(timeout=20)
+    step_row = client.get_run(handle.id).steps[0]
+    assert (step_row.state, step_row.error_kind) == (StepState.DISCARDED, "reclaim_limit"), step_row
+
+
+@pytest.mark.parametrize("command", ["scan", "worker"])
+def test_ops_max_reclaims_option_refuses_a_negative_count(cli: Cli, command: str) -> None:
+    done = (
+        cli(command, MODULE, "--max-reclaims", "-1")
+        if command == "worker"
+        else cli(command, "--max-reclaims", "-1")
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--max-reclaims" in done.stderr, done.stderr
 
 
 # -- cli.md: what the commands print and select ---------------------------------------------
