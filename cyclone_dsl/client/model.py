@@ -15,7 +15,9 @@ from cyclone_dsl.states import ErrorKind, RunState, StepState
 class Attempt:
     """One execution of a step that did not complete it: it failed (``outcome``
     ``retried`` or ``failed``), its lease expired (``reclaimed``), or its worker stopped
-    and gave the lease back (``released``; the attempt is not spent).
+    and gave the lease back (``released``; the attempt is not spent); or one an operator
+    retry or replay reset: ``replayed`` (it had completed), ``cancelled`` (a cancel had
+    stopped it).
 
     ``number`` counts from 1, like ``StepContext.attempt``; a reclaimed execution
     keeps its number, and the next run of it has the same one.

@@ -168,22 +168,28 @@ class Tracing:
         """A lost attempt (its worker died with its span): the reclaiming scanner records
         it, from the lease's start to now, with a ``cyclone.reclaimed`` event."""
         for row in steps:
+            attributes: dict[str, str | int] = {
+                RUN_ID: row["run_id"],
+                STEP_ID: row["id"],
+                WORKFLOW: row["workflow"],
+                NODE: row["node"],
+                KIND: row["kind"],
+                QUEUE: row["queue"],
+                ATTEMPT: row["attempt"] + 1,
+                MAX_ATTEMPTS: row["max_attempts"],
+                DEF_VERSION: row["def_version"],
+                WORKER: row["worker"] or "",
+                OUTCOME: "reclaimed",
+                ERROR_KIND: "reclaimed",
+            }
+            if row["item_index"] is not None:
+                attributes[ITEM_INDEX] = row["item_index"]
             span = self.tracer.start_span(
                 f"cyclone.step {row['node']}",
                 context=context_of(contexts.get(row["run_id"])),
                 kind=SpanKind.CONSUMER,
                 start_time=ns(row.get("started_at")),
-                attributes={
-                    RUN_ID: row["run_id"],
-                    STEP_ID: row["id"],
-                    NODE: row["node"],
-                    KIND: row["kind"],
-                    QUEUE: row["queue"],
-                    ATTEMPT: row["attempt"] + 1,
-                    WORKER: row["worker"] or "",
-                    OUTCOME: "reclaimed",
-                    ERROR_KIND: "reclaimed",
-                },
+                attributes=attributes,
             )
             span.add_event(
                 "cyclone.reclaimed",

@@ -287,8 +287,15 @@ WITH listed AS (
 )
 UPDATE cyclone_steps AS s
 SET state = 'cancelled', completed_at = greatest(now() + %(shift)s::interval, s.created_at),
-    error = coalesce(s.error, %(error)s), error_kind = coalesce(s.error_kind, %(error_kind)s),
-    lease_owner = NULL, lease_expiry = NULL
+    -- The error describes the execution the row holds: a running one is what the cancel
+    -- stopped (not the attempt before it, which is in the attempt history); a step waiting
+    -- for its next attempt keeps its last one's (list_runs finds either). lease_owner
+    -- stays, as a completion keeps it: the worker of the execution the cancel stopped.
+    error = CASE WHEN s.state = 'running' THEN %(error)s ELSE coalesce(s.error, %(error)s) END,
+    error_kind = CASE WHEN s.state = 'running' THEN %(error_kind)s
+                      ELSE coalesce(s.error_kind, %(error_kind)s) END,
+    panic_stack = CASE WHEN s.state = 'running' THEN NULL ELSE s.panic_stack END,
+    lease_expiry = NULL
 FROM unnest(%(run_ids)b::bigint[]) AS t(run_id)
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.run_id = t.run_id
@@ -312,7 +319,7 @@ WITH RECURSIVE down(node) AS (
 )
 UPDATE cyclone_steps AS s
 SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
-    error = %(error)s, error_kind = 'dep_failed', lease_owner = NULL, lease_expiry = NULL
+    error = %(error)s, error_kind = 'dep_failed', lease_expiry = NULL  -- lease_owner kept
 FROM down
 WHERE s.run_id = %(run_id)s AND (s.node = down.node OR s.item_of = down.node)
   AND s.state NOT IN ('completed', 'discarded', 'cancelled')

@@ -79,41 +79,62 @@ CASE WHEN s.started_at IS NULL AND s.attempt = 0 AND s.reclaims = 0
      THEN greatest(s.scheduled_at, now() + %(shift)s::interval)
      ELSE now() + %(shift)s::interval END
 
+-- fragment: reset_listed_steps
+-- The reset of the steps of CTE listed(id) by an operator retry or replay: back to pending
+-- with a fresh attempt budget and reclaim count, no output. lease_generation is kept: it
+-- fences stale workers. The execution each step row held is kept in the attempt history
+-- (kept_executions): its completion ('replayed'), or the execution a cancel stopped
+-- ('cancelled', with its worker and what ended it); a failed execution is there already.
+-- before is read in the statement's snapshot: the rows as they were.
+reset AS (
+    UPDATE cyclone_steps AS s
+    SET state = 'pending', attempt = 0, reclaims = 0, error = NULL, error_kind = NULL,
+        panic_stack = NULL, output = NULL, started_at = NULL, completed_at = NULL,
+        lease_owner = NULL, lease_expiry = NULL, scheduled_at = {{retried_start}}
+    FROM cyclone_steps AS before
+    WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
+      AND before.id = s.id
+    RETURNING s.id, s.run_id, s.node, before.state AS was, before.attempt AS attempts,
+              before.started_at, before.completed_at, before.lease_owner AS worker,
+              before.error, before.error_kind, before.panic_stack
+), kept_executions AS (
+    INSERT INTO cyclone_ext_attempts (step_id, run_id, attempt, worker, started_at, ended_at,
+                                      outcome, error, error_kind, panic_stack)
+    SELECT e.id, e.run_id, e.attempts + 1, e.worker, e.started_at,
+           coalesce(e.completed_at, now() + %(shift)s::interval),
+           CASE e.was WHEN 'completed' THEN 'replayed' WHEN 'cancelled' THEN 'cancelled'
+                ELSE 'failed' END,
+           CASE WHEN e.was <> 'completed' THEN e.error END,
+           CASE WHEN e.was <> 'completed' THEN e.error_kind END,
+           CASE WHEN e.was <> 'completed' THEN e.panic_stack END
+    FROM reset AS e
+    WHERE e.started_at IS NOT NULL AND e.error_kind IS DISTINCT FROM 'skipped'
+      AND NOT EXISTS (SELECT 1 FROM cyclone_ext_attempts AS a
+                      WHERE a.step_id = e.id AND a.started_at = e.started_at)
+)
+
 -- name: retry_reset_steps
--- Operator retry: these discarded or cancelled graph nodes go back to pending with a fresh
--- attempt budget and reclaim count. lease_generation is kept: it fences stale workers.
+-- Operator retry: these discarded or cancelled graph nodes are reset (reset_listed_steps).
 WITH listed AS (
     SELECT s.id FROM cyclone_steps AS s
     WHERE s.run_id = %(run_id)s AND s.node = ANY(%(nodes)b::text[]) AND s.item_of IS NULL
       AND s.state IN ('discarded', 'cancelled')
     ORDER BY s.id
     FOR NO KEY UPDATE
-)
-UPDATE cyclone_steps AS s
-SET state = 'pending', attempt = 0, reclaims = 0, error = NULL, error_kind = NULL,
-    panic_stack = NULL, output = NULL, started_at = NULL, completed_at = NULL,
-    lease_owner = NULL, lease_expiry = NULL, scheduled_at = {{retried_start}}
-WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
-  AND s.state IN ('discarded', 'cancelled')
-RETURNING s.node
+), {{reset_listed_steps}}
+SELECT node FROM reset
 
 -- name: retry_reset_items
--- Operator retry: the discarded and cancelled items of these fan-out nodes go back to
--- pending (completed items keep their outputs), reset like retry_reset_steps.
+-- Operator retry: the discarded and cancelled items of these fan-out nodes are reset
+-- (reset_listed_steps); completed items keep their outputs.
 WITH listed AS (
     SELECT s.id FROM cyclone_steps AS s
     WHERE s.run_id = %(run_id)s AND s.item_of = ANY(%(nodes)b::text[])
       AND s.state IN ('discarded', 'cancelled')
     ORDER BY s.id
     FOR NO KEY UPDATE
-)
-UPDATE cyclone_steps AS s
-SET state = 'pending', attempt = 0, reclaims = 0, error = NULL, error_kind = NULL,
-    panic_stack = NULL, output = NULL, started_at = NULL, completed_at = NULL,
-    lease_owner = NULL, lease_expiry = NULL, scheduled_at = {{retried_start}}
-WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
-  AND s.state IN ('discarded', 'cancelled')
-RETURNING s.node
+), {{reset_listed_steps}}
+SELECT node FROM reset
 
 -- name: retry_reopen_run
 -- Put an ended run (failed, cancelled, or completed with a contained failure) back to
@@ -126,32 +147,15 @@ WHERE id = %(run_id)s AND state IN ('completed', 'failed', 'cancelled')
 RETURNING id
 
 -- name: replay_reset_steps
--- Operator replay (retry with force): these ended graph nodes go back to pending with a
--- fresh attempt budget, their outputs dropped. The executions that completed are kept in
--- the attempt history (outcome 'replayed'). lease_generation is kept: it fences stale
--- workers.
+-- Operator replay (retry with force): these ended graph nodes are reset
+-- (reset_listed_steps), their outputs dropped.
 WITH listed AS (
     SELECT s.id FROM cyclone_steps AS s
     WHERE s.run_id = %(run_id)s AND s.node = ANY(%(nodes)b::text[]) AND s.item_of IS NULL
       AND s.state IN ('completed', 'discarded', 'cancelled', 'pending')
     ORDER BY s.id
     FOR NO KEY UPDATE
-), reset AS (
-    UPDATE cyclone_steps AS s
-    SET state = 'pending', attempt = 0, reclaims = 0, error = NULL, error_kind = NULL,
-        panic_stack = NULL, output = NULL, started_at = NULL, completed_at = NULL,
-        lease_owner = NULL, lease_expiry = NULL, scheduled_at = {{retried_start}}
-    FROM cyclone_steps AS before
-    WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
-      AND before.id = s.id
-    RETURNING s.id, s.run_id, s.node, before.state AS was, before.error_kind AS was_kind,
-              before.attempt AS attempts, before.started_at, before.completed_at
-), history AS (
-    INSERT INTO cyclone_ext_attempts (step_id, run_id, attempt, started_at, ended_at, outcome)
-    SELECT id, run_id, attempts + 1, started_at, coalesce(completed_at, now()), 'replayed'
-    FROM reset
-    WHERE was = 'completed' AND was_kind IS DISTINCT FROM 'skipped' AND started_at IS NOT NULL
-)
+), {{reset_listed_steps}}
 SELECT node FROM reset
 
 -- name: replay_drop_items

@@ -116,7 +116,7 @@ WITH listed AS (
 )
 UPDATE cyclone_steps AS s
 SET state = 'cancelled', completed_at = now() + %(shift)s::interval,
-    error = %(error)s, error_kind = 'dep_failed', lease_owner = NULL, lease_expiry = NULL
+    error = %(error)s, error_kind = 'dep_failed', lease_expiry = NULL  -- lease_owner kept
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.run_id = %(run_id)s AND s.item_of = %(node)s
   AND s.state IN ('pending', 'available', 'running', 'paused', 'waiting_child')

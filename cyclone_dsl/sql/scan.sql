@@ -57,7 +57,9 @@ reclaimed AS (
       AND NOT EXISTS (SELECT 1 FROM held WHERE held.objid = (s.id & 2147483647)::int::oid)
     -- cur is read in the statement's snapshot: the lease owner before this update
     RETURNING s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.item_of, s.error, s.attempt,
-              s.started_at, s.sequence_key, cur.lease_owner AS worker
+              s.started_at, s.sequence_key, cur.lease_owner AS worker,
+              -- for the span of the lost attempt (tracing)
+              s.item_index, s.max_attempts, r.workflow, r.def_version
 ), history AS (
     INSERT INTO cyclone_ext_attempts (step_id, run_id, attempt, worker, started_at, ended_at,
                                       outcome, error, error_kind)
@@ -67,7 +69,7 @@ reclaimed AS (
     FROM reclaimed
 )
 SELECT id, run_id, node, kind, state, queue, item_of, error, attempt, started_at, worker,
-       sequence_key
+       sequence_key, item_index, max_attempts, workflow, def_version
 FROM reclaimed
 
 -- name: timed_out_steps

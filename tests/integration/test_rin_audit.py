@@ -67,7 +67,15 @@ TERMINAL_STEPS = {"completed", "discarded", "cancelled"}  # runs-and-steps.md:17
 ACTIVE_STEPS = STEP_STATES - TERMINAL_STEPS
 #: The outcomes of a failed execution in the attempt history (schema.md:112, ext 2).
 FAILED_OUTCOMES = {"failed", "retried", "timeout"}
-ATTEMPT_OUTCOMES = {"failed", "retried", "timeout", "reclaimed", "released", "replayed"}
+ATTEMPT_OUTCOMES = {
+    "failed",
+    "retried",
+    "timeout",
+    "reclaimed",
+    "released",
+    "replayed",
+    "cancelled",
+}
 
 
 def _rows(cur: psycopg.Cursor[dict[str, Any]], sql: str) -> list[dict[str, Any]]:
