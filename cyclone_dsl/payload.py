@@ -28,38 +28,77 @@ MAX_DEPTH = 256
 _MAX_INT = 2**63
 
 
+#: Where a value is in a payload, built only when an error names it: the root path, or
+#: (the container's place, an index or key).
+_Place: TypeAlias = "str | tuple[_Place, int | str]"
+
+#: A key longer than this is cut in an error's JSON path.
+_PATH_KEY_CHARS = 200
+
+
 def check(value: object, *, path: str = "$", depth: int = 0) -> None:
     """Raise :class:`InvalidPayload` unless ``value`` is strict JSON."""
-    # Iterative walk: a 100,000-deep list must not blow the Python stack.
-    stack: list[tuple[object, str, int]] = [(value, path, depth)]
+    # Iterative walk: a 100,000-deep list must not blow the Python stack. Only containers
+    # are stacked, with their place; scalars are checked where they are met, and no path
+    # is built unless an error names it: a flat list of a million numbers costs no memory.
+    if _is_leaf(value, path, None):
+        return
+    stack: list[tuple[object, _Place, int]] = [(value, path, depth)]
     while stack:
-        item, where, level = stack.pop()
-        if item is None or isinstance(item, bool):
-            continue
-        if isinstance(item, int):
-            if not -_MAX_INT <= item < _MAX_INT:
-                raise InvalidPayload(where, "integer out of the 64-bit range")
-            continue
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                raise InvalidPayload(where, f"{item!r} is not valid JSON")
-            continue
-        if isinstance(item, str):
-            _check_text(item, where)
-            continue
+        item, place, level = stack.pop()
         if level >= MAX_DEPTH:
-            raise InvalidPayload(where, f"nested deeper than {MAX_DEPTH} levels")
+            raise InvalidPayload(_path(place), f"nested deeper than {MAX_DEPTH} levels")
         if isinstance(item, list | tuple):
-            stack.extend((v, f"{where}[{i}]", level + 1) for i, v in enumerate(item))
-            continue
-        if isinstance(item, dict):
+            for i, v in enumerate(item):
+                if not _is_leaf(v, place, i):
+                    stack.append((v, (place, i), level + 1))
+        elif isinstance(item, dict):
             for key, v in item.items():
                 if not isinstance(key, str):
-                    raise InvalidPayload(where, f"object key {_shown(key)} is not a string")
-                _check_text(key, f"{where}.{key}")
-                stack.append((v, f"{where}.{key}", level + 1))
-            continue
-        raise InvalidPayload(where, f"a {type(item).__name__} is not JSON")
+                    raise InvalidPayload(_path(place), f"object key {_shown(key)} is not a string")
+                _check_text(key, place, key)
+                if not _is_leaf(v, place, key):
+                    stack.append((v, (place, key), level + 1))
+        else:
+            raise InvalidPayload(_path(place), f"a {type(item).__name__} is not JSON")
+
+
+def _is_leaf(item: object, parent: _Place, token: int | str | None) -> bool:
+    """Whether ``item`` (at ``token`` in ``parent``; the root when None) is a JSON scalar,
+    raising if it is one JSON cannot hold; False for a container or any other type, which
+    the walk looks at next."""
+    if item is None or isinstance(item, bool):
+        return True
+    if isinstance(item, int):
+        if not -_MAX_INT <= item < _MAX_INT:
+            raise InvalidPayload(_path(parent, token), "integer out of the 64-bit range")
+        return True
+    if isinstance(item, float):
+        if not math.isfinite(item):
+            raise InvalidPayload(_path(parent, token), f"{item!r} is not valid JSON")
+        return True
+    if isinstance(item, str):
+        _check_text(item, parent, token)
+        return True
+    return False
+
+
+def _path(place: _Place, token: int | str | None = None) -> str:
+    """The JSON path of a place (or of ``token`` in it): ``$.items[3].name``; a key that
+    is not printable (a NUL, a lone surrogate, a new line) is written as a JSON string in
+    brackets, so the path itself is printable text any log or column takes."""
+    if token is not None:
+        place = (place, token)
+    parts: list[str] = []
+    while not isinstance(place, str):
+        place, token = place
+        if isinstance(token, int):
+            parts.append(f"[{token}]")
+        else:
+            key = token if len(token) <= _PATH_KEY_CHARS else token[:_PATH_KEY_CHARS] + "…"
+            parts.append(f".{key}" if key.isprintable() else f"[{json.dumps(key)}]")
+    parts.append(place)
+    return "".join(reversed(parts))
 
 
 def _shown(key: object) -> str:
@@ -69,11 +108,13 @@ def _shown(key: object) -> str:
         return f"of type {type(key).__name__}"
 
 
-def _check_text(text: str, where: str) -> None:
+def _check_text(text: str, parent: _Place, token: int | str | None) -> None:
     if "\x00" in text:
-        raise InvalidPayload(where, "contains a NUL character (\\u0000), which jsonb rejects")
-    if utf8_size(text) is None:
-        raise InvalidPayload(where, "contains a lone surrogate")
+        raise InvalidPayload(
+            _path(parent, token), "contains a NUL character (\\u0000), which jsonb rejects"
+        )
+    if not text.isascii() and utf8_size(text) is None:
+        raise InvalidPayload(_path(parent, token), "contains a lone surrogate")
 
 
 def is_text(value: object) -> TypeGuard[str]:

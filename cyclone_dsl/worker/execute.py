@@ -116,7 +116,11 @@ def success_from_result(
         text = payload.encode(result, what=f"the output of {step.node!r}", max_bytes=max_bytes)
     except PayloadTooLarge as exc:
         return Failure(
-            step.id, step.generation, str(exc), ErrorKind.OUTPUT_LIMIT.value, retry=False
+            step.id,
+            step.generation,
+            payload.sanitize_text(str(exc), limit=2000),  # it names the node
+            ErrorKind.OUTPUT_LIMIT.value,
+            retry=False,
         )
     except InvalidPayload as exc:
         return _invalid_output(step, f"the handler returned a value that is not JSON: {exc}")
@@ -145,7 +149,7 @@ def _invalid_output(step: Claimed, reason: str) -> Failure:
     return Failure(
         step.id,
         step.generation,
-        reason,
+        payload.sanitize_text(reason, limit=2000),  # it may quote the output (a key)
         ErrorKind.INVALID_OUTPUT.value,
         panic_stack=None,
         retry=False,

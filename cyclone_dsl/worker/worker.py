@@ -1847,7 +1847,9 @@ class Worker:
                 log.warning("committing outcomes failed (%s); retrying in %.1fs", exc, delay)
                 time.sleep(delay)
                 delay = min(10.0, delay * 2)
-            except DatabaseError as exc:
+            except (DatabaseError, UnicodeError) as exc:
+                # UnicodeError: a text psycopg cannot encode for the server, raised before
+                # anything is sent; like a refusal, it is this outcome's, not the batch's.
                 if len(group) > 1:
                     for outcome in group:
                         self._commit_group([outcome])
@@ -1903,7 +1905,9 @@ class Worker:
         if ended:
             observer.on_runs_ended(ended)
 
-    def _apply_poisoned(self, outcome: Success | Failure, exc: DatabaseError) -> None:
+    def _apply_poisoned(
+        self, outcome: Success | Failure, exc: DatabaseError | UnicodeError
+    ) -> None:
         """The database refused this outcome: fail its step for good, with the reason."""
         log.error("step %s: the database refused its outcome: %s", outcome.step_id, exc)
         final = Failure(

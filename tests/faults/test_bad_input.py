@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -21,6 +22,7 @@ from cyclone_dsl import (
     UnknownKind,
     UnknownWorkflow,
     Worker,
+    payload,
     step,
     wait_signal,
     wait_timer,
@@ -86,6 +88,39 @@ def test_invalid_payload_names_the_json_path(client: Client) -> None:
     with pytest.raises(InvalidPayload) as caught:
         client.submit(flow, {"order": {"lines": [1, float("nan")]}})
     assert caught.value.path == "$.order.lines[1]"
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        pytest.param({"a\nb": {"\ud800": 1}}, '$["a\\nb"]["\\ud800"]', id="surrogate-key"),
+        pytest.param({"ok": [{"x\x00": 1}]}, '$.ok[0]["x\\u0000"]', id="nul-key"),
+        pytest.param({"k" * 500: [1, 2**64]}, "$." + "k" * 200 + "…[1]", id="long-key"),
+    ],
+)
+def test_invalid_payload_paths_are_printable_and_bounded(
+    client: Client, value: object, path: str
+) -> None:
+    """A path names an odd key as a JSON string (a lone surrogate, a NUL or a new line in
+    the message could not be logged or stored) and cuts a long one."""
+    with pytest.raises(InvalidPayload) as caught:
+        client.submit(flow, value)  # type: ignore[arg-type]
+    assert caught.value.path == path
+    str(caught.value).encode("utf-8")  # no lone surrogate: printable anywhere
+
+
+def test_checking_a_large_flat_list_stacks_nothing_per_item() -> None:
+    """Only containers are stacked by the check, and a path is built only for an error: a
+    list of 500,000 numbers (1 MB of JSON) costs far less than a copy per item, which
+    was 65 MB (every output is checked so in the worker)."""
+    value = [0] * 500_000
+    tracemalloc.start()
+    try:
+        payload.check(value)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 100_000, peak
 
 
 HOSTILE_NAMES = [
