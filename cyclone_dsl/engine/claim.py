@@ -214,8 +214,9 @@ def claim(
     ]
 
 
-def heartbeat(tx: Tx, leases: Sequence[tuple[int, int]], lease: timedelta) -> set[int]:
-    """Extend the given (step id, generation) leases; return the ids still held."""
+def heartbeat(tx: Tx, leases: Sequence[tuple[int, int]], lease: timedelta) -> set[tuple[int, int]]:
+    """Extend the given (step id, generation) leases; return those still held (a step
+    reclaimed and claimed again is held at its new generation only)."""
     if not leases:
         return set()
     rows = tx.rows(
@@ -224,16 +225,16 @@ def heartbeat(tx: Tx, leases: Sequence[tuple[int, int]], lease: timedelta) -> se
         generations=[g for _, g in leases],
         lease=lease,
     )
-    return {r["id"] for r in rows}
+    return {(r["id"], r["lease_generation"]) for r in rows}
 
 
-def leases_held(tx: Tx, leases: Sequence[tuple[int, int]]) -> set[int]:
-    """Of the given (step id, generation) leases, the ids still held, without renewing
+def leases_held(tx: Tx, leases: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Of the given (step id, generation) leases, those still held, without renewing
     them: the leases :func:`hold_lease` keeps."""
     if not leases:
         return set()
     rows = tx.rows(Q.leases_held, ids=[i for i, _ in leases], generations=[g for _, g in leases])
-    return {r["id"] for r in rows}
+    return {(r["id"], r["lease_generation"]) for r in rows}
 
 
 def hold_lease(tx: Tx, step_id: int) -> bool:

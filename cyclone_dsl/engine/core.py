@@ -396,10 +396,12 @@ class Engine:
             cursors=cursors,
         )
 
-    def heartbeat(self, tx: Tx, leases: Sequence[tuple[int, int]], lease: timedelta) -> set[int]:
+    def heartbeat(
+        self, tx: Tx, leases: Sequence[tuple[int, int]], lease: timedelta
+    ) -> set[tuple[int, int]]:
         return claim.heartbeat(tx, leases, lease)
 
-    def leases_held(self, tx: Tx, leases: Sequence[tuple[int, int]]) -> set[int]:
+    def leases_held(self, tx: Tx, leases: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
         return claim.leases_held(tx, leases)
 
     def hold_lease(self, tx: Tx, step_id: int) -> bool:

@@ -171,12 +171,12 @@ FROM unnest(%(ids)b::bigint[], %(generations)b::bigint[]) AS h(id, generation)
 WHERE s.id = ANY(ARRAY(SELECT id FROM listed))  -- locked in id order above
   AND s.id = h.id AND s.lease_generation = h.generation
   AND CASE WHEN s.state = 'running' THEN true ELSE false END  -- by id, never by state index
-RETURNING s.id
+RETURNING s.id, s.lease_generation
 
 -- name: leases_held
 -- Of the given (id, generation) leases, those still held: the steps of transactional
 -- handlers whose snapshot is open, which no heartbeat updates (see hold_lease).
-SELECT s.id
+SELECT s.id, s.lease_generation
 FROM cyclone_steps AS s
 JOIN unnest(%(ids)b::bigint[], %(generations)b::bigint[]) AS h(id, generation) ON h.id = s.id
 WHERE s.id = ANY(%(ids)b::bigint[]) AND s.lease_generation = h.generation

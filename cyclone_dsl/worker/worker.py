@@ -1901,7 +1901,16 @@ class Worker:
         elif applied:
             observer.on_completed(applied)
         if len(applied) < len(outcomes):
-            observer.on_fenced([o.step_id for o in outcomes if o.step_id not in applied])
+            # Applied ids are matched one outcome each: a step reclaimed and claimed here
+            # again may have both its claims' outcomes in a batch, and one was fenced.
+            unmatched = set(applied)
+            fenced = []
+            for outcome in outcomes:
+                if outcome.step_id in unmatched:
+                    unmatched.discard(outcome.step_id)
+                else:
+                    fenced.append(outcome.step_id)
+            observer.on_fenced(fenced)
         if ended:
             observer.on_runs_ended(ended)
 
@@ -1939,20 +1948,24 @@ class Worker:
     def _renew_one(self, entry: _Inflight) -> bool:
         """Renew one step's lease now; whether it is still this worker's."""
         held = self._tx(lambda tx: self._renew(tx, [entry], [entry.step]))
-        return entry.step.id in held
+        return _claim_key(entry.step) in held
 
-    def _renew(self, tx: Tx, entries: list[_Inflight], steps: list[Claimed]) -> set[int]:
+    def _renew(
+        self, tx: Tx, entries: list[_Inflight], steps: list[Claimed]
+    ) -> set[tuple[int, int]]:
         """Renew the leases of these steps (``entries`` are their in-flight entries, where
-        known); return the ids still held. A lease held by its handler's open transaction
-        is only checked: an update of its row would conflict with that transaction."""
-        in_transaction = {e.step.id for e in entries if e.lease_in_transaction}
-        renewed = [(s.id, s.generation) for s in steps if s.id not in in_transaction]
-        checked = [(s.id, s.generation) for s in steps if s.id in in_transaction]
+        known); return the claims (id, generation) still held: a step reclaimed and claimed
+        here again is held by its new claim only, and its old one is lost. A lease held by
+        its handler's open transaction is only checked: an update of its row would
+        conflict with that transaction."""
+        in_transaction = {_claim_key(e.step) for e in entries if e.lease_in_transaction}
+        renewed = [_claim_key(s) for s in steps if _claim_key(s) not in in_transaction]
+        checked = [_claim_key(s) for s in steps if _claim_key(s) in in_transaction]
         sent = time.monotonic()
         held = self._engine.heartbeat(tx, renewed, self.lease)
         until = sent + self.lease.total_seconds()
         for entry in entries:
-            if entry.step.id in held:
+            if _claim_key(entry.step) in held:
                 entry.lease_until = max(entry.lease_until, until)
         return held | self._engine.leases_held(tx, checked)
 
@@ -1997,7 +2010,7 @@ class Worker:
                 tx = ConnectionTx(conn)
                 with self._lease_lock:
                     held = self._renew(tx, due, [e.step for e in due])
-                lost = [e for e in due if e.step.id not in held and not e.settled]
+                lost = [e for e in due if _claim_key(e.step) not in held and not e.settled]
                 states = self._engine.lease_states(tx, [e.step.id for e in lost]) if lost else {}
             except DatabaseError as exc:
                 log.warning("heartbeat failed: %s", exc)
