@@ -1934,6 +1934,8 @@ class Worker:
             log.exception(
                 "step %s: could not record its failure; its lease will expire", final.step_id
             )
+            if self._observer is not None:  # settled here: nothing else will
+                self._observer.on_fenced([final.step_id])
 
     # -- leases --------------------------------------------------------------------------
 
