@@ -32,11 +32,11 @@ from cyclone_dsl import Client, Permanent, RunState, StepContext, Worker, step, 
 from cyclone_dsl.errors import CycloneError, InvalidArgument
 from cyclone_dsl.observability import JsonFormatter, StepContextFilter, configure_logging
 from cyclone_dsl.worker.observe import WorkerObserver
+from tests.scraped import Samples, counts, metered, parse, scrape, total
 from tests.waiting import expire_leases_until, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 # -- handlers -----------------------------------------------------------------------------
 
@@ -119,37 +119,6 @@ def oba_flow(n):  # type: ignore[no-untyped-def]
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def parse(text: str) -> Samples:
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def scrape(port: int | None) -> Samples:
-    assert port is not None
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return parse(response.read().decode())
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
-
-
-def counts(samples: Samples, kind: str) -> dict[str, float]:
-    """The step counters of one kind."""
-    return {
-        what: total(samples, f"cyclone_steps_{what}_total", kind=kind)
-        for what in ("claimed", "completed", "retried", "failed", "fenced")
-    }
-
-
-def metered(start_worker: Callable[..., Worker], *objects: Any, **options: Any) -> Worker:
-    return start_worker(*objects, metrics_port=0, metrics_host="127.0.0.1", **options)
 
 
 def counted(worker: Worker, kind: str, **expected: int) -> Samples:

@@ -14,7 +14,6 @@ import io
 import json
 import logging
 import threading
-import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -24,7 +23,6 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from cyclone_dsl import (
@@ -41,9 +39,9 @@ from cyclone_dsl import (
 from cyclone_dsl.observability import JsonFormatter, StepContextFilter
 from cyclone_dsl.testing import set_clock_shift
 from cyclone_dsl.ui.app import create_app
+from tests.scraped import counts, metered, scrape, total
 from tests.waiting import expire_leases_until, wait_until
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 Spans = tuple[TracerProvider, Callable[[], list[ReadableSpan]]]
 
 handler_log = logging.getLogger("tests.obc")
@@ -185,37 +183,6 @@ async def obc_stubborn(n: int, *, ctx: StepContext) -> int:
 # -- helpers ------------------------------------------------------------------------------
 
 
-def parse(text: str) -> Samples:
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def scrape(worker: Worker) -> Samples:
-    assert worker.metrics_port is not None
-    url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return parse(response.read().decode())
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
-
-
-def counts(samples: Samples, kind: str) -> dict[str, float]:
-    return {
-        what: total(samples, f"cyclone_steps_{what}_total", kind=kind)
-        for what in ("claimed", "completed", "retried", "failed", "fenced")
-    }
-
-
-def metered(start_worker: Callable[..., Worker], *objects: Any, **options: Any) -> Worker:
-    return start_worker(*objects, metrics_port=0, metrics_host="127.0.0.1", **options)
-
-
 def idle(worker: Worker) -> None:
     wait_until(lambda: worker.slots_in_use == 0, what="every handler returned")
 
@@ -318,8 +285,11 @@ def test_obc_a_deadline_passing_mid_step_is_fenced_once_and_leaves_nothing_open(
     run = handle.wait(timeout=20)
     assert run.state is RunState.FAILED
     idle(worker)
-    wait_until(lambda: counts(scrape(worker), "obc_hold")["fenced"] == 1, what="the attempt fenced")
-    samples = scrape(worker)
+    wait_until(
+        lambda: counts(scrape(worker.metrics_port), "obc_hold")["fenced"] == 1,
+        what="the attempt fenced",
+    )
+    samples = scrape(worker.metrics_port)
     assert counts(samples, "obc_hold") == {
         "claimed": 1,
         "completed": 0,
@@ -465,8 +435,11 @@ def test_obc_a_run_paused_mid_step_is_counted_and_gauged_as_it_is(
         lambda: str(client.get_run(handle.id).step("obc_ok").state) == "paused",
         what="the next step paused",
     )
-    wait_until(lambda: counts(scrape(worker), "obc_hold")["completed"] == 1, what="the completion")
-    samples = scrape(worker)
+    wait_until(
+        lambda: counts(scrape(worker.metrics_port), "obc_hold")["completed"] == 1,
+        what="the completion",
+    )
+    samples = scrape(worker.metrics_port)
     assert counts(samples, "obc_ok")["claimed"] == 0
     assert total(samples, "cyclone_run_duration_seconds_count") == 0
     gauges = gauges_of(client)
@@ -479,10 +452,10 @@ def test_obc_a_run_paused_mid_step_is_counted_and_gauged_as_it_is(
     client.resume(handle.id)
     assert handle.result(timeout=20) == 5
     wait_until(
-        lambda: total(scrape(worker), "cyclone_run_duration_seconds_count") == 1,
+        lambda: total(scrape(worker.metrics_port), "cyclone_run_duration_seconds_count") == 1,
         what="the run's end observed",
     )
-    samples = scrape(worker)
+    samples = scrape(worker.metrics_port)
     assert (
         total(samples, "cyclone_run_duration_seconds_count", workflow="obc_pair", state="completed")
         == 1
@@ -522,7 +495,7 @@ def test_obc_a_step_in_backoff_is_gauged_as_not_due_and_its_retry_logs_attempt_t
     [available] = [g for g in gauges if g["gauge"] == "steps" and g["state"] == "available"]
     assert available["value"] == 1
     assert available["oldest_s"] is None
-    samples = scrape(worker)
+    samples = scrape(worker.metrics_port)
     assert total(samples, "cyclone_queue_steps", queue="default", state="available") == 1
     assert total(samples, "cyclone_queue_oldest_runnable_age_seconds", queue="default") == 0
     # The stats: available, with a negative age (all of it scheduled later).
@@ -551,8 +524,11 @@ def test_obc_a_step_in_backoff_is_gauged_as_not_due_and_its_retry_logs_attempt_t
         (1, step_id, handle.id),
         (2, step_id, handle.id),
     ]
-    wait_until(lambda: counts(scrape(worker), "obc_flaky")["completed"] == 1, what="the completion")
-    assert counts(scrape(worker), "obc_flaky") == {
+    wait_until(
+        lambda: counts(scrape(worker.metrics_port), "obc_flaky")["completed"] == 1,
+        what="the completion",
+    )
+    assert counts(scrape(worker.metrics_port), "obc_flaky") == {
         "claimed": 2,
         "completed": 1,
         "retried": 1,
@@ -650,15 +626,16 @@ def test_obc_a_failed_fan_out_item_is_counted_and_traced_once_with_its_siblings(
     failed_items = [s for s in items if s.error_kind == "permanent"]
     assert [s.item_index for s in failed_items] == [2]
     wait_until(
-        lambda: counts(scrape(worker), "obc_item")["failed"] == 1, what="the failure counted"
+        lambda: counts(scrape(worker.metrics_port), "obc_item")["failed"] == 1,
+        what="the failure counted",
     )
 
     def settled() -> bool:
-        c = counts(scrape(worker), "obc_item")
+        c = counts(scrape(worker.metrics_port), "obc_item")
         return c["claimed"] == c["completed"] + c["retried"] + c["failed"] + c["fenced"]
 
     wait_until(settled, what="every claimed item settled in the counters")
-    samples = scrape(worker)
+    samples = scrape(worker.metrics_port)
     item_counts = counts(samples, "obc_item")
     assert item_counts["claimed"] == len(ran), (item_counts, ran)
     completed_items = sum(1 for s in items if str(s.state) == "completed")
@@ -708,9 +685,10 @@ def test_obc_a_failed_child_run_is_timed_for_the_child_and_its_parent_and_traced
         [child_run] = client.list_runs(parent_run_id=handle.id)
         assert child_run.state is RunState.FAILED
     wait_until(
-        lambda: counts(scrape(worker), "obc_perm")["failed"] == 1, what="the failure counted"
+        lambda: counts(scrape(worker.metrics_port), "obc_perm")["failed"] == 1,
+        what="the failure counted",
     )
-    samples = scrape(worker)
+    samples = scrape(worker.metrics_port)
     assert counts(samples, "obc_perm") == {
         "claimed": 1,
         "completed": 0,
@@ -756,9 +734,10 @@ def test_obc_a_retried_transactional_step_is_counted_traced_and_listed_once_per_
         assert client.enqueue(obc_tx_flaky, 2).result(timeout=20) == 2
         [run] = client.list_runs(workflow="obc_tx_flaky")
     wait_until(
-        lambda: counts(scrape(worker), "obc_tx_flaky")["completed"] == 1, what="the completion"
+        lambda: counts(scrape(worker.metrics_port), "obc_tx_flaky")["completed"] == 1,
+        what="the completion",
     )
-    samples = scrape(worker)
+    samples = scrape(worker.metrics_port)
     assert counts(samples, "obc_tx_flaky") == {
         "claimed": 2,
         "completed": 1,
@@ -793,9 +772,10 @@ def test_obc_an_async_handler_that_outlives_its_timeout_is_retried_once_and_its_
     assert handle.result(timeout=20) == 6
     idle(worker)
     wait_until(
-        lambda: counts(scrape(worker), "obc_stubborn")["completed"] == 1, what="the completion"
+        lambda: counts(scrape(worker.metrics_port), "obc_stubborn")["completed"] == 1,
+        what="the completion",
     )
-    samples = scrape(worker)
+    samples = scrape(worker.metrics_port)
     assert counts(samples, "obc_stubborn") == {
         "claimed": 2,
         "completed": 1,
@@ -805,7 +785,12 @@ def test_obc_an_async_handler_that_outlives_its_timeout_is_retried_once_and_its_
     }
     wait_until(
         lambda: (
-            total(scrape(worker), "cyclone_step_handler_seconds_count", kind="obc_stubborn") == 2
+            total(
+                scrape(worker.metrics_port),
+                "cyclone_step_handler_seconds_count",
+                kind="obc_stubborn",
+            )
+            == 2
         ),
         what="both handlers timed",
     )
