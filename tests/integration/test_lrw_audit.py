@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import threading
 import time
 from collections import Counter
@@ -26,7 +25,7 @@ import psycopg
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from cyclone_dsl import (
     AsyncClient,
@@ -40,7 +39,7 @@ from cyclone_dsl import (
     wait_signal,
     workflow,
 )
-from cyclone_dsl.testing.schemas import with_search_path
+from tests.roles import application_role
 from tests.waiting import wait_until
 
 StartWorker = Callable[..., Worker]
@@ -84,36 +83,8 @@ def role(cyclone_admin_dsn: str, cyclone_dsn: str) -> Iterator[tuple[str, str]]:
     transactional steps write is made first, so the role may write it too."""
     with psycopg.connect(cyclone_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS lrw_ledger (n int NOT NULL, tag text NOT NULL)")
-    schema = _schema_of(cyclone_dsn)
-    name = f"lrw_role_{secrets.token_hex(4)}"
-    ident, space = sql.Identifier(name), sql.Identifier(schema)
-    with psycopg.connect(cyclone_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(space, ident))
-        conn.execute(
-            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}").format(
-                space, ident
-            )
-        )
-        conn.execute(
-            sql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {} TO {}").format(space, ident)
-        )
-    params: dict[str, Any] = conninfo_to_dict(with_search_path(cyclone_admin_dsn, schema))
-    params["user"] = name
-    try:
-        yield make_conninfo("", **params), name
-    finally:
-        with psycopg.connect(cyclone_admin_dsn, autocommit=True) as conn:
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                (name,),
-            )
-            wait_until(
-                lambda: sessions(cyclone_admin_dsn, name) == 0,
-                what="the role's sessions to end",
-            )
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(ident))
-            conn.execute(sql.SQL("DROP ROLE {}").format(ident))
+    with application_role(cyclone_admin_dsn, _schema_of(cyclone_dsn), prefix="lrw") as made:
+        yield made
 
 
 def sessions(admin_dsn: str, role: str) -> int:

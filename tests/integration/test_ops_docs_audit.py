@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import signal
 import subprocess
 import sys
@@ -27,8 +26,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cyclone_dsl import (
     Client,
@@ -48,6 +45,7 @@ from cyclone_dsl import (
 )
 from cyclone_dsl.migrate import LATEST_SCHEMA_VERSION
 from tests.cli.runner import Cli, in_process
+from tests.roles import application_role
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,29 +160,8 @@ def app_role(cyclone_dsn: str, cyclone_admin_dsn: str) -> Iterator[tuple[str, st
     """(role name, DSN) of a login role with exactly the grants deploy.md lists for the
     application: USAGE on the schema, SELECT, INSERT, UPDATE and DELETE on the tables, and
     USAGE on the sequences."""
-    role = f"ops_role_{secrets.token_hex(4)}"
-    name, space = sql.Identifier(role), sql.Identifier(schema_of(cyclone_dsn))
-    with psycopg.connect(cyclone_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(name))
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(space, name))
-        conn.execute(
-            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}").format(
-                space, name
-            )
-        )
-        conn.execute(sql.SQL("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {} TO {}").format(space, name))
-    params: dict[str, Any] = conninfo_to_dict(cyclone_dsn)
-    params["user"] = role
-    try:
-        yield role, make_conninfo("", **params)
-    finally:
-        with psycopg.connect(cyclone_admin_dsn, autocommit=True) as conn:
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                (role,),
-            )
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(name))
-            conn.execute(sql.SQL("DROP ROLE {}").format(name))
+    with application_role(cyclone_admin_dsn, schema_of(cyclone_dsn), prefix="ops") as (dsn, role):
+        yield role, dsn
 
 
 def sessions_of(admin_dsn: str, role: str) -> dict[str, int]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,8 +20,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cyclone_dsl import (
     AsyncClient,
@@ -37,6 +34,7 @@ from cyclone_dsl import (
     workflow,
 )
 from cyclone_dsl.testing.schemas import with_search_path
+from tests.roles import application_role
 from tests.waiting import wait_until
 
 StartWorker = Callable[..., Worker]
@@ -73,47 +71,11 @@ def _fresh() -> Iterator[None]:
 # -- roles and raw connections ----------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def limited_role(admin_dsn: str, schema: str, limit: int) -> Iterator[tuple[str, str]]:
-    """A login role that may read and write the schema's rows, with at most ``limit``
-    sessions at once: (its DSN, its name). Its sessions are ended and it is dropped at the
-    end."""
-    role = f"rsc_role_{secrets.token_hex(4)}"
-    name, space = sql.Identifier(role), sql.Identifier(schema)
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT {}").format(name, sql.Literal(limit))
-        )
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(space, name))
-        conn.execute(
-            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}").format(
-                space, name
-            )
-        )
-        conn.execute(
-            sql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {} TO {}").format(space, name)
-        )
-    params: dict[str, Any] = conninfo_to_dict(with_search_path(admin_dsn, schema))
-    params["user"] = role
-    try:
-        yield make_conninfo("", **params), role
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                (role,),
-            )
-            wait_until(
-                lambda: (
-                    conn.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (role,)
-                    ).fetchone()
-                    == (0,)
-                ),
-                what="the role's sessions to end",
-            )
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(name))
-            conn.execute(sql.SQL("DROP ROLE {}").format(name))
+def limited_role(
+    admin_dsn: str, schema: str, limit: int
+) -> contextlib.AbstractContextManager[tuple[str, str]]:
+    """(its DSN, its name): an application's role with at most ``limit`` sessions."""
+    return application_role(admin_dsn, schema, connection_limit=limit, prefix="rsc")
 
 
 def sessions_of(admin_dsn: str, role: str, app_prefix: str = "") -> int:
@@ -250,7 +212,10 @@ def test_rsc_transactional_handlers_beyond_the_connections_the_server_allows(
     in turn; they all complete, each write once, with leases (1.5 s, shorter than the
     whole batch) kept by heartbeats: nothing reclaimed, nothing failed."""
     ledger_table(cyclone_dsn)
-    with limited_role(cyclone_admin_dsn, cyclone_schema, 10) as (role_dsn, role):
+    with limited_role(cyclone_admin_dsn, cyclone_schema, 10) as (
+        role_dsn,
+        role,
+    ):
         worker = Worker(
             role_dsn,
             [rsc_tx_write],
@@ -284,7 +249,10 @@ def test_rsc_transactional_handlers_taking_the_last_sessions_do_not_cost_the_lea
     not opened yet. The worker's leases must still be kept (by heartbeats): no step is
     reclaimed from a live worker that is running it, none runs twice."""
     ledger_table(cyclone_dsn)
-    with limited_role(cyclone_admin_dsn, cyclone_schema, 9) as (role_dsn, _role):
+    with limited_role(cyclone_admin_dsn, cyclone_schema, 9) as (
+        role_dsn,
+        _role,
+    ):
         worker = Worker(
             role_dsn,
             [rsc_tx_slow],
@@ -313,7 +281,10 @@ def test_rsc_no_connection_slot_left_gives_typed_errors_then_recovers(
     """Every session the role may open is taken: a new Client and a worker's start raise
     DatabaseUnavailable (cause too_many_connections) at once, not a hang nor psycopg's
     error; once the sessions are released, both work, the same Worker started again."""
-    with limited_role(cyclone_admin_dsn, cyclone_schema, 3) as (role_dsn, role):
+    with limited_role(cyclone_admin_dsn, cyclone_schema, 3) as (
+        role_dsn,
+        role,
+    ):
         worker = Worker(role_dsn, [rsc_echo], poll_interval=0.5, scan_interval=0.5, grace=5.0)
         with taking_every_slot(role_dsn, role, cyclone_admin_dsn, 3):
             with pytest.raises(DatabaseUnavailable) as refused:
@@ -341,7 +312,10 @@ def test_rsc_a_client_whose_pool_cannot_grow_serves_concurrent_calls_on_what_it_
     session of the role taken: 20 threads calling at once share the one connection, and
     all their calls succeed."""
     with (
-        limited_role(cyclone_admin_dsn, cyclone_schema, 3) as (role_dsn, role),
+        limited_role(cyclone_admin_dsn, cyclone_schema, 3) as (
+            role_dsn,
+            role,
+        ),
         Client(role_dsn, pool_size=4) as limited,
     ):
         with taking_every_slot(role_dsn, role, cyclone_admin_dsn, 3):
@@ -362,7 +336,10 @@ def test_rsc_a_lost_connection_with_no_slot_left_is_typed_and_recovers(
     each call raises DatabaseUnavailable (connection_lost, then too_many_connections),
     never hangs for the pool's timeout; once a slot frees, the next call works."""
     with (
-        limited_role(cyclone_admin_dsn, cyclone_schema, 3) as (role_dsn, role),
+        limited_role(cyclone_admin_dsn, cyclone_schema, 3) as (
+            role_dsn,
+            role,
+        ),
         Client(role_dsn, pool_size=1) as limited,
     ):
         handle = limited.enqueue(rsc_echo, "before")
@@ -397,7 +374,10 @@ def test_rsc_waits_with_no_slot_for_the_wait_connection_time_out_typed_then_reco
     admin_dsn = with_search_path(cyclone_admin_dsn, cyclone_schema)
     start_worker(rsc_echo)
     with (
-        limited_role(cyclone_admin_dsn, cyclone_schema, 3) as (role_dsn, role),
+        limited_role(cyclone_admin_dsn, cyclone_schema, 3) as (
+            role_dsn,
+            role,
+        ),
         Client(role_dsn, pool_size=1) as limited,
     ):
         handle = limited.enqueue(rsc_echo, "waited")
@@ -440,7 +420,10 @@ def test_rsc_a_thousand_waits_on_one_client_hold_one_session(
     """1000 waits in flight at once on one AsyncClient whose role may open 6 sessions
     (its pool of 4 and the waits' one): they all return their run's result."""
     handles = client.enqueue_many(rsc_echo, list(range(1000)))
-    with limited_role(cyclone_admin_dsn, cyclone_schema, 6) as (role_dsn, role):
+    with limited_role(cyclone_admin_dsn, cyclone_schema, 6) as (
+        role_dsn,
+        role,
+    ):
 
         async def all_waits() -> list[object]:
             async with AsyncClient(role_dsn) as aclient:
@@ -549,7 +532,10 @@ def test_rsc_a_transactional_step_that_cannot_get_a_connection_fails_by_its_time
     writes rolled back, its other effects not); a retry then writes once."""
     dsn = with_search_path(cyclone_admin_dsn, cyclone_schema)
     ledger_table(dsn)
-    with limited_role(cyclone_admin_dsn, cyclone_schema, 9) as (role_dsn, role):
+    with limited_role(cyclone_admin_dsn, cyclone_schema, 9) as (
+        role_dsn,
+        role,
+    ):
         worker = Worker(
             role_dsn, [rsc_tx_late], concurrency=1, poll_interval=0.5, scan_interval=0.5, grace=5
         )
