@@ -17,6 +17,7 @@ import cyclone_dsl
 from cyclone_dsl import Client, Worker
 from cyclone_dsl.testing import set_clock_shift
 from cyclone_dsl.testing.failpoints import armed, disarm
+from tests.logged import Lines, json_lines
 
 # Every module of the package is imported now, on the main thread, before a test starts
 # threads. pytest rewrites the modules of a plugin's distribution (ours has the pytest11 entry
@@ -77,6 +78,14 @@ def clock() -> Iterator[Callable[[datetime | timedelta], None]]:
 
     yield move
     set_clock_shift(timedelta(0))
+
+
+@pytest.fixture
+def logged() -> Iterator[Lines]:
+    """``logged()``: the JSON lines the root logger printed since the test began, each a
+    dict (through the step-context filter, as ``--log-format json`` prints them)."""
+    with json_lines() as lines:
+        yield lines
 
 
 @pytest.fixture(autouse=True)

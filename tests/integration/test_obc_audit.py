@@ -10,8 +10,6 @@ attempt list shows, and checks it against what actually happened.
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -36,9 +34,9 @@ from cyclone_dsl import (
     step,
     workflow,
 )
-from cyclone_dsl.observability import JsonFormatter, StepContextFilter
 from cyclone_dsl.testing import set_clock_shift
 from cyclone_dsl.ui.app import create_app
+from tests.logged import Lines
 from tests.scraped import counts, metered, scrape, total
 from tests.waiting import expire_leases_until, wait_until
 
@@ -217,25 +215,6 @@ def listed_attempts(web: TestClient, run_id: int) -> dict[str, list[dict[str, An
     assert response.status_code == 200, response.text
     listed: dict[str, list[dict[str, Any]]] = response.json()
     return listed
-
-
-Lines = Callable[[], list[dict[str, Any]]]
-
-
-@pytest.fixture
-def logged() -> Iterator[Lines]:
-    """The JSON lines the root logger printed so far (through the step filter)."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter())
-    handler.addFilter(StepContextFilter())
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
-    root.removeHandler(handler)
-    root.setLevel(level)
 
 
 def gauges_of(client: Client) -> dict[tuple[str, str | None, str | None], float]:

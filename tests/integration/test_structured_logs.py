@@ -8,18 +8,15 @@ import io
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from cyclone_dsl import Client, StepContext, Worker, step, workflow
 from cyclone_dsl.observability import (
     CONTEXT_FIELDS,
-    JsonFormatter,
-    StepContextFilter,
     configure_logging,
 )
+from tests.logged import Lines
 from tests.waiting import wait_until
 
 handler_log = logging.getLogger("tests.handler")
@@ -57,25 +54,6 @@ def blocked(n: int) -> int:
 @workflow(name="sl_flow")
 def flow(n):  # type: ignore[no-untyped-def]
     return async_step(sync_step(n))
-
-
-Lines = Callable[[], list[dict[str, Any]]]
-
-
-@pytest.fixture
-def logged() -> Iterator[Lines]:
-    """The JSON lines the root logger printed so far (through the step filter)."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter())
-    handler.addFilter(StepContextFilter())
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
-    root.removeHandler(handler)
-    root.setLevel(level)
 
 
 def context_of(line: dict[str, Any]) -> tuple[Any, ...]:
