@@ -321,9 +321,10 @@ class DatabaseUnavailable(CycloneError):
     ``timeout``, ``database_missing``, ``authentication_failed``,
     ``too_many_connections``, ``server_starting_or_stopping``, ``unsupported_parameter``
     (a transaction-mode pooler given without ``pooled=True``), ``connection_lost``,
-    ``pool_exhausted``, ``permission_denied`` (the role may not read Cyclone's tables) or
-    ``other``. The message names the server (never the password)
-    and what to check.
+    ``pool_exhausted``, ``permission_denied`` (the role may not read Cyclone's tables),
+    ``read_only`` (a standby, or a role or database with ``default_transaction_read_only``:
+    a worker refuses it at its start, a client's write raises it) or ``other``. The message
+    names the server (never the password) and what to check.
     """
 
     def __init__(self, message: str, cause: str) -> None:

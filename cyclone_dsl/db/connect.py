@@ -18,6 +18,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from cyclone_dsl.db.adapters import use_engine_adapters
+from cyclone_dsl.sql import Q
 
 #: A pool of Cyclone connections (see :func:`make_pool`).
 Pool = ConnectionPool[Any]
@@ -62,6 +63,55 @@ def configure_connection(conn: psycopg.Connection[Any]) -> None:
     conn.autocommit = True
     conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED  # see _merge_options
     use_engine_adapters(conn)
+    iso_dates(conn)
+
+
+def keep_idle_session(conn: psycopg.Connection[Any]) -> None:
+    """Turn off a role's ``idle_session_timeout`` for this direct session (see the
+    ``keep_idle_session`` statement); never through a pooler, whose server sessions are its
+    own (it opens new ones when the server ends them)."""
+    conn.execute(Q.keep_idle_session)
+    if not conn.autocommit:
+        conn.commit()
+
+
+async def keep_idle_session_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:func:`keep_idle_session` on an async connection (autocommit)."""
+    await conn.execute(Q.keep_idle_session)
+
+
+def _direct_too(
+    configure: Callable[[psycopg.Connection[Any]], None], *, pooled: bool
+) -> Callable[[psycopg.Connection[Any]], None]:
+    """A pool's ``configure``, plus :func:`keep_idle_session` on a direct connection."""
+    if pooled:
+        return configure
+
+    def configure_direct(conn: psycopg.Connection[Any]) -> None:
+        configure(conn)
+        keep_idle_session(conn)
+
+    return configure_direct
+
+
+def iso_dates(conn: psycopg.Connection[Any]) -> None:
+    """Dates in the ISO style, which psycopg reads (see _merge_options), on a session that
+    got no ``options`` (``pooled``: PgBouncer keeps a client's DateStyle on whichever
+    server session it lends); free when they already are (the server reports the style)."""
+    if not _dates_are_iso(conn):
+        conn.execute(Q.iso_dates)
+        if not conn.autocommit:
+            conn.commit()
+
+
+async def iso_dates_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:func:`iso_dates` on an async connection (autocommit)."""
+    if not _dates_are_iso(conn):
+        await conn.execute(Q.iso_dates)
+
+
+def _dates_are_iso(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    return (conn.info.parameter_status("DateStyle") or "ISO").startswith("ISO")
 
 
 #: How often the server checks, while a statement runs, that the client of a watched
@@ -107,7 +157,7 @@ def make_pool(
                 pooled=pooled,
                 server_jit=server_jit,
             ),
-            configure=configure,
+            configure=_direct_too(configure, pooled=pooled),
             reset=reset,
             open=False,
             name=name,
@@ -144,9 +194,12 @@ def _merge_options(conninfo: str, idle_in_transaction_s: float, *, server_jit: b
     idle_ms = max(1, round(idle_in_transaction_s * 1000))
     # The engine's statements are written for read committed, whatever the role's or the
     # database's default_transaction_isolation (autocommit statements included).
+    # psycopg reads dates and intervals in their ISO and postgres styles only (a role's
+    # DateStyle of 'SQL, DMY' made every timestamp read fail); the input order is kept.
     options = (
         f"{existing} -c idle_in_transaction_session_timeout={idle_ms}"
         " -c default_transaction_isolation=read\\ committed"
+        " -c DateStyle=ISO -c IntervalStyle=postgres"
     )
     if not server_jit and "jit" not in existing:
         options += " -c jit=off"
@@ -177,6 +230,9 @@ def connect(
     )
     conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED  # see _merge_options
     use_engine_adapters(conn)
+    iso_dates(conn)
+    if not pooled:
+        keep_idle_session(conn)
     return conn
 
 
@@ -190,6 +246,9 @@ async def connect_async(
     try:
         await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
         use_engine_adapters(conn)
+        await iso_dates_async(conn)
+        if not pooled:
+            await keep_idle_session_async(conn)
     except BaseException:
         # A cancel (a caller's timeout) landing here would leave the open connection to
         # the garbage collector: nobody else holds it yet. (close() does not yield.)

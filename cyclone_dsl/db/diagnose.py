@@ -19,6 +19,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cyclone_dsl.db.errors import ConnectionFailure
 from cyclone_dsl.errors import DatabaseUnavailable, InvalidArgument
+from cyclone_dsl.sql import Q
 
 #: Seconds a start-up check waits for the server (unless the DSN sets connect_timeout).
 CHECK_TIMEOUT_S = 5
@@ -246,3 +247,26 @@ def is_connection_loss(exc: BaseException) -> bool:
         return False
     state = exc.sqlstate
     return state is None or state.startswith(_LOST_CLASSES) or state in _LOST_CODES
+
+
+#: SQLSTATE 25006: a write in a read-only transaction.
+READ_ONLY_SQLSTATE = "25006"
+
+
+def read_only_error(dsn: str) -> DatabaseUnavailable:
+    """The typed error for a write refused because the session is read-only."""
+    return DatabaseUnavailable(
+        f"{describe_server(parse_dsn(dsn))} is read-only for this session: it is a standby "
+        "(a read replica, or the old primary after a failover), or the role or the database "
+        "sets default_transaction_read_only: point the DSN at the primary with a role that "
+        "may write",
+        "read_only",
+    )
+
+
+def require_writable(conn: psycopg.Connection[Any], dsn: str) -> None:
+    """Raise :func:`read_only_error` unless ``conn``'s transactions may write (a worker or
+    a scanner writes at once; a client may read from a replica)."""
+    row = conn.execute(Q.read_only).fetchone()
+    if row is not None and row[0]:
+        raise read_only_error(dsn)

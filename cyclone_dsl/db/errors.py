@@ -23,9 +23,27 @@ ConnectionFailure: Final = (
 )
 #: A unique index refused a row (a submit key or unique key taken meanwhile).
 UniqueViolation = psycopg.errors.UniqueViolation
+
+
+def is_lock_wait_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` ended a wait for a lock at the session's ``lock_timeout`` or
+    ``statement_timeout`` (a role's, say), not a cancel asked by someone."""
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return True
+    return isinstance(exc, psycopg.errors.QueryCanceled) and "statement timeout" in (
+        exc.diag.message_primary or ""
+    )
+
+
 SerializationFailure = psycopg.errors.SerializationFailure
 
-__all__ = ["ConnectionFailure", "DatabaseError", "SerializationFailure", "UniqueViolation"]
+__all__ = [
+    "ConnectionFailure",
+    "DatabaseError",
+    "SerializationFailure",
+    "UniqueViolation",
+    "is_lock_wait_timeout",
+]
 
 
 def first_line(exc: BaseException) -> str:

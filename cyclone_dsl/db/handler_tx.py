@@ -22,6 +22,9 @@ from cyclone_dsl.db.connect import (
     CHECK_CLIENT_MS,
     CHECK_CLIENT_SINCE,
     connection_kwargs,
+    iso_dates,
+    iso_dates_async,
+    keep_idle_session_async,
     make_pool,
 )
 from cyclone_dsl.sql import Q
@@ -113,6 +116,7 @@ def _configure_handlers(conn: psycopg.Connection[Any]) -> None:
     """A transactional handler's connection keeps psycopg's loaders for the user's SQL (the
     engine sets its own on the cursors it opens there)."""
     conn.autocommit = True
+    iso_dates(conn)
 
 
 def _configure_handlers_watched(conn: psycopg.Connection[Any]) -> None:
@@ -181,6 +185,9 @@ def async_handler_pool(
 
     async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.set_autocommit(True)
+        await iso_dates_async(conn)
+        if not pooled:
+            await keep_idle_session_async(conn)
         if not pooled and conn.info.server_version >= CHECK_CLIENT_SINCE:
             await conn.execute(Q.watch_client, {"ms": CHECK_CLIENT_MS})
 

@@ -23,7 +23,13 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from cyclone_dsl.db.connect import make_pool
-from cyclone_dsl.db.diagnose import check_reachable, describe_server, is_connection_loss, parse_dsn
+from cyclone_dsl.db.diagnose import (
+    check_reachable,
+    describe_server,
+    is_connection_loss,
+    parse_dsn,
+    read_only_error,
+)
 from cyclone_dsl.db.tx import Tx, in_autocommit, in_transaction
 from cyclone_dsl.errors import ClientClosed, DatabaseUnavailable
 
@@ -148,6 +154,8 @@ class PooledDatabase:
         except PoolTimeout as exc:
             self.check_open()  # closed while this call waited for a connection
             raise self._pool_unavailable(exc) from exc
+        except psycopg.errors.ReadOnlySqlTransaction as exc:  # a write, on a standby
+            raise read_only_error(self.dsn) from exc
         except psycopg.OperationalError as exc:
             self.check_open()  # psycopg_pool's PoolClosed is an OperationalError
             if not is_connection_loss(exc):

@@ -8,7 +8,12 @@ from datetime import datetime, timedelta
 
 import attrs
 
-from cyclone_dsl.db.errors import SerializationFailure, UniqueViolation
+from cyclone_dsl.db.errors import (
+    DatabaseError,
+    SerializationFailure,
+    UniqueViolation,
+    is_lock_wait_timeout,
+)
 from cyclone_dsl.db.tx import Tx
 from cyclone_dsl.engine import gates, tracecontext
 from cyclone_dsl.engine.transitions import Hooks, activate
@@ -325,6 +330,10 @@ def insert_run_once(
         except UniqueViolation:
             _lost_in_old_snapshot(tx, f"submit key {submit_key!r}")
             continue  # another caller committed the key meanwhile: read it back
+        except DatabaseError as exc:
+            if not is_lock_wait_timeout(exc):
+                raise
+            continue  # the key's holder has not committed yet: look again
         return Submitted(run_id, created=True)
     raise SubmitContended(f"submit key {submit_key!r} is contended; try again")
 
@@ -380,5 +389,9 @@ def insert_standalone(
             _lost_in_old_snapshot(tx, f"unique key {unique_key!r} of {kind!r}")
             # The holder committed, or rolled back and freed the key: look again.
             continue
+        except DatabaseError as exc:
+            if not is_lock_wait_timeout(exc):
+                raise
+            continue  # the key's holder has not committed yet: look again
         return Submitted(run_id, created=True)
     raise SubmitContended(f"unique key {unique_key!r} of {kind!r} is contended; try again")

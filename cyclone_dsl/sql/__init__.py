@@ -181,6 +181,9 @@ class _Queries:
     lock_schedule: LiteralString
     set_schedule_enabled: LiteralString
     # session.sql
+    read_only: LiteralString
+    keep_idle_session: LiteralString
+    iso_dates: LiteralString
     watch_client: LiteralString
     completion_setup: LiteralString
     completion_reset: LiteralString

@@ -1,3 +1,20 @@
+-- name: read_only
+-- Whether this session's transactions are read-only: a standby, or a role or database
+-- with default_transaction_read_only.
+SELECT current_setting('transaction_read_only') = 'on' AS read_only
+
+-- name: keep_idle_session
+-- This session may sit idle between calls for as long as it likes: a role's or database's
+-- idle_session_timeout (PostgreSQL 14+; NULL before) would end a pool's idle sessions and
+-- a LISTEN session, which the next call then finds dead. A no-op when it is 0 already.
+SELECT set_config('idle_session_timeout', '0', false)
+WHERE current_setting('idle_session_timeout', true) <> '0'
+
+-- name: iso_dates
+-- Dates written in the ISO style, which the driver reads, for this session (the input
+-- order of the role's DateStyle is kept).
+SET DateStyle = ISO
+
 -- name: watch_client
 -- Have the server check, every %(ms)s ms while a statement runs, that this session's
 -- client is still there, and end the statement if not (PostgreSQL 14+).

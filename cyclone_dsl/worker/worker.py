@@ -60,7 +60,7 @@ from cyclone_dsl.db.connect import (
     resolve_listen_dsn,
     resolve_pooled,
 )
-from cyclone_dsl.db.diagnose import parse_dsn
+from cyclone_dsl.db.diagnose import parse_dsn, require_writable
 from cyclone_dsl.db.errors import ConnectionFailure, DatabaseError
 from cyclone_dsl.db.handler_tx import interrupt
 from cyclone_dsl.db.listener import ConnectionLost, Listener, poke, wake_pair
@@ -904,6 +904,11 @@ class Worker:
         """Check the database, register, start every thread; on failure nothing is left open."""
         name = f"cyclone-worker-{os.getpid()}"
         checked = checked_connection(self._dsn, name=name, pooled=self.pooled)
+        try:
+            require_writable(checked, self._dsn)
+        except BaseException:
+            checked.close()
+            raise
         self._pool = make_pool(
             self._dsn, name=name, max_size=3 + COMPLETERS, pooled=self.pooled, first=checked
         )
