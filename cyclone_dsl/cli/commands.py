@@ -244,9 +244,11 @@ def show_run(
         run = client.get_run(run_id)
         children = {c["parent_node_id"]: c["id"] for c in client.children_of(run_id)}
         reasons = client.why_waiting(run_id)
-        data = {**run_json(run), "child_runs": children, "waiting_for": reasons}
+        if as_json:
+            emit({**run_json(run), "child_runs": children, "waiting_for": reasons}, True, "")
+            return
         text = render_run(run, client.dependencies(run_id), children=children, reasons=reasons)
-        emit(data, as_json, text)
+        emit(None, False, text)
 
 
 def follow_run(ctx: click.Context, run_id: int, after: int, as_json: bool) -> None:
@@ -669,6 +671,7 @@ def scan(
 ) -> None:
     """Run the scanner alone: expired leases, timeouts, timers, deadlines, schedules, retention."""
     from cyclone_dsl.db.connect import make_pool
+    from cyclone_dsl.db.diagnose import require_writable
     from cyclone_dsl.dsl import runs
     from cyclone_dsl.engine import Engine
     from cyclone_dsl.migrate import checked_connection
@@ -680,6 +683,11 @@ def scan(
     with database(ctx.obj["dsn"]) as dsn:
         pooled = ctx.obj["pooled"]
         checked = checked_connection(dsn, name="cyclone-scan", pooled=pooled)
+        try:
+            require_writable(checked, dsn)
+        except BaseException:
+            checked.close()
+            raise
         pool = make_pool(dsn, name="cyclone-scan", pooled=pooled, first=checked)
         stopping = threading.Event()
         engine = Engine(

@@ -27,6 +27,8 @@ _MARK = {
 COLLAPSE_ITEMS = 10
 #: Failed items of a collapsed fan-out still drawn one by one (their errors matter).
 SHOWN_FAILURES = 5
+#: Levels of the tree drawn indented; deeper nodes are drawn at this depth, in order.
+MAX_DEPTH = 30
 
 
 def printable(text: str) -> str:
@@ -99,30 +101,44 @@ def render_run(
             return f" — {reasons[step.node]}"
         return ""
 
-    def walk(parent: str | None, prefix: str) -> None:
-        kids = below.get(parent, [])
-        for index, step in enumerate(kids):
-            last = index == len(kids) - 1
-            joins = deps.get(step.node, [])[1:]
-            also = f"  (also after {', '.join(joins)})" if joins else ""
-            lines.append(f"{prefix}{'└─ ' if last else '├─ '}{step_line(step, note(step))}{also}")
-            inner = prefix + ("   " if last else "│  ")
-            fanned = items.get(step.node, [])
-            if len(fanned) > COLLAPSE_ITEMS:
-                failed = [i for i in fanned if i.state == StepState.DISCARDED][:SHOWN_FAILURES]
-                lines.append(
-                    f"{inner}{'├─ ' if failed or below.get(step.node) else '└─ '}"
-                    f"{items_line(step.node, fanned)}"
-                )
-                for item in failed:
-                    lines.append(f"{inner}│    {step_line(item, note(item))}")
-            else:
-                for number, item in enumerate(fanned):
-                    end = number == len(fanned) - 1 and not below.get(step.node)
-                    lines.append(f"{inner}{'└─ ' if end else '├─ '}{step_line(item, note(item))}")
-            walk(step.node, inner)
+    def node_lines(step: Step, prefix: str, last: bool) -> str:
+        """The step's line and its items'; returns the prefix of what hangs below it."""
+        joins = deps.get(step.node, [])[1:]
+        also = f"  (also after {', '.join(joins)})" if joins else ""
+        lines.append(f"{prefix}{'└─ ' if last else '├─ '}{step_line(step, note(step))}{also}")
+        # Past MAX_DEPTH levels the tree stops indenting: a chain of a thousand nodes is
+        # a thousand lines, in order, not a staircase as wide as the square of its length.
+        deeper = len(prefix) < 3 * MAX_DEPTH
+        inner = prefix + ("   " if last else "│  ") if deeper else prefix
+        fanned = items.get(step.node, [])
+        if len(fanned) > COLLAPSE_ITEMS:
+            failed = [i for i in fanned if i.state == StepState.DISCARDED][:SHOWN_FAILURES]
+            lines.append(
+                f"{inner}{'├─ ' if failed or below.get(step.node) else '└─ '}"
+                f"{items_line(step.node, fanned)}"
+            )
+            for item in failed:
+                lines.append(f"{inner}│    {step_line(item, note(item))}")
+        else:
+            for number, item in enumerate(fanned):
+                end = number == len(fanned) - 1 and not below.get(step.node)
+                lines.append(f"{inner}{'└─ ' if end else '├─ '}{step_line(item, note(item))}")
+        return inner
 
-    walk(None, "")
+    # Depth first, with a stack of its own (a chain is as deep as it is long: recursion
+    # would hit Python's limit at about a thousand nodes).
+    stack: list[tuple[Step, str, bool]] = []
+
+    def push_below(parent: str | None, prefix: str) -> None:
+        kids = below.get(parent, [])
+        stack.extend(
+            (kid, prefix, i == len(kids) - 1) for i, kid in reversed(list(enumerate(kids)))
+        )
+
+    push_below(None, "")
+    while stack:
+        step, prefix, last = stack.pop()
+        push_below(step.node, node_lines(step, prefix, last))
     return "\n".join(lines)
 
 

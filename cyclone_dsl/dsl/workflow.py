@@ -24,6 +24,10 @@ _building_now: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
     "cyclone_building_workflows", default=()
 )
 
+#: How deep child workflows may nest (a workflow's graph is built with its children's, a
+#: few Python frames a level: far deeper, the build hit Python's recursion limit).
+MAX_CHILD_DEPTH = 64
+
 
 #: A builder takes the run input (as a reference) or nothing, and returns its result node or None.
 BuilderFunction: TypeAlias = (
@@ -86,6 +90,12 @@ class WorkflowDef:
             cycle = " -> ".join((*chain[chain.index(self.name) :], self.name))
             raise InvalidGraph(
                 self.name, [(None, f"child() recurses into its own workflow: {cycle}")]
+            )
+        if len(chain) >= MAX_CHILD_DEPTH:
+            path = " -> ".join((*chain[:2], "...", *chain[-2:], self.name))
+            raise InvalidGraph(
+                chain[0],
+                [(None, f"child workflows nested deeper than {MAX_CHILD_DEPTH} levels: {path}")],
             )
         token = _building_now.set((*chain, self.name))
         try:
