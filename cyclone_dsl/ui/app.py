@@ -40,7 +40,7 @@ from starlette.staticfiles import StaticFiles
 from cyclone_dsl.client.model import StepEvent
 from cyclone_dsl.client.sync import Client
 from cyclone_dsl.errors import CycloneError, DatabaseUnavailable, InvalidArgument, RunNotFound
-from cyclone_dsl.states import ErrorKind, RunState
+from cyclone_dsl.states import ErrorKind, RunState, StepState
 from cyclone_dsl.ui import bulk, fleet, humane, timeline
 from cyclone_dsl.ui.chart import queue_chart
 from cyclone_dsl.ui.graph import draw
@@ -199,6 +199,14 @@ def create_app(
         deps = client.dependencies(run_id)
         drill = request.query_params.get("items")
         shown = [s for s in run.steps if s.item_of is None or s.item_of == drill]
+        # (completed, all) items of each fan-out node, counted once: per row, the page
+        # walked every step of the run (a drill-down of 4,000 items took 26 s).
+        items: dict[str, list[int]] = {}
+        for s in run.steps:
+            if s.item_of is not None:
+                counted = items.setdefault(s.item_of, [0, 0])
+                counted[0] += s.state is StepState.COMPLETED
+                counted[1] += 1
         children = client.children_of(run_id)
         child_of = {c["parent_node_id"]: c["id"] for c in children}
         now = datetime.now(UTC)  # noqa: TID251 (drawn for the viewer)
@@ -210,6 +218,7 @@ def create_app(
             "timeline": timeline.draw(run, rows, now),
             "attempts": {s.id: timeline.attempts(s, now) for s in shown},
             "steps": shown,
+            "items": items,
             "deps": deps,
             "drill": drill,
             "signals": client.signals_of(run_id),

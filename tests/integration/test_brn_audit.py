@@ -470,6 +470,9 @@ def test_brn_the_dashboard_drills_down_into_every_item_of_a_500_item_fan_out(
         for i in (0, n // 2, n - 1):
             assert f'id="node-brn_inc[{i}]"' in page.text
         assert page.text.count('<tr id="node-brn_inc[') == n
+        collapsed = web.get(f"/runs/{handle.id}")
+        assert f"(0/{n} items)" in collapsed.text
+        assert collapsed.text.count('<tr id="node-brn_inc[') == 0
 
 
 # -- for_each over 1,000 child runs -------------------------------------------------------------
