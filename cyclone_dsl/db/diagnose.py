@@ -249,10 +249,6 @@ def is_connection_loss(exc: BaseException) -> bool:
     return state is None or state.startswith(_LOST_CLASSES) or state in _LOST_CODES
 
 
-#: SQLSTATE 25006: a write in a read-only transaction.
-READ_ONLY_SQLSTATE = "25006"
-
-
 def read_only_error(dsn: str) -> DatabaseUnavailable:
     """The typed error for a write refused because the session is read-only."""
     return DatabaseUnavailable(
