@@ -109,6 +109,8 @@ WRITES = re.compile(
 #: Queries that only set a setting of their own session or transaction (no row, no lock):
 #: allowed anywhere.
 SESSION_SETTINGS = {
+    "iso_dates",
+    "keep_idle_session",
     "watch_client",
     "completion_setup",
     "completion_reset",

@@ -12,8 +12,8 @@ WHERE current_setting('idle_session_timeout', true) <> '0'
 
 -- name: iso_dates
 -- Dates written in the ISO style, which the driver reads, for this session (the input
--- order of the role's DateStyle is kept).
-SET DateStyle = ISO
+-- order of the role's DateStyle is kept: 'ISO' alone sets only the output style).
+SELECT set_config('DateStyle', 'ISO', false)
 
 -- name: watch_client
 -- Have the server check, every %(ms)s ms while a statement runs, that this session's

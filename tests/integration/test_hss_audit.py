@@ -253,9 +253,12 @@ def exercise(dsn: str, clock: Clock, records: Records, *, pooled: bool = False) 
 # -- settings that must leave everything working ----------------------------------------------
 
 SETTINGS: dict[str, list[tuple[str, str]]] = {
-    "statement_timeout_200ms": [("statement_timeout", "200ms")],
-    "lock_timeout_50ms": [("lock_timeout", "50ms")],
-    "idle_in_transaction_500ms": [("idle_in_transaction_session_timeout", "500ms")],
+    # Timeouts together, for the time budget: each alone passed too.
+    "timeouts": [
+        ("statement_timeout", "200ms"),
+        ("lock_timeout", "50ms"),
+        ("idle_in_transaction_session_timeout", "500ms"),
+    ],
     "serializable": [("default_transaction_isolation", "serializable")],
     # Display settings together, for the time budget: each alone passed too.
     "display": [
@@ -295,7 +298,7 @@ def test_hss_the_tour_works_under_a_role_setting(
 #: The settings a direct connection overrides in ``options`` (idle_in_transaction_session_timeout,
 #: default_transaction_isolation, DateStyle): with ``pooled=True`` the role's apply to
 #: Cyclone's sessions, but for DateStyle, which a pooled session sets if it must.
-POOLED_SETTINGS = ["idle_in_transaction_500ms", "serializable", "datestyle_sql_dmy"]
+POOLED_SETTINGS = ["timeouts", "serializable", "datestyle_sql_dmy"]
 
 
 @pytest.mark.parametrize("setting", POOLED_SETTINGS)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
-import tracemalloc
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -439,23 +438,7 @@ def test_json_look_alikes_reach_the_next_step_as_plain_json(
     }
 
 
-# ---------------------------------------------------------------------------- cost of the check
-
-
-def test_checking_a_flat_list_costs_memory_in_proportion_to_its_json(client: Client) -> None:
-    """A 1 MB list of small ints (500,000 items) is well under the 16 MiB limit. Checking
-    it before the write must not cost far more memory than its JSON: the same check runs
-    on every step output in the worker, where 16 MiB of such a list would need about 1 GB."""
-    value: Any = [0] * 500_000
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        client.submit(flow, value)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    json_bytes = 2 * len(value)
-    assert peak < 16 * json_bytes, f"peak {peak / 1e6:.0f} MB for {json_bytes / 1e6:.0f} MB of JSON"
+# (The check's cost in memory: tests/faults/test_bad_input.py.)
 
 
 # ---------------------------------------------------------------------------- signals into quorums
