@@ -16,13 +16,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import Any
 from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from cyclone_dsl import (
     Client,
@@ -39,6 +38,7 @@ from cyclone_dsl import (
 from cyclone_dsl.errors import SubmitContended
 from cyclone_dsl.testing import set_clock_shift
 from tests.cli.runner import in_process
+from tests.roles import application_role
 from tests.waiting import wait_until
 
 Clock = Callable[[timedelta], None]
@@ -144,30 +144,9 @@ def schema_of(dsn: str) -> str:
 @pytest.fixture
 def hss_role(cyclone_dsn: str, cyclone_admin_dsn: str) -> Iterator[Role]:
     """A login role with exactly the grants deploy.md lists for the application."""
-    role = f"hss_role_{secrets.token_hex(4)}"
-    name, space = sql.Identifier(role), sql.Identifier(schema_of(cyclone_dsn))
-    with psycopg.connect(cyclone_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(name))
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(space, name))
-        conn.execute(
-            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}").format(
-                space, name
-            )
-        )
-        conn.execute(sql.SQL("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {} TO {}").format(space, name))
-    params: dict[str, Any] = conninfo_to_dict(cyclone_dsn)
-    params["user"] = role
-    try:
-        yield Role(role, make_conninfo("", **params), cyclone_admin_dsn)
-    finally:
-        with psycopg.connect(cyclone_admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("ALTER ROLE {} RESET ALL").format(name))
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                (role,),
-            )
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(name))
-            conn.execute(sql.SQL("DROP ROLE {}").format(name))
+    with application_role(cyclone_admin_dsn, schema_of(cyclone_dsn), prefix="hss") as made:
+        dsn, role = made
+        yield Role(role, dsn, cyclone_admin_dsn)
 
 
 class Records(logging.Handler):

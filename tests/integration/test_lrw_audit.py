@@ -394,7 +394,7 @@ def test_lrw_mixed_work_returns_the_worker_to_its_idle_size(
     try:
         seen: list[dict[str, Any]] = []
         total = 0
-        for scale in (14, 14, 14):
+        for scale in (8, 8, 8):
             total += one_round(client, later, scale)
             left = idle_books(worker)
             seen.append(
@@ -406,7 +406,7 @@ def test_lrw_mixed_work_returns_the_worker_to_its_idle_size(
                     "by_name": sessions_by_name(cyclone_admin_dsn, name),
                 }
             )
-        assert total > 1000
+        assert total > 500
         for n, snapshot in enumerate(seen, 1):
             assert all(v == 0 for v in snapshot["books"].values()), (n, snapshot["books"])
         first, last = seen[1], seen[2]  # the first round warms up the pools
@@ -558,7 +558,7 @@ STURDY = (lrw_sturdy, lrw_tx_sturdy, lrw_sturdy_chain)
 def test_lrw_a_worker_whose_sessions_are_all_killed_again_and_again_recovers(
     client: Client, role: tuple[str, str], cyclone_admin_dsn: str, clock: Clock
 ) -> None:
-    """Every session of the worker is terminated five times in a row while it works: it
+    """Every session of the worker is terminated three times in a row while it works: it
     finishes all the work (each run completed, each transactional write once), and its
     threads and sessions come back to what they were before the kills."""
     dsn, name = role
@@ -571,9 +571,9 @@ def test_lrw_a_worker_whose_sessions_are_all_killed_again_and_again_recovers(
             assert handle.wait(timeout=20).state == RunState.COMPLETED
         idle_books(worker)
         before = {"threads": thread_names(), "by_name": sessions_by_name(cyclone_admin_dsn, name)}
-        runs = client.submit_many(lrw_sturdy_chain, list(range(100, 250)))
+        runs = client.submit_many(lrw_sturdy_chain, list(range(100, 180)))
         killed = []
-        for _ in range(5):
+        for _ in range(3):
             time.sleep(0.25)
             killed.append(kill_sessions(cyclone_admin_dsn, name))
 
@@ -771,7 +771,7 @@ def test_lrw_workers_started_and_stopped_again_and_again_leave_nothing_behind(
     dsn, name = role
     threads_before: Counter[str] = Counter()
     fds_before = 0
-    for cycle in range(6):
+    for cycle in range(4):
         worker = role_worker(dsn, metrics_port=0, tracing=TracerProvider())
         try:
             handles = client.enqueue_many(lrw_echo, list(range(20)))

@@ -231,14 +231,18 @@ def test_opf_a_priority_beyond_32_bits_is_refused_and_writes_nothing(
     assert client.list_runs(workflow="opf_rec") == []
 
 
-def test_opf_enqueue_many_ties_run_in_input_order(
+def test_opf_enqueue_many_runs_the_higher_priority_batch_first(
     client: Client, start_worker: StartWorker
 ) -> None:
+    """The higher priority batch runs first, though enqueued second. Within one batch
+    (one statement, one scheduled_at) no order is documented: a fresh clone once ran
+    item 4 before item 0."""
     handles = client.enqueue_many(opf_rec, list(range(30)), priority=3)
     handles += client.enqueue_many(opf_rec, list(range(100, 110)), priority=4)
     start_worker(opf_rec, queues=[Q], concurrency=1)
     ended(handles)
-    assert seen() == [*range(100, 110), *range(30)]
+    assert sorted(seen()[:10]) == list(range(100, 110))
+    assert sorted(seen()[10:]) == list(range(30))
 
 
 def test_opf_a_step_s_own_priority_is_overridden_by_enqueue_even_with_zero(
