@@ -23,6 +23,7 @@ ConnectionFailure: Final = (
 )
 #: A unique index refused a row (a submit key or unique key taken meanwhile).
 UniqueViolation = psycopg.errors.UniqueViolation
+SerializationFailure = psycopg.errors.SerializationFailure
 
 
 def is_lock_wait_timeout(exc: BaseException) -> bool:
@@ -34,8 +35,6 @@ def is_lock_wait_timeout(exc: BaseException) -> bool:
         exc.diag.message_primary or ""
     )
 
-
-SerializationFailure = psycopg.errors.SerializationFailure
 
 __all__ = [
     "ConnectionFailure",
