@@ -67,7 +67,7 @@ ITEMS = 3_000
 ROOT_ITEMS = 5_000
 KIDS = 300
 DEPTH = 50
-WAITS = 150
+WAITS = 80
 OPEN_KIDS = 150
 
 CALLS: Counter[tuple[str, int]] = Counter()
@@ -639,7 +639,7 @@ def test_brn_children_nested_deeper_are_refused_with_a_typed_error(
 # -- a run with 300 signal waits ------------------------------------------------------------------
 
 
-def test_brn_a_run_with_150_signal_waits_takes_every_signal_once_and_is_shown(
+def test_brn_a_run_with_80_signal_waits_takes_every_signal_once_and_is_shown(
     client: Client, cyclone_dsn: str, start_worker: Callable[..., Worker]
 ) -> None:
     handle = client.submit(brn_waits)
