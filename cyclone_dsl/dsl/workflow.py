@@ -44,6 +44,7 @@ class WorkflowDef:
     schedules: list[ScheduleSpec] = attrs.field(factory=list)
     concurrency: Concurrency | None = None
     _graph: Graph | None = None
+    _invalid: InvalidGraph | None = None
     _def_version: str | None = None
     _template: RunTemplate | None = None
     _steps: dict[str, Any] = attrs.field(factory=dict)
@@ -54,8 +55,21 @@ class WorkflowDef:
 
     @property
     def graph(self) -> Graph:
+        if self._invalid is not None:
+            raise self._invalid.with_traceback(None)
         if self._graph is None:
-            self._graph = self._build()
+            on_its_own = not _building_now.get()
+            try:
+                self._graph = self._build()
+            except InvalidGraph as invalid:
+                # Kept, as a graph is: a worker's start looks at every workflow of the
+                # process and would build a broken one again each time (a chain of child
+                # workflows nested too deep, each level walking every level below it).
+                # Only a build of its own: as a child, the error may be the parent's
+                # (nested too deep from there).
+                if on_its_own:
+                    self._invalid = invalid
+                raise
         return self._graph
 
     @property
